@@ -1,0 +1,551 @@
+"""Sources to partitions: which rows exist, where they live, read from parquet footers alone.
+
+A :class:`Dataset` turns what the user points at (paths, globs, directories, fsspec URLs,
+an in-memory table, a Dask DataFrame) into an ordered list of *partitions*: for parquet,
+one partition per row group. Each partition knows its row count without any data being
+read; the loader plans an epoch from these counts and reads only the partitions and
+columns it needs.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tabloader.errors import (
+    ColumnNotFoundError,
+    InvalidArgumentError,
+    InvalidFileError,
+    ReadError,
+    SchemaMismatchError,
+    SourceNotFoundError,
+)
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+__all__ = ["Dataset"]
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+DEFAULT_ROWS_PER_PARTITION = 131_072
+_FOOTER_THREADS = 16
+
+
+class Dataset:
+    """The rows a loader draws from, split into partitions (parquet row groups).
+
+    Constructing a dataset reads parquet footers only: the file list, row groups, row
+    counts and schemas. No column data is read until a loader iterates.
+
+    Args:
+        source: What to load. One of
+            - a path to a parquet file, a directory (searched recursively for
+              ``*.parquet``, ``*.parq`` and ``*.pq``, skipping names that start with
+              ``_`` or ``.``), or a glob such as ``"data/train/*.parquet"``;
+            - an fsspec URL of any of those (``"s3://bucket/train/*.parquet"``,
+              ``"memory://..."``); install the fsspec implementation for the protocol;
+            - a list of any of the above (files are listed in sorted order per entry,
+              entries in the order given, duplicates removed);
+            - a ``pyarrow.Table`` or ``pandas.DataFrame``, split into partitions of
+              ``rows_per_partition`` rows;
+            - a Dask DataFrame (dask or dask-cudf), one partition per Dask partition.
+              Row counts are computed once at construction.
+        engine: Only ``"parquet"``; accepted for NVTabular compatibility.
+        storage_options: Passed to fsspec for URLs (credentials, endpoints).
+        rows_per_partition: Partition size for in-memory tables.
+
+    Example:
+        >>> import pyarrow as pa, tabloader
+        >>> ds = tabloader.Dataset(pa.table({"x": range(10)}), rows_per_partition=4)
+        >>> len(ds), ds.num_partitions, ds.partition_rows.tolist()
+        (10, 3, [4, 4, 2])
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        engine: Literal["parquet"] = "parquet",
+        storage_options: dict[str, Any] | None = None,
+        rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    ) -> None:
+        if engine != "parquet":
+            raise InvalidArgumentError(
+                f"engine must be 'parquet', got {engine!r}: convert other formats to parquet first"
+            )
+        if not isinstance(rows_per_partition, (int, np.integer)) or rows_per_partition < 1:
+            raise InvalidArgumentError(
+                f"rows_per_partition must be a positive integer, got {rows_per_partition!r}"
+            )
+        self._source: _Source
+        if isinstance(source, pa.Table):
+            self._source = _TableSource(source, int(rows_per_partition))
+        elif _is_pandas_frame(source):
+            self._source = _TableSource(
+                pa.Table.from_pandas(source, preserve_index=False), int(rows_per_partition)
+            )
+        elif _is_dask_frame(source):
+            self._source = _DaskSource(source)
+        else:
+            self._source = _ParquetSource(_as_path_list(source), storage_options or {})
+
+    @property
+    def num_rows(self) -> int:
+        """Total number of rows."""
+        return int(self._source.rows.sum())
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    @property
+    def num_partitions(self) -> int:
+        """Number of partitions (row groups with at least one row)."""
+        return len(self._source.rows)
+
+    @property
+    def partition_rows(self) -> NDArray[np.int64]:
+        """Row count of every partition, in dataset order (a read-only int64 array)."""
+        rows = self._source.rows.view()
+        rows.flags.writeable = False
+        return rows
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Arrow schema of the first file (or of the table)."""
+        return self._source.schemas[0]
+
+    @property
+    def files(self) -> list[str]:
+        """The parquet files, in load order (empty for in-memory sources)."""
+        return list(self._source.files)
+
+    def describe_partition(self, index: int) -> str:
+        """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
+        return self._source.describe(index)
+
+    def read_partition(self, index: int, columns: Sequence[str]) -> pa.Table:
+        """Read the given columns of one partition into an Arrow table.
+
+        Errors from the storage layer or the parquet decoder are raised as
+        :class:`~tabloader.ReadError` naming the file and row group.
+        """
+        try:
+            return self._source.read(index, list(columns))
+        except ReadError:
+            raise
+        except Exception as err:
+            raise ReadError(
+                f"could not read {self.describe_partition(index)}: {type(err).__name__}: {err}. "
+                "The file may be truncated or corrupt; re-create it or remove it from the dataset."
+            ) from err
+
+    def read_pieces(
+        self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
+    ) -> list[pa.Table]:
+        """Read ``(partition, first row, stop row)`` slices; one table per piece, in order.
+
+        Consecutive pieces from one file are decoded by one call, which lets the parquet
+        reader coalesce I/O and spread decoding over its threads.
+        """
+        columns = list(columns)
+        tables: list[pa.Table] = []
+        start = 0
+        while start < len(pieces):
+            stop = start + 1
+            while stop < len(pieces) and self._source.same_file(pieces[start][0], pieces[stop][0]):
+                stop += 1
+            run = [p for p, _, _ in pieces[start:stop]]
+            try:
+                table = self._source.read_many(run, columns)
+            except Exception as err:
+                where = self.describe_partition(run[0])
+                if len(run) > 1:
+                    where += f" or one of {len(run) - 1} other row group(s) of that file"
+                raise ReadError(
+                    f"could not read {where}: {type(err).__name__}: {err}. The file may be "
+                    "truncated or corrupt; re-create it or remove it from the dataset."
+                ) from err
+            offset = 0
+            for partition, first, last in pieces[start:stop]:
+                tables.append(table.slice(offset + first, last - first))
+                offset += int(self._source.rows[partition])
+            start = stop
+        return tables
+
+    def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
+        """Arrow type of each column, checked to be present and identical in every file.
+
+        Raises:
+            ColumnNotFoundError: a column is missing from some file.
+            SchemaMismatchError: a file stores a column with another type than the first.
+        """
+        types: dict[str, pa.DataType] = {}
+        for k, schema in enumerate(self._source.schemas):
+            for name in columns:
+                index = schema.get_field_index(name)
+                if index < 0:
+                    where = self._source.schema_owner(k)
+                    raise ColumnNotFoundError(
+                        f"column {name!r} is not in {where}; available: "
+                        f"{_list_names(schema.names)}. Check the spelling, or leave it out of "
+                        "cats/conts/labels."
+                    )
+                field_type = schema.field(index).type
+                if k == 0:
+                    types[name] = field_type
+                elif field_type != types[name]:
+                    raise SchemaMismatchError(
+                        f"column {name!r} is {field_type} in {self._source.schema_owner(k)} but "
+                        f"{types[name]} in {self._source.schema_owner(0)}: every file must store "
+                        "a column with the same type; rewrite the odd files with a common schema."
+                    )
+        return types
+
+    def null_partitions(self, column: str) -> NDArray[np.int8]:
+        """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
+        return self._source.null_flags(column)
+
+    def __repr__(self) -> str:
+        kind = type(self._source).__name__.strip("_").replace("Source", "").lower()
+        return (
+            f"Dataset({kind}, files={len(self._source.files)}, "
+            f"partitions={self.num_partitions}, rows={self.num_rows})"
+        )
+
+
+def _list_names(names: Sequence[str], limit: int = 30) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _is_pandas_frame(obj: object) -> bool:
+    return type(obj).__module__.startswith("pandas") and hasattr(obj, "columns")
+
+
+def _is_dask_frame(obj: object) -> bool:
+    return type(obj).__module__.startswith("dask") and hasattr(obj, "npartitions")
+
+
+def _as_path_list(source: object) -> list[str]:
+    if isinstance(source, (str, os.PathLike)):
+        return [os.fspath(source)]
+    if isinstance(source, Iterable) and not isinstance(source, (bytes, dict)):
+        paths = []
+        for item in source:
+            if not isinstance(item, (str, os.PathLike)):
+                raise InvalidArgumentError(
+                    f"a list of sources must hold paths or URLs, found {type(item).__name__}"
+                )
+            paths.append(os.fspath(item))
+        if not paths:
+            raise InvalidArgumentError("the list of sources is empty: give at least one path")
+        return paths
+    raise InvalidArgumentError(
+        f"cannot load from a {type(source).__name__}: pass a path, glob, directory, URL, a list "
+        "of those, a pyarrow.Table, a pandas.DataFrame or a Dask DataFrame"
+    )
+
+
+class _Source:
+    """Common shape of the partition sources (parquet files, in-memory table, Dask)."""
+
+    rows: NDArray[np.int64]
+    schemas: list[pa.Schema]
+    files: list[str]
+
+    def describe(self, index: int) -> str:
+        raise NotImplementedError
+
+    def schema_owner(self, schema_index: int) -> str:
+        raise NotImplementedError
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        raise NotImplementedError
+
+    def null_flags(self, column: str) -> NDArray[np.int8]:
+        return np.full(len(self.rows), -1, dtype=np.int8)
+
+    def same_file(self, a: int, b: int) -> bool:
+        """Whether partitions ``a`` and ``b`` can be read by one :meth:`read_many` call."""
+        return False
+
+    def read_many(self, indices: list[int], columns: list[str]) -> pa.Table:
+        """The partitions' rows, concatenated in the given order."""
+        if len(indices) == 1:
+            return self.read(indices[0], columns)
+        return pa.concat_tables([self.read(i, columns) for i in indices])
+
+
+class _ParquetSource(_Source):
+    def __init__(self, specs: list[str], storage_options: dict[str, Any]) -> None:
+        remote = [s for s in specs if _is_url(s)]
+        if remote and len(remote) != len(specs):
+            raise InvalidArgumentError(
+                "mixing local paths and URLs in one dataset is not supported; "
+                "use file:// URLs for the local ones"
+            )
+        self.filesystem: Any = None
+        if remote:
+            self.filesystem = _fsspec_filesystem(remote, storage_options)
+            self.protocol = _protocol(remote[0])
+        files: list[str] = []
+        for spec in specs:
+            files.extend(self._expand(spec))
+        self.files = list(dict.fromkeys(files))
+        metadata = self._read_footers()
+        self._metadata: list[pq.FileMetaData] | None = metadata
+
+        schema_ids: dict[pa.Schema, int] = {}
+        self.schemas = []
+        self._schema_first_file: list[int] = []
+        file_schema = np.empty(len(self.files), dtype=np.int32)
+        file_idx, rg_idx, rows = [], [], []
+        for f, md in enumerate(metadata):
+            schema = md.schema.to_arrow_schema().remove_metadata()
+            sid = schema_ids.setdefault(schema, len(schema_ids))
+            if sid == len(self.schemas):
+                self.schemas.append(schema)
+                self._schema_first_file.append(f)
+            file_schema[f] = sid
+            for g in range(md.num_row_groups):
+                n = md.row_group(g).num_rows
+                if n > 0:
+                    file_idx.append(f)
+                    rg_idx.append(g)
+                    rows.append(n)
+        self.file_schema = file_schema
+        self.part_file = np.asarray(file_idx, dtype=np.int32)
+        self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
+        self.rows = np.asarray(rows, dtype=np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_metadata"] = None  # footers are re-read on demand in the receiving process
+        return state
+
+    def _expand(self, spec: str) -> list[str]:
+        fs = self.filesystem
+        if fs is None:
+            path = os.path.expanduser(spec)
+            if globlib.has_magic(path):
+                found = sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
+                if not found:
+                    raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+                return found
+            if os.path.isdir(path):
+                return self._from_directory(spec, _walk_local(path))
+            if os.path.isfile(path):
+                return [path]
+            raise SourceNotFoundError(f"{spec!r} does not exist")
+        path = fs._strip_protocol(spec)
+        if globlib.has_magic(path):
+            found = sorted(p for p in fs.glob(path) if fs.isfile(p))
+            if not found:
+                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+            return found
+        if fs.isdir(path):
+            listing = sorted(fs.find(path))
+            return self._from_directory(spec, listing, root=path)
+        if fs.isfile(path):
+            return [path]
+        raise SourceNotFoundError(f"{spec!r} does not exist")
+
+    @staticmethod
+    def _from_directory(spec: str, listing: list[str], root: str | None = None) -> list[str]:
+        base = root if root is not None else spec
+        found = []
+        for p in listing:
+            rel = p[len(base) :].lstrip("/") if p.startswith(base) else os.path.basename(p)
+            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+                continue
+            if p.endswith(PARQUET_SUFFIXES):
+                found.append(p)
+        if not found:
+            raise SourceNotFoundError(
+                f"the directory {spec!r} holds no parquet files (looked for "
+                f"{', '.join('*' + s for s in PARQUET_SUFFIXES)}); pass the files explicitly"
+            )
+        return sorted(found)
+
+    def _display(self, path: str) -> str:
+        return path if self.filesystem is None else f"{self.protocol}://{path}"
+
+    def _read_footer(self, path: str) -> pq.FileMetaData:
+        shown = self._display(path)
+        try:
+            size = (
+                os.path.getsize(path) if self.filesystem is None else self.filesystem.size(path)
+            )
+        except OSError as err:
+            raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
+        if size == 0:
+            raise InvalidFileError(
+                f"{shown} is empty (0 bytes): remove it, or re-write it as parquet"
+            )
+        try:
+            if self.filesystem is None:
+                return pq.read_metadata(path)
+            with self.filesystem.open(path, "rb") as handle:
+                return pq.read_metadata(handle)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            raise InvalidFileError(
+                f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
+                "being written, or in another format"
+            ) from err
+
+    def _read_footers(self) -> list[pq.FileMetaData]:
+        if len(self.files) == 1:
+            return [self._read_footer(self.files[0])]
+        with ThreadPoolExecutor(min(_FOOTER_THREADS, len(self.files))) as pool:
+            return list(pool.map(self._read_footer, self.files))
+
+    def metadata(self, file_index: int) -> pq.FileMetaData:
+        if self._metadata is None:
+            self._metadata = self._read_footers()
+        return self._metadata[file_index]
+
+    def describe(self, index: int) -> str:
+        f = int(self.part_file[index])
+        return f"{self._display(self.files[f])} (row group {int(self.part_row_group[index])})"
+
+    def schema_owner(self, schema_index: int) -> str:
+        return self._display(self.files[self._schema_first_file[schema_index]])
+
+    def open(self, file_index: int) -> pq.ParquetFile:
+        path = self.files[file_index]
+        md = self.metadata(file_index)
+        if self.filesystem is None:
+            return pq.ParquetFile(path, metadata=md)
+        return pq.ParquetFile(self.filesystem.open(path, "rb"), metadata=md)
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        return self.read_many([index], columns)
+
+    def same_file(self, a: int, b: int) -> bool:
+        return bool(self.part_file[a] == self.part_file[b])
+
+    def read_many(self, indices: list[int], columns: list[str]) -> pa.Table:
+        row_groups = [int(self.part_row_group[i]) for i in indices]
+        with self.open(int(self.part_file[indices[0]])) as handle:
+            return handle.read_row_groups(row_groups, columns=columns)
+
+    def null_flags(self, column: str) -> NDArray[np.int8]:
+        flags = np.full(len(self.rows), -1, dtype=np.int8)
+        column_index: dict[int, int] = {}
+        for p in range(len(self.rows)):
+            f = int(self.part_file[p])
+            md = self.metadata(f)
+            if f not in column_index:
+                names = [md.schema.column(i).path for i in range(md.num_columns)]
+                column_index[f] = names.index(column) if column in names else -1
+            c = column_index[f]
+            if c < 0:
+                continue
+            stats = md.row_group(int(self.part_row_group[p])).column(c).statistics
+            if stats is not None and stats.has_null_count:
+                flags[p] = 1 if stats.null_count > 0 else 0
+        return flags
+
+
+def _walk_local(root: str) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
+        found.extend(os.path.join(dirpath, name) for name in filenames)
+    return sorted(found)
+
+
+def _is_url(spec: str) -> bool:
+    return "://" in spec
+
+
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0]
+
+
+def _fsspec_filesystem(urls: list[str], storage_options: dict[str, Any]) -> Any:
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(
+            "reading URLs needs fsspec: pip install fsspec (and s3fs, gcsfs, ... for the protocol)"
+        ) from None
+    protocols = {_protocol(u) for u in urls}
+    if len(protocols) > 1:
+        raise InvalidArgumentError(
+            f"all URLs of one dataset must use the same protocol, got {sorted(protocols)}"
+        )
+    try:
+        fs, _ = fsspec.core.url_to_fs(urls[0], **storage_options)
+    except (ImportError, ValueError) as err:
+        raise InvalidArgumentError(
+            f"cannot open {urls[0]!r}: {err}. Install the fsspec implementation for "
+            f"{_protocol(urls[0])}:// (for example s3fs or gcsfs)"
+        ) from err
+    return fs
+
+
+class _TableSource(_Source):
+    def __init__(self, table: pa.Table, rows_per_partition: int) -> None:
+        self.table = table.combine_chunks() if table.num_rows else table
+        n = table.num_rows
+        self.starts = np.arange(0, n, rows_per_partition, dtype=np.int64)
+        self.rows = np.minimum(rows_per_partition, n - self.starts).astype(np.int64)
+        self.schemas = [table.schema.remove_metadata()]
+        self.files = []
+
+    def describe(self, index: int) -> str:
+        start = int(self.starts[index])
+        return f"in-memory table (rows {start}..{start + int(self.rows[index])})"
+
+    def schema_owner(self, schema_index: int) -> str:
+        return "the in-memory table"
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        return self.table.slice(int(self.starts[index]), int(self.rows[index])).select(columns)
+
+    def null_flags(self, column: str) -> NDArray[np.int8]:
+        if column not in self.table.column_names:
+            return super().null_flags(column)
+        chunk = self.table.column(column)
+        flags = np.empty(len(self.rows), dtype=np.int8)
+        for p in range(len(self.rows)):
+            part = chunk.slice(int(self.starts[p]), int(self.rows[p]))
+            flags[p] = 1 if part.null_count else 0
+        return flags
+
+
+class _DaskSource(_Source):
+    def __init__(self, frame: Any) -> None:
+        self.frame = frame
+        counts = frame.map_partitions(len).compute()
+        rows = np.asarray(counts, dtype=np.int64)
+        self.part_index = np.flatnonzero(rows > 0).astype(np.int32)
+        self.rows = rows[self.part_index]
+        meta = frame._meta
+        if hasattr(meta, "to_pandas"):  # dask-cudf
+            meta = meta.to_pandas()
+        self.schemas = [pa.Schema.from_pandas(meta, preserve_index=False).remove_metadata()]
+        self.files = []
+
+    def describe(self, index: int) -> str:
+        return f"Dask partition {int(self.part_index[index])}"
+
+    def schema_owner(self, schema_index: int) -> str:
+        return "the Dask DataFrame"
+
+    def compute_partition(self, index: int, columns: list[str]) -> Any:
+        return self.frame[columns].get_partition(int(self.part_index[index])).compute()
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        frame = self.compute_partition(index, columns)
+        if hasattr(frame, "to_arrow"):  # cudf
+            return frame.to_arrow()
+        return pa.Table.from_pandas(frame, preserve_index=False)

@@ -1,0 +1,75 @@
+"""The exceptions and warnings tabloader raises.
+
+Every error a user can provoke derives from :class:`TabloaderError` and from the
+builtin exception that fits, so ``except FileNotFoundError`` keeps working::
+
+    >>> import tabloader
+    >>> try:
+    ...     tabloader.Dataset("no/such/dir/*.parquet")
+    ... except tabloader.SourceNotFoundError as err:
+    ...     print(type(err).__mro__[2].__name__)
+    FileNotFoundError
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ColumnNotFoundError",
+    "ColumnTypeError",
+    "EmptyDatasetError",
+    "InvalidArgumentError",
+    "InvalidFileError",
+    "NullValuesError",
+    "PerformanceWarning",
+    "ReadError",
+    "SchemaMismatchError",
+    "SourceNotFoundError",
+    "TabloaderError",
+]
+
+
+class TabloaderError(Exception):
+    """Base class of every error raised by tabloader."""
+
+
+class InvalidArgumentError(TabloaderError, ValueError):
+    """An argument has a value tabloader cannot work with (the message says which and why)."""
+
+
+class SourceNotFoundError(TabloaderError, FileNotFoundError):
+    """A path does not exist, or a glob or directory holds no parquet file."""
+
+
+class InvalidFileError(TabloaderError, ValueError):
+    """A file is empty, truncated, or not parquet."""
+
+
+class ColumnNotFoundError(TabloaderError, KeyError):
+    """A requested column is missing from a file or table."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class ColumnTypeError(TabloaderError, TypeError):
+    """A requested column is not numeric (or not integral, for a categorical column)."""
+
+
+class SchemaMismatchError(TabloaderError, ValueError):
+    """A file stores a requested column with another type than the first file does."""
+
+
+class NullValuesError(TabloaderError, ValueError):
+    """A requested column holds nulls and no fill value was given for it."""
+
+
+class EmptyDatasetError(TabloaderError, ValueError):
+    """The loader would yield no batch at all."""
+
+
+class ReadError(TabloaderError, OSError):
+    """Reading or decoding a partition failed while loading; the message names the file."""
+
+
+class PerformanceWarning(UserWarning):
+    """A setup that works but will load slowly (tiny row groups, more ranks than partitions)."""

@@ -1,0 +1,562 @@
+"""The framework-agnostic loader: a dataset in, an epoch of shuffled batches out."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from tabloader.backends import get_backend
+from tabloader.batches import Block, Layout, Segment, cut_batches, permute_segment
+from tabloader.dataset import Dataset
+from tabloader.errors import (
+    ColumnTypeError,
+    EmptyDatasetError,
+    InvalidArgumentError,
+    NullValuesError,
+    PerformanceWarning,
+    TabloaderError,
+)
+from tabloader.plan import EpochPlan, count_batches, plan_epoch, rank_rows, worker_row_range
+from tabloader.reader import Prefetcher
+from tabloader.stats import LoaderStats, StatsRecorder
+
+if TYPE_CHECKING:
+    from tabloader.backends import Backend
+
+__all__ = ["BatchIterator", "Loader"]
+
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+"""Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
+BATCH_QUEUE_DEPTH = 4
+"""Ready batches waiting for the consumer."""
+_TINY_PARTITION_ROWS = 1024
+
+
+def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    names = tuple(value)
+    for name in names:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"{what} must be column names (str), got {name!r}")
+    return names
+
+
+def _positive_int(value: object, what: str, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 1:
+        raise InvalidArgumentError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _dtype(value: Any, what: str, *, integer: bool) -> np.dtype[Any]:
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{what} must be a numpy dtype, got {value!r}") from None
+    allowed = "iu" if integer else "iuf"
+    if dtype.kind not in allowed:
+        kind = "an integer" if integer else "a numeric"
+        raise InvalidArgumentError(f"{what} must be {kind} dtype, got {dtype}")
+    return dtype
+
+
+class Loader:
+    """Shuffled batches of whole-column arrays from a parquet dataset, one epoch per ``iter()``.
+
+    Every epoch delivers every row exactly once (per rank when sharded), in batches of
+    ``batch_size`` rows; only the epoch's last batch may be shorter. A background thread
+    reads and decodes the next chunk of row groups while the current one is shuffled and
+    cut, so reading overlaps training.
+
+    What to read:
+        dataset: A :class:`Dataset`, or anything :class:`Dataset` accepts (paths, globs,
+            URLs, a table, a DataFrame).
+        cats: Categorical columns (integer ids), delivered as ``cat_dtype`` (int64).
+        conts: Continuous columns, delivered as ``cont_dtype`` (float32).
+        labels: Target columns, delivered as ``label_dtype`` (float32).
+        fill_null: Value replacing nulls: one number for every column, or a mapping from
+            column name to number. Without it, a null in a requested column raises
+            :class:`NullValuesError` (at construction when the parquet footers tell).
+
+    How to batch:
+        batch_size: Rows per batch.
+        drop_last: Drop the epoch's last batch if it is short.
+        layout: ``"columns"`` (default) delivers ``{column: 1-D array}``; ``"stacked"``
+            delivers ``{"cats": [B, n_cats], "conts": [B, n_conts], "labels": [B, n_labels]}``
+            (groups with no columns are left out), ready for frameworks that take one
+            tensor per kind.
+        transform: Called on every batch in the background thread; its result is what the
+            iterator yields. The place to build framework tensors.
+
+    How to shuffle:
+        shuffle: Visit partitions in a new random order every epoch and permute rows
+            within each chunk.
+        seed: Seed of all randomness; the same seed and epoch give the same batches on
+            every machine. None draws a fresh seed when the loader is created.
+        parts_per_chunk: Partitions (row groups) read and shuffled together.
+        chunk_rows: Alternatively, the least number of rows per chunk. Without either,
+            chunks hold about 256 MiB of decoded data. Bigger chunks mix rows from more
+            row groups; memory holds about ``prefetch + 2`` chunks.
+        prefetch: Chunks decoded ahead of the one being cut into batches.
+
+    Distributed:
+        global_rank, global_size: This process's rank and the number of ranks. Every rank
+            gets ``len(dataset) // global_size`` rows and the same number of batches; the
+            ranks' rows are disjoint. Pass the same ``seed`` on every rank.
+        device: ``"cpu"`` (default) or a CUDA device for the GPU backend.
+
+    Example:
+        >>> import pyarrow as pa, tabloader
+        >>> table = pa.table({"user": [1, 2, 3, 4, 5], "x": [.1, .2, .3, .4, .5],
+        ...                   "y": [0, 1, 0, 1, 1]})
+        >>> loader = tabloader.Loader(table, cats=["user"], conts=["x"], labels=["y"],
+        ...                           batch_size=2, shuffle=True, seed=0)
+        >>> len(loader)
+        3
+        >>> batches = list(loader)
+        >>> [len(b["user"]) for b in batches], batches[0]["user"].dtype, batches[0]["x"].dtype
+        ([2, 2, 1], dtype('int64'), dtype('float32'))
+        >>> sorted(int(u) for b in batches for u in b["user"])
+        [1, 2, 3, 4, 5]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | Any,
+        *,
+        batch_size: int,
+        cats: str | Sequence[str] | None = None,
+        conts: str | Sequence[str] | None = None,
+        labels: str | Sequence[str] | None = None,
+        shuffle: bool = False,
+        seed: int | None = None,
+        parts_per_chunk: int | None = None,
+        chunk_rows: int | None = None,
+        drop_last: bool = False,
+        global_rank: int = 0,
+        global_size: int = 1,
+        cat_dtype: Any = "int64",
+        cont_dtype: Any = "float32",
+        label_dtype: Any = "float32",
+        fill_null: float | Mapping[str, float] | None = None,
+        layout: Literal["columns", "stacked"] = "columns",
+        prefetch: int = 1,
+        device: str | int | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        self.batch_size: int = _positive_int(batch_size, "batch_size")  # type: ignore[assignment]
+        self.cats = _names(cats, "cats")
+        self.conts = _names(conts, "conts")
+        self.labels = _names(labels, "labels")
+        columns = self.cats + self.conts + self.labels
+        if not columns:
+            raise InvalidArgumentError(
+                "no columns selected: pass at least one of cats=, conts=, labels="
+            )
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise InvalidArgumentError(
+                f"column(s) {repeated} are listed more than once across cats/conts/labels"
+            )
+        if parts_per_chunk is not None and chunk_rows is not None:
+            raise InvalidArgumentError("give parts_per_chunk or chunk_rows, not both")
+        self.parts_per_chunk = _positive_int(parts_per_chunk, "parts_per_chunk", allow_none=True)
+        chunk_rows = _positive_int(chunk_rows, "chunk_rows", allow_none=True)
+        self.prefetch: int = _positive_int(prefetch, "prefetch")  # type: ignore[assignment]
+        self.global_size: int = _positive_int(global_size, "global_size")  # type: ignore[assignment]
+        if (
+            isinstance(global_rank, bool)
+            or not isinstance(global_rank, Integral)
+            or not 0 <= global_rank < self.global_size
+        ):
+            raise InvalidArgumentError(
+                f"global_rank must be an integer in [0, {self.global_size}), got {global_rank!r}"
+            )
+        self.global_rank = int(global_rank)
+        if layout not in ("columns", "stacked"):
+            raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
+        self.layout = layout
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        if seed is None:
+            if self.shuffle and self.global_size > 1:
+                raise InvalidArgumentError(
+                    "with shuffle=True and global_size > 1, pass the same seed= on every rank: "
+                    "ranks derive their shards from it and would overlap otherwise"
+                )
+            seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        elif isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
+            raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
+        self.seed = int(seed)
+        if transform is not None and not callable(transform):
+            raise InvalidArgumentError(f"transform must be callable, got {transform!r}")
+        self.transform = transform
+        self.dtypes = {
+            **dict.fromkeys(self.cats, _dtype(cat_dtype, "cat_dtype", integer=True)),
+            **dict.fromkeys(self.conts, _dtype(cont_dtype, "cont_dtype", integer=False)),
+            **dict.fromkeys(self.labels, _dtype(label_dtype, "label_dtype", integer=False)),
+        }
+        self.backend: Backend = get_backend(device)
+
+        self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+        types = self.dataset.column_types(columns)
+        self._check_types(types)
+        self.fill_null = self._fill_values(fill_null, types)
+        self._check_nulls()
+
+        self.layout_plan = Layout.build(
+            {"cats": self.cats, "conts": self.conts, "labels": self.labels},
+            self.dtypes,
+            stacked=layout == "stacked",
+            shuffle=self.shuffle,
+        )
+        row_bytes = sum(d.itemsize for d in self.dtypes.values())
+        if self.parts_per_chunk is None and chunk_rows is None:
+            chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
+        self.chunk_rows = chunk_rows
+        self.epoch = 0
+        self._stats = StatsRecorder()
+        self._check_size()
+
+    # -- validation ---------------------------------------------------------------
+
+    def _check_types(self, types: Mapping[str, pa.DataType]) -> None:
+        where = self.dataset.files[0] if self.dataset.files else "the table"
+        for name, t in types.items():
+            if name in self.cats:
+                if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
+                    raise ColumnTypeError(
+                        f"categorical column {name!r} is {t} in {where}; cats must hold integer "
+                        "ids. Encode it as integers first (for example with pandas factorize or "
+                        "NVTabular Categorify), or list it under conts"
+                    )
+            elif not (
+                pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+            ):
+                kind = "label" if name in self.labels else "continuous column"
+                raise ColumnTypeError(
+                    f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
+                    "(integer, floating point or boolean). Convert it, or leave it out"
+                )
+
+    def _fill_values(
+        self, fill_null: float | Mapping[str, float] | None, types: Mapping[str, pa.DataType]
+    ) -> dict[str, float]:
+        if fill_null is None:
+            return {}
+        if isinstance(fill_null, Mapping):
+            unknown = sorted(set(fill_null) - set(types))
+            if unknown:
+                raise InvalidArgumentError(
+                    f"fill_null names {unknown}, which are not in cats/conts/labels"
+                )
+            values = dict(fill_null)
+        else:
+            values = dict.fromkeys(types, fill_null)
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, Real):
+                raise InvalidArgumentError(
+                    f"fill_null for {name!r} must be a number, got {value!r}"
+                )
+            integral_column = pa.types.is_integer(types[name]) or pa.types.is_boolean(types[name])
+            if integral_column and float(value) != int(value):
+                raise InvalidArgumentError(
+                    f"fill_null for {name!r} must be a whole number: the column is {types[name]}"
+                )
+        return values
+
+    def _check_nulls(self) -> None:
+        for name in self.dtypes:
+            if name in self.fill_null:
+                continue
+            flags = self.dataset.null_partitions(name)
+            bad = np.flatnonzero(flags == 1)
+            if len(bad):
+                more = f" and {len(bad) - 1} more partition(s)" if len(bad) > 1 else ""
+                raise NullValuesError(
+                    f"column {name!r} has null values in "
+                    f"{self.dataset.describe_partition(int(bad[0]))}{more}. Fill them in the "
+                    f"data, or pass fill_null={{{name!r}: 0}} (any number) to the loader"
+                )
+
+    def _check_size(self) -> None:
+        if self.dataset.num_rows == 0:
+            raise EmptyDatasetError("the dataset has no rows")
+        if len(self) == 0:
+            lo, hi = rank_rows(
+                self.dataset.num_rows, global_rank=self.global_rank, global_size=self.global_size
+            )
+            raise EmptyDatasetError(
+                f"this loader would yield no batch: rank {self.global_rank} of "
+                f"{self.global_size} gets {hi - lo} of {self.dataset.num_rows} rows, fewer than "
+                f"batch_size={self.batch_size} with drop_last=True. Lower batch_size or set "
+                "drop_last=False"
+            )
+        parts = self.dataset.num_partitions
+        if self.global_size > parts:
+            warnings.warn(
+                f"{self.global_size} ranks share {parts} partitions: every rank decodes whole "
+                "row groups to use a fraction of them. Write more, smaller row groups",
+                PerformanceWarning,
+                stacklevel=3,
+            )
+        if parts >= 16 and self.dataset.num_rows / parts < _TINY_PARTITION_ROWS:
+            warnings.warn(
+                f"row groups hold {self.dataset.num_rows / parts:.0f} rows on average; "
+                "reading is slow below ~64k rows per row group. Rewrite the files with a larger "
+                "row_group_size",
+                PerformanceWarning,
+                stacklevel=3,
+            )
+
+    # -- planning -----------------------------------------------------------------
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """All delivered columns: cats, then conts, then labels."""
+        return self.cats + self.conts + self.labels
+
+    def num_batches(self, *, worker: int = 0, num_workers: int = 1) -> int:
+        """Batches one epoch delivers to this rank (or to one of its worker processes)."""
+        lo, hi = rank_rows(
+            self.dataset.num_rows, global_rank=self.global_rank, global_size=self.global_size
+        )
+        first, last = worker_row_range(
+            hi - lo,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            worker=worker,
+            num_workers=num_workers,
+        )
+        return count_batches(last - first, self.batch_size, drop_last=self.drop_last)
+
+    def __len__(self) -> int:
+        return self.num_batches()
+
+    def plan(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> EpochPlan:
+        """The epoch plan this loader follows (see :mod:`tabloader.plan`)."""
+        if not 0 <= worker < num_workers:
+            raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
+        return plan_epoch(
+            self.dataset.partition_rows,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=epoch,
+            global_rank=self.global_rank,
+            global_size=self.global_size,
+            worker=worker,
+            num_workers=num_workers,
+            parts_per_chunk=self.parts_per_chunk,
+            chunk_rows=self.chunk_rows,
+            drop_last=self.drop_last,
+        )
+
+    # -- iteration ----------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, Integral) or epoch < 0:
+            raise InvalidArgumentError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> BatchIterator:
+        """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one."""
+        iterator = self.iter_epoch(self.epoch)
+        self.epoch += 1
+        return iterator
+
+    def iter_epoch(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> BatchIterator:
+        """Iterate over one epoch, or one worker process's share of it, without advancing."""
+        plan = self.plan(epoch, worker=worker, num_workers=num_workers)
+        stop = threading.Event()  # the batcher stage's own, set when the consumer closes
+        make_batches = partial(
+            _batch_stream,
+            dataset=self.dataset,
+            backend=self.backend,
+            plan=plan,
+            layout=self.layout_plan,
+            fill_null=self.fill_null,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            transform=self.transform,
+            prefetch=self.prefetch,
+            stats=self._stats,
+            stop=stop,
+        )
+        stage = Prefetcher(
+            make_batches, depth=BATCH_QUEUE_DEPTH, name="tabloader-batcher", stop=stop
+        )
+        return BatchIterator(stage, plan.num_batches, self._stats)
+
+    def stats(self) -> LoaderStats:
+        """Counters and timings since the loader was created (see :class:`LoaderStats`)."""
+        return self._stats.snapshot()
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+            f"columns={len(self.columns)}, rank={self.global_rank}/{self.global_size}, "
+            f"backend={self.backend.name})"
+        )
+
+
+class BatchIterator:
+    """One epoch in progress. Close it (or drop it) to stop its background threads.
+
+    ``len()`` is the number of batches still to come.
+    """
+
+    def __init__(self, stage: Prefetcher[tuple[int, Any]], num_batches: int, stats: StatsRecorder):
+        self._stage = stage
+        self._remaining = num_batches
+        self._stats = stats
+        self._started: float | None = None
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self._remaining
+
+    def __next__(self) -> Any:
+        now = time.perf_counter()
+        if self._started is None:
+            self._started = now
+        try:
+            rows, batch = next(self._stage)
+        except BaseException:
+            self._finish()
+            raise
+        self._stats.wait_seconds += time.perf_counter() - now
+        self._stats.rows += rows
+        self._stats.batches += 1
+        self._remaining -= 1
+        return batch
+
+    def _finish(self) -> None:
+        if self._started is not None:
+            self._stats.consume_seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def close(self) -> None:
+        """Stop the background threads; the iterator yields nothing more."""
+        self._finish()
+        self._stage.close()
+        self._remaining = 0
+
+    def __enter__(self) -> BatchIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self._finish()
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The background thread serving this iterator (for tests and debugging)."""
+        return [self._stage.thread]
+
+
+def _read_chunks(
+    *,
+    dataset: Dataset,
+    backend: Backend,
+    plan: EpochPlan,
+    blocks: Sequence[Block],
+    fill_null: Mapping[str, float],
+    stats: StatsRecorder,
+) -> Iterator[tuple[list[Segment], Any]]:
+    """Reader thread: decode each planned chunk and attach its permutation."""
+    for chunk in range(plan.num_chunks):
+        s = plan.chunk_pieces(chunk)
+        pieces = list(
+            zip(plan.partitions[s].tolist(), plan.starts[s].tolist(), plan.stops[s].tolist())
+        )
+        segments = backend.load_chunk(
+            dataset, pieces, blocks, fill_null, concatenate=plan.shuffle, stats=stats
+        )
+        permutation = plan.permutation(chunk)
+        stats.chunks += 1
+        yield segments, (None if permutation is None else backend.as_index(permutation))
+
+
+def _batch_stream(
+    *,
+    dataset: Dataset,
+    backend: Backend,
+    plan: EpochPlan,
+    layout: Layout,
+    fill_null: Mapping[str, float],
+    batch_size: int,
+    drop_last: bool,
+    transform: Callable[[dict[str, Any]], Any] | None,
+    prefetch: int,
+    stats: StatsRecorder,
+    stop: threading.Event,
+) -> Iterator[tuple[int, Any]]:
+    """Batcher thread: shuffle each chunk, cut batches, transform them."""
+    chunks = Prefetcher(
+        partial(
+            _read_chunks,
+            dataset=dataset,
+            backend=backend,
+            plan=plan,
+            blocks=layout.blocks,
+            fill_null=fill_null,
+            stats=stats,
+        ),
+        depth=prefetch,
+        name="tabloader-reader",
+        linked=stop,
+    )
+    xp = backend.xp
+
+    def segments() -> Iterator[Segment]:
+        for chunk_segments, index in chunks:
+            if index is None:
+                yield from chunk_segments
+                continue
+            started = time.perf_counter()
+            (segment,) = chunk_segments
+            del chunk_segments
+            shuffled = permute_segment(segment, index, xp)
+            del segment
+            stats.batch_seconds += time.perf_counter() - started
+            yield shuffled
+
+    delivered = 0
+    try:
+        for batch in cut_batches(
+            segments(), batch_size=batch_size, drop_last=drop_last, layout=layout, xp=xp
+        ):
+            rows = int(next(iter(batch.values())).shape[0])
+            if transform is None:
+                yield rows, batch
+            else:
+                started = time.perf_counter()
+                result = transform(batch)
+                stats.batch_seconds += time.perf_counter() - started
+                yield rows, result
+            delivered += 1
+    finally:
+        chunks.close()
+    if delivered != plan.num_batches and not stop.is_set():
+        raise TabloaderError(
+            f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
+            "please report this with the dataset's partition sizes"
+        )

@@ -1,0 +1,283 @@
+"""The epoch plan: which rows each rank and worker reads, in which chunks, as how many batches.
+
+Everything here is a pure function of integers: partition row counts, seed, epoch, rank
+and worker. No I/O, no state. Every process of a distributed job computes the same plan
+from the same inputs, so ranks agree without talking to each other.
+
+How an epoch is laid out:
+
+1. **Partition order.** Without shuffling, partitions keep dataset order. With
+   shuffling, they are permuted by a generator seeded with ``(seed, epoch)``.
+2. **Rank shard.** The partitions' rows, in that order, form one virtual sequence of
+   ``N`` rows. Rank ``r`` of ``W`` takes rows ``[r*N//W, (r+1)*N//W)`` after the sequence
+   is cut to ``W * (N // W)`` rows: every rank gets exactly ``N // W`` rows and so the
+   same number of batches, and at most ``W - 1`` rows (the tail of the sequence, which
+   changes every epoch when shuffling) sit out the epoch. A partition may be split
+   between ranks, so this works with fewer partitions than ranks.
+3. **Drop last.** With ``drop_last`` the rank keeps only whole batches'
+   worth of rows (``batch_size * (rows // batch_size)``).
+4. **Worker shard.** Worker processes of one rank split its batches into contiguous,
+   batch-aligned ranges, so only the last worker can hold the short batch and the
+   rank's batch count is unchanged.
+5. **Chunks.** The worker's rows, as pieces of partitions, are grouped into chunks of
+   ``parts_per_chunk`` pieces or of at least ``chunk_rows`` rows. A chunk is read as a
+   whole and, when shuffling, its rows are permuted with a generator seeded by
+   ``(seed, epoch, rank, worker, chunk)``. Batches are cut from the stream of chunk rows;
+   a chunk's remainder is carried into the next chunk's first batch, so every batch but
+   the epoch's last is full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+__all__ = [
+    "EpochPlan",
+    "chunk_offsets",
+    "chunk_permutation",
+    "count_batches",
+    "partition_order",
+    "plan_epoch",
+    "rank_rows",
+    "worker_row_range",
+]
+
+_ORDER_STREAM = 0
+_CHUNK_STREAM = 1
+
+
+def count_batches(rows: int, batch_size: int, *, drop_last: bool) -> int:
+    """Number of batches ``rows`` rows make: full ones, plus a short one unless ``drop_last``.
+
+    >>> count_batches(10, 4, drop_last=False), count_batches(10, 4, drop_last=True)
+    (3, 2)
+    """
+    full, rest = divmod(rows, batch_size)
+    return full + (1 if rest and not drop_last else 0)
+
+
+def partition_order(
+    num_partitions: int, *, shuffle: bool, seed: int, epoch: int
+) -> NDArray[np.int64]:
+    """The order partitions are visited in this epoch.
+
+    >>> partition_order(4, shuffle=False, seed=0, epoch=0).tolist()
+    [0, 1, 2, 3]
+    >>> sorted(partition_order(4, shuffle=True, seed=0, epoch=1).tolist())
+    [0, 1, 2, 3]
+    """
+    if not shuffle:
+        return np.arange(num_partitions, dtype=np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, _ORDER_STREAM]))
+    return rng.permutation(num_partitions).astype(np.int64)
+
+
+def rank_rows(total_rows: int, *, global_rank: int, global_size: int) -> tuple[int, int]:
+    """Row range ``[lo, hi)`` of the epoch's row sequence owned by one rank.
+
+    Every rank gets ``total_rows // global_size`` rows; the last ``total_rows % global_size``
+    rows of the sequence are left out of this epoch.
+
+    >>> [rank_rows(10, global_rank=r, global_size=3) for r in range(3)]
+    [(0, 3), (3, 6), (6, 9)]
+    """
+    per_rank = total_rows // global_size
+    return global_rank * per_rank, (global_rank + 1) * per_rank
+
+
+def worker_row_range(
+    rows: int, *, batch_size: int, drop_last: bool, worker: int, num_workers: int
+) -> tuple[int, int]:
+    """Row range ``[lo, hi)``, relative to the rank's rows, read by one worker.
+
+    Workers receive contiguous runs of whole batches; the rank's short last batch (if
+    any, and if kept) belongs to the last worker with batches.
+
+    >>> [worker_row_range(10, batch_size=4, drop_last=False, worker=w, num_workers=2)
+    ...  for w in range(2)]
+    [(0, 4), (4, 10)]
+    """
+    batches = count_batches(rows, batch_size, drop_last=drop_last)
+    usable = min(rows, batches * batch_size)
+    first = worker * batches // num_workers
+    last = (worker + 1) * batches // num_workers
+    return min(first * batch_size, usable), min(last * batch_size, usable)
+
+
+def chunk_offsets(
+    piece_rows: NDArray[np.int64],
+    *,
+    parts_per_chunk: int | None = None,
+    chunk_rows: int | None = None,
+) -> NDArray[np.int64]:
+    """Boundaries (indices into the pieces) of the chunks the pieces are grouped into.
+
+    With ``parts_per_chunk`` every chunk holds that many pieces (the last one fewer);
+    with ``chunk_rows`` pieces are added to a chunk until it holds at least that many
+    rows. Exactly one of the two must be given.
+
+    >>> chunk_offsets(np.array([5, 5, 5]), parts_per_chunk=2).tolist()
+    [0, 2, 3]
+    >>> chunk_offsets(np.array([3, 3, 3, 3]), chunk_rows=5).tolist()
+    [0, 2, 4]
+    """
+    n = len(piece_rows)
+    if (parts_per_chunk is None) == (chunk_rows is None):
+        raise ValueError("give exactly one of parts_per_chunk and chunk_rows")
+    if parts_per_chunk is not None:
+        return np.append(np.arange(0, n, parts_per_chunk, dtype=np.int64), np.int64(n))
+    assert chunk_rows is not None
+    bounds = [0]
+    filled = 0
+    for i, rows in enumerate(piece_rows.tolist()):
+        filled += rows
+        if filled >= chunk_rows:
+            bounds.append(i + 1)
+            filled = 0
+    if bounds[-1] != n:
+        bounds.append(n)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def chunk_permutation(
+    num_rows: int, *, seed: int, epoch: int, rank: int, worker: int, chunk: int
+) -> NDArray[np.int64]:
+    """The row permutation applied to one chunk: identical on every machine for the same key."""
+    key = [seed, epoch, _CHUNK_STREAM, rank, worker, chunk]
+    rng = np.random.default_rng(np.random.SeedSequence(key))
+    return rng.permutation(num_rows).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one rank's worker reads in one epoch.
+
+    Attributes:
+        partitions: Partition index of every piece, in read order.
+        starts: First row (within its partition) of every piece.
+        stops: One past the last row of every piece.
+        chunk_bounds: Piece indices where chunks start, plus the number of pieces.
+        num_rows: Rows this worker delivers.
+        num_batches: Batches this worker delivers.
+        shuffle, seed, epoch, rank, worker: The key of the chunk permutations.
+    """
+
+    partitions: NDArray[np.int64]
+    starts: NDArray[np.int64]
+    stops: NDArray[np.int64]
+    chunk_bounds: NDArray[np.int64]
+    num_rows: int
+    num_batches: int
+    shuffle: bool
+    seed: int
+    epoch: int
+    rank: int
+    worker: int
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_bounds) - 1
+
+    def chunk_pieces(self, chunk: int) -> slice:
+        """The slice of pieces that make up chunk ``chunk``."""
+        return slice(int(self.chunk_bounds[chunk]), int(self.chunk_bounds[chunk + 1]))
+
+    def chunk_rows(self, chunk: int) -> int:
+        s = self.chunk_pieces(chunk)
+        return int((self.stops[s] - self.starts[s]).sum())
+
+    def permutation(self, chunk: int) -> NDArray[np.int64] | None:
+        """Row permutation of chunk ``chunk``, or None without shuffling."""
+        if not self.shuffle:
+            return None
+        return chunk_permutation(
+            self.chunk_rows(chunk),
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            worker=self.worker,
+            chunk=chunk,
+        )
+
+
+def plan_epoch(
+    partition_rows: NDArray[np.int64],
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    global_rank: int = 0,
+    global_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    parts_per_chunk: int | None = None,
+    chunk_rows: int | None = None,
+    drop_last: bool = False,
+) -> EpochPlan:
+    """Plan one epoch of one rank's worker (see the module docstring for the policy).
+
+    >>> plan = plan_epoch(np.array([4, 4, 4]), batch_size=5, shuffle=False, seed=0, epoch=0,
+    ...                   global_rank=1, global_size=2, parts_per_chunk=1)
+    >>> plan.partitions.tolist(), plan.starts.tolist(), plan.stops.tolist(), plan.num_batches
+    ([1, 2], [2, 0], [4, 4], 2)
+    """
+    rows = np.asarray(partition_rows, dtype=np.int64)
+    order = partition_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)
+    ordered_rows = rows[order]
+    ends = np.cumsum(ordered_rows)
+    begins = ends - ordered_rows
+    total = int(ends[-1]) if len(ends) else 0
+
+    rank_lo, rank_hi = rank_rows(total, global_rank=global_rank, global_size=global_size)
+    lo, hi = worker_row_range(
+        rank_hi - rank_lo,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        worker=worker,
+        num_workers=num_workers,
+    )
+    lo, hi = rank_lo + lo, rank_lo + hi
+
+    # Pieces: the ordered partitions overlapping [lo, hi), clipped to it.
+    first = int(np.searchsorted(ends, lo, side="right"))
+    last = int(np.searchsorted(begins, hi, side="left"))
+    positions = np.arange(first, last) if hi > lo else np.arange(0)
+    starts = np.maximum(begins[positions], lo) - begins[positions]
+    stops = np.minimum(ends[positions], hi) - begins[positions]
+    keep = stops > starts  # empty partitions contribute nothing
+    partitions, starts, stops = order[positions][keep], starts[keep], stops[keep]
+    piece_rows = stops - starts
+
+    if parts_per_chunk is None and chunk_rows is None:
+        parts_per_chunk = 1
+    bounds = chunk_offsets(piece_rows, parts_per_chunk=parts_per_chunk, chunk_rows=chunk_rows)
+    if shuffle:
+        # Rows are permuted inside each chunk anyway: read its pieces in dataset order,
+        # which keeps row groups of one file together.
+        for c in range(len(bounds) - 1):
+            s = slice(int(bounds[c]), int(bounds[c + 1]))
+            by_partition = np.argsort(partitions[s], kind="stable")
+            partitions[s] = partitions[s][by_partition]
+            starts[s] = starts[s][by_partition]
+            stops[s] = stops[s][by_partition]
+
+    return EpochPlan(
+        partitions=partitions.astype(np.int64),
+        starts=starts.astype(np.int64),
+        stops=stops.astype(np.int64),
+        chunk_bounds=bounds,
+        num_rows=hi - lo,
+        num_batches=count_batches(hi - lo, batch_size, drop_last=drop_last),
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        rank=global_rank,
+        worker=worker,
+    )

@@ -1,0 +1,113 @@
+"""Shared fixtures, and markers that skip tests whose optional dependency is missing."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:  # a broken install counts as missing
+        return False
+    return True
+
+
+def _gpu_available() -> tuple[bool, str]:
+    if not (_importable("cudf") and _importable("cupy")):
+        return False, "needs cudf and cupy (pip install 'tabloader[gpu]') and a CUDA GPU"
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return False, "no CUDA GPU visible"
+    except Exception as err:
+        return False, f"no usable CUDA GPU: {err}"
+    return True, ""
+
+
+_REQUIREMENTS: dict[str, Callable[[], tuple[bool, str]]] = {
+    "torch": lambda: (_importable("torch"), "needs PyTorch: pip install 'tabloader[torch]'"),
+    "tensorflow": lambda: (
+        _importable("tensorflow"),
+        "needs TensorFlow: pip install 'tabloader[tensorflow]'",
+    ),
+    "dask": lambda: (
+        _importable("dask.dataframe"),
+        "needs dask: pip install 'tabloader[dask]'",
+    ),
+    "gpu": _gpu_available,
+}
+_checked: dict[str, tuple[bool, str]] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name, check in _REQUIREMENTS.items():
+            if item.get_closest_marker(name) is None:
+                continue
+            if name not in _checked:
+                _checked[name] = check()
+            ok, reason = _checked[name]
+            if not ok:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def make_table(start: int, rows: int, *, seed: int = 0) -> pa.Table:
+    """Rows with a unique ``id`` (start..start+rows-1) and columns derived from it.
+
+    ``cat`` is int32, ``x`` float64, ``label`` int8: all differ from the delivered dtypes,
+    so the loader's casts are exercised. Every column is a function of ``id``, so a test
+    can check that a delivered row was not torn apart.
+    """
+    ids = np.arange(start, start + rows, dtype=np.int64)
+    return pa.table(
+        {
+            "id": ids,
+            "cat": (ids % 1000).astype(np.int32),
+            "x": ids.astype(np.float64) / 4.0,
+            "label": (ids % 2).astype(np.int8),
+        }
+    )
+
+
+def write_dataset(directory: Path, layout: Sequence[Sequence[int]]) -> list[str]:
+    """Write one parquet file per entry of ``layout``, with row groups of the given sizes.
+
+    Ids run across files in order, so a dataset of N rows holds ids 0..N-1.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    start = 0
+    for f, row_groups in enumerate(layout):
+        path = directory / f"part-{f:03d}.parquet"
+        tables = []
+        for rows in row_groups:
+            tables.append(make_table(start, rows))
+            start += rows
+        with pq.ParquetWriter(path, tables[0].schema) as writer:
+            for table in tables:
+                writer.write_table(table, row_group_size=max(len(table), 1))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture
+def dataset_dir(tmp_path: Path) -> Callable[[Sequence[Sequence[int]]], list[str]]:
+    """Factory: ``dataset_dir([[100, 50], [70]])`` writes two files, three row groups."""
+    counter = iter(range(1_000_000))
+
+    def make(layout: Sequence[Sequence[int]]) -> list[str]:
+        return write_dataset(tmp_path / f"ds{next(counter)}", layout)
+
+    return make
