@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+import tabloader
 from contract import (
     Adapter,
     Batch,
@@ -21,8 +23,6 @@ from contract import (
     loader_options,
 )
 
-import tabloader
-
 
 def _core_epoch(loader: tabloader.Loader) -> list[Batch]:
     return [{k: np.asarray(v) for k, v in batch.items()} for batch in loader]
@@ -32,7 +32,11 @@ def _stacked_epoch(loader: tabloader.Loader) -> list[Batch]:
     out = []
     for batch in loader:
         flat: Batch = {}
-        for kind, names in (("cats", loader.cats), ("conts", loader.conts), ("labels", loader.labels)):
+        for kind, names in (
+            ("cats", loader.cats),
+            ("conts", loader.conts),
+            ("labels", loader.labels),
+        ):
             for j, name in enumerate(names):
                 flat[name] = np.asarray(batch[kind][:, j])
         out.append(flat)

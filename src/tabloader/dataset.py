@@ -112,7 +112,7 @@ class Dataset:
     @property
     def partition_rows(self) -> NDArray[np.int64]:
         """Row count of every partition, in dataset order (a read-only int64 array)."""
-        rows = self._source.rows.view()
+        rows: NDArray[np.int64] = self._source.rows.view()
         rows.flags.writeable = False
         return rows
 
@@ -380,9 +380,7 @@ class _ParquetSource(_Source):
     def _read_footer(self, path: str) -> pq.FileMetaData:
         shown = self._display(path)
         try:
-            size = (
-                os.path.getsize(path) if self.filesystem is None else self.filesystem.size(path)
-            )
+            size = os.path.getsize(path) if self.filesystem is None else self.filesystem.size(path)
         except OSError as err:
             raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
         if size == 0:
@@ -449,13 +447,14 @@ class _ParquetSource(_Source):
             if c < 0:
                 continue
             stats = md.row_group(int(self.part_row_group[p])).column(c).statistics
-            if stats is not None and stats.has_null_count:
-                flags[p] = 1 if stats.null_count > 0 else 0
+            nulls = stats.null_count if stats is not None else None
+            if nulls is not None and getattr(stats, "has_null_count", True):
+                flags[p] = 1 if nulls > 0 else 0
         return flags
 
 
 def _walk_local(root: str) -> list[str]:
-    found = []
+    found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
         found.extend(os.path.join(dirpath, name) for name in filenames)
@@ -546,6 +545,9 @@ class _DaskSource(_Source):
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
         frame = self.compute_partition(index, columns)
-        if hasattr(frame, "to_arrow"):  # cudf
-            return frame.to_arrow()
-        return pa.Table.from_pandas(frame, preserve_index=False)
+        table: pa.Table = (
+            frame.to_arrow()  # cudf
+            if hasattr(frame, "to_arrow")
+            else pa.Table.from_pandas(frame, preserve_index=False)
+        )
+        return table

@@ -52,17 +52,24 @@ def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
     return names
 
 
-def _positive_int(value: object, what: str, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 1:
-        raise InvalidArgumentError(f"{what} must be a positive integer, got {value!r}")
+def _int_at_least(value: object, minimum: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < minimum:
+        kind = "a positive" if minimum == 1 else "a non-negative"
+        raise InvalidArgumentError(f"{what} must be {kind} integer, got {value!r}")
     return int(value)
+
+
+def _optional_positive(value: object, what: str) -> int | None:
+    return None if value is None else _int_at_least(value, 1, what)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def _dtype(value: Any, what: str, *, integer: bool) -> np.dtype[Any]:
     try:
-        dtype = np.dtype(value)
+        dtype: np.dtype[Any] = np.dtype(value)
     except TypeError:
         raise InvalidArgumentError(f"{what} must be a numpy dtype, got {value!r}") from None
     allowed = "iu" if integer else "iuf"
@@ -156,7 +163,7 @@ class Loader:
         device: str | int | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
-        self.batch_size: int = _positive_int(batch_size, "batch_size")  # type: ignore[assignment]
+        self.batch_size = _int_at_least(batch_size, 1, "batch_size")
         self.cats = _names(cats, "cats")
         self.conts = _names(conts, "conts")
         self.labels = _names(labels, "labels")
@@ -172,19 +179,16 @@ class Loader:
             )
         if parts_per_chunk is not None and chunk_rows is not None:
             raise InvalidArgumentError("give parts_per_chunk or chunk_rows, not both")
-        self.parts_per_chunk = _positive_int(parts_per_chunk, "parts_per_chunk", allow_none=True)
-        chunk_rows = _positive_int(chunk_rows, "chunk_rows", allow_none=True)
-        self.prefetch: int = _positive_int(prefetch, "prefetch")  # type: ignore[assignment]
-        self.global_size: int = _positive_int(global_size, "global_size")  # type: ignore[assignment]
-        if (
-            isinstance(global_rank, bool)
-            or not isinstance(global_rank, Integral)
-            or not 0 <= global_rank < self.global_size
-        ):
+        self.parts_per_chunk = _optional_positive(parts_per_chunk, "parts_per_chunk")
+        chunk_rows = _optional_positive(chunk_rows, "chunk_rows")
+        self.prefetch = _int_at_least(prefetch, 1, "prefetch")
+        self.global_size = _int_at_least(global_size, 1, "global_size")
+        self.global_rank = _int_at_least(global_rank, 0, "global_rank")
+        if self.global_rank >= self.global_size:
             raise InvalidArgumentError(
-                f"global_rank must be an integer in [0, {self.global_size}), got {global_rank!r}"
+                f"global_rank must be in [0, {self.global_size}) for global_size="
+                f"{self.global_size}, got {global_rank!r}"
             )
-        self.global_rank = int(global_rank)
         if layout not in ("columns", "stacked"):
             raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
         self.layout = layout
@@ -196,10 +200,9 @@ class Loader:
                     "with shuffle=True and global_size > 1, pass the same seed= on every rank: "
                     "ranks derive their shards from it and would overlap otherwise"
                 )
-            seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        elif isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
-            raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
+            self.seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        else:
+            self.seed = _int_at_least(seed, 0, "seed")
         if transform is not None and not callable(transform):
             raise InvalidArgumentError(f"transform must be callable, got {transform!r}")
         self.transform = transform
@@ -242,9 +245,7 @@ class Loader:
                         "ids. Encode it as integers first (for example with pandas factorize or "
                         "NVTabular Categorify), or list it under conts"
                     )
-            elif not (
-                pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-            ):
+            elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
                 kind = "label" if name in self.labels else "continuous column"
                 raise ColumnTypeError(
                     f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
@@ -266,7 +267,7 @@ class Loader:
         else:
             values = dict.fromkeys(types, fill_null)
         for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, Real):
+            if not _is_number(value):
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a number, got {value!r}"
                 )
@@ -368,9 +369,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, Integral) or epoch < 0:
-            raise InvalidArgumentError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = _int_at_least(epoch, 0, "epoch")
 
     def __iter__(self) -> BatchIterator:
         """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one."""
@@ -485,7 +484,12 @@ def _read_chunks(
     for chunk in range(plan.num_chunks):
         s = plan.chunk_pieces(chunk)
         pieces = list(
-            zip(plan.partitions[s].tolist(), plan.starts[s].tolist(), plan.stops[s].tolist())
+            zip(
+                plan.partitions[s].tolist(),
+                plan.starts[s].tolist(),
+                plan.stops[s].tolist(),
+                strict=True,
+            )
         )
         segments = backend.load_chunk(
             dataset, pieces, blocks, fill_null, concatenate=plan.shuffle, stats=stats

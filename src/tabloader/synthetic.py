@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +37,31 @@ CARDINALITIES = dict(
     zip(
         CATS,
         [
-            1_460, 580, 1_000_000, 800_000, 305, 24, 12_517, 633, 3, 93_145, 5_683, 1_000_000,
-            3_194, 27, 14_992, 1_000_000, 10, 5_652, 2_173, 4, 1_000_000, 18, 15, 286_181, 105,
+            1_460,
+            580,
+            1_000_000,
+            800_000,
+            305,
+            24,
+            12_517,
+            633,
+            3,
+            93_145,
+            5_683,
+            1_000_000,
+            3_194,
+            27,
+            14_992,
+            1_000_000,
+            10,
+            5_652,
+            2_173,
+            4,
+            1_000_000,
+            18,
+            15,
+            286_181,
+            105,
             142_572,
         ],
         strict=True,
@@ -57,7 +80,7 @@ def _zipf_ids(rng: np.random.Generator, rows: int, cardinality: int) -> NDArray[
 def criteo_like_table(rows: int, *, seed: int = 0) -> pa.Table:
     """``rows`` rows of synthetic Criteo-like data as an Arrow table (see module docstring)."""
     rng = np.random.default_rng(seed)
-    columns: dict[str, NDArray[np.generic]] = {}
+    columns: dict[str, NDArray[Any]] = {}
     for name in CONTS:
         columns[name] = np.log1p(rng.exponential(3.0, rows)).astype(np.float32)
     for name in CATS:

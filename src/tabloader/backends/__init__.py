@@ -65,7 +65,9 @@ def parse_device(device: str | int | None) -> tuple[str, int]:
     if device is None or device == "cpu":
         return "cpu", 0
     if isinstance(device, bool):
-        raise InvalidArgumentError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+        raise InvalidArgumentError(
+            f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}"
+        )
     if isinstance(device, int):
         if device < 0:
             raise InvalidArgumentError(f"a device index must be >= 0, got {device}")
@@ -87,6 +89,7 @@ def get_backend(device: str | int | None) -> Backend:
         from tabloader.backends.cpu import CPUBackend
 
         return CPUBackend()
-    from tabloader.backends.gpu import GPUBackend
+    from tabloader.backends.gpu import GPUBackend  # type: ignore[import-not-found]
 
-    return GPUBackend(index)
+    backend: Backend = GPUBackend(index)
+    return backend

@@ -65,9 +65,7 @@ class BufferPool:
 
     def idle_bytes(self) -> int:
         with self._lock:
-            return sum(
-                len(b) for i, (b, _) in enumerate(self._buffers) if self._idle(i)
-            )
+            return sum(len(b) for i, (b, _) in enumerate(self._buffers) if self._idle(i))
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
         dtype = np.dtype(dtype)
@@ -76,12 +74,13 @@ class BufferPool:
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
         with self._lock:
-            best = -1
-            for i, (memory, offset) in enumerate(self._buffers):
-                size = len(memory) - offset
-                if nbytes <= size <= 2 * nbytes and self._idle(i):
-                    if best < 0 or size < len(self._buffers[best][0]) - self._buffers[best][1]:
-                        best = i
+            # The smallest idle buffer that fits without wasting more than half of it.
+            fits = [
+                (len(memory) - offset, i)
+                for i, (memory, offset) in enumerate(self._buffers)
+                if nbytes <= len(memory) - offset <= 2 * nbytes and self._idle(i)
+            ]
+            best = min(fits)[1] if fits else -1
             if best < 0:
                 self._release_idle(keep=self.max_buffers - 1)
                 memory = np.empty(nbytes + _ALIGN, dtype=np.uint8)
@@ -90,7 +89,8 @@ class BufferPool:
                 self._leases.append(None)
                 best = len(self._buffers) - 1
             memory, offset = self._buffers[best]
-            flat = np.frombuffer(memoryview(memory)[offset : offset + nbytes], dtype=dtype)
+            view = memoryview(memory)[offset : offset + nbytes]  # type: ignore[arg-type]
+            flat = np.frombuffer(view, dtype=dtype)
             self._leases[best] = weakref.ref(flat.base)  # type: ignore[arg-type]
         return flat.reshape(shape)
 
@@ -147,7 +147,7 @@ def null_message(column: str, count: int, where: str) -> str:
 
 
 def column_to_numpy(
-    column: pa.ChunkedArray | pa.Array, name: str, fill: float | None, where: str
+    column: pa.ChunkedArray[Any] | pa.Array[Any], name: str, fill: float | None, where: str
 ) -> NDArray[Any]:
     """One Arrow column as a numpy array: zero-copy when it has one chunk and no nulls."""
     if column.null_count:
@@ -201,7 +201,7 @@ class CPUBackend:
         stats.read_seconds += t1 - t0
 
         arrays = []
-        for (partition, _, _), table in zip(pieces, tables):
+        for (partition, _, _), table in zip(pieces, tables, strict=True):
             where = dataset.describe_partition(partition)
             arrays.append(
                 {c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns}
