@@ -47,8 +47,9 @@ class Dataset:
     Args:
         source: What to load. One of
             - a path to a parquet file, a directory (searched recursively for
-              ``*.parquet``, ``*.parq`` and ``*.pq``, skipping names that start with
-              ``_`` or ``.``), or a glob such as ``"data/train/*.parquet"``;
+              ``*.parquet``, ``*.parq`` and ``*.pq``), or a glob such as
+              ``"data/train/*.parquet"``; directories and globs skip names that start
+              with ``_`` or ``.`` (``_SUCCESS``, ``_metadata``, checksum files);
             - an fsspec URL of any of those (``"s3://bucket/train/*.parquet"``,
               ``"memory://..."``); install the fsspec implementation for the protocol;
             - a list of any of the above (files are listed in sorted order per entry,
@@ -335,7 +336,11 @@ class _ParquetSource(_Source):
         if fs is None:
             path = os.path.expanduser(spec)
             if globlib.has_magic(path):
-                found = sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
+                found = sorted(
+                    p
+                    for p in globlib.glob(path, recursive=True)
+                    if os.path.isfile(p) and not _hidden(p)
+                )
                 if not found:
                     raise SourceNotFoundError(f"the glob {spec!r} matched no files")
                 return found
@@ -346,7 +351,7 @@ class _ParquetSource(_Source):
             raise SourceNotFoundError(f"{spec!r} does not exist")
         path = fs._strip_protocol(spec)
         if globlib.has_magic(path):
-            found = sorted(p for p in fs.glob(path) if fs.isfile(p))
+            found = sorted(p for p in fs.glob(path) if fs.isfile(p) and not _hidden(p))
             if not found:
                 raise SourceNotFoundError(f"the glob {spec!r} matched no files")
             return found
@@ -451,6 +456,11 @@ class _ParquetSource(_Source):
             if nulls is not None and getattr(stats, "has_null_count", True):
                 flags[p] = 1 if nulls > 0 else 0
         return flags
+
+
+def _hidden(path: str) -> bool:
+    """Files writers leave beside the data: ``_SUCCESS``, ``_metadata``, ``.crc`` files."""
+    return os.path.basename(path).startswith(("_", "."))
 
 
 def _walk_local(root: str) -> list[str]:

@@ -559,6 +559,7 @@ def _batch_stream(
             delivered += 1
     finally:
         chunks.close()
+        backend.release()
     if delivered != plan.num_batches and not stop.is_set():
         raise TabloaderError(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "

@@ -55,6 +55,10 @@ class Backend(Protocol):
         """Move a host permutation to where the chunk lives."""
         ...
 
+    def release(self) -> None:
+        """An epoch ended: give back cached memory that no batch uses any more."""
+        ...
+
 
 def parse_device(device: str | int | None) -> tuple[str, int]:
     """Normalise a device spec to ``("cpu", 0)`` or ``("cuda", index)``.

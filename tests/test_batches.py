@@ -1,0 +1,87 @@
+"""Cutting segments into batches: sizes, order, and the carried remainder."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tabloader.backends.cpu import BufferPool, PooledNumpy
+from tabloader.batches import Layout, cut_batches, permute_segment
+
+XP = PooledNumpy(BufferPool())
+I8, F4 = np.dtype("int64"), np.dtype("float32")
+
+
+def segments_of(sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    out, start = [], 0
+    for n in sizes:
+        ids = np.arange(start, start + n, dtype=np.int64)
+        out.append({"int64": np.stack([ids, ids * 2], axis=1), "float32": ids[:, None] / 2})
+        start += n
+    return out
+
+
+LAYOUT = Layout.build(
+    {"cats": ["a", "b"], "conts": ["x"], "labels": []},
+    {"a": I8, "b": I8, "x": F4},
+    stacked=False,
+    shuffle=True,
+)
+
+
+@given(
+    sizes=st.lists(st.integers(0, 50), max_size=12),
+    batch_size=st.integers(1, 40),
+    drop_last=st.booleans(),
+)
+def test_batches_are_full_in_order_and_carry_the_remainder(sizes, batch_size, drop_last):
+    total = sum(sizes)
+    batches = list(
+        cut_batches(
+            segments_of(sizes), batch_size=batch_size, drop_last=drop_last, layout=LAYOUT, xp=XP
+        )
+    )
+    lengths = [len(b["a"]) for b in batches]
+    assert all(n == batch_size for n in lengths[:-1])
+    kept = total - (total % batch_size if drop_last else 0)
+    assert sum(lengths) == kept
+    a = np.concatenate([b["a"] for b in batches]) if batches else np.empty(0)
+    np.testing.assert_array_equal(a, np.arange(kept))
+    for b in batches:
+        np.testing.assert_array_equal(b["b"], b["a"] * 2)
+        np.testing.assert_array_equal(b["x"], b["a"] / 2)
+
+
+def test_full_batches_inside_a_segment_are_views():
+    (segment,) = segments_of([100])
+    batches = list(cut_batches([segment], batch_size=25, drop_last=False, layout=LAYOUT, xp=XP))
+    assert all(np.shares_memory(b["a"], segment["int64"]) for b in batches)
+
+
+def test_permute_gathers_whole_rows_and_releases_the_source():
+    (segment,) = segments_of([1000])
+    index = np.random.default_rng(0).permutation(1000)
+    shuffled = permute_segment(segment, index, XP)
+    assert segment == {}
+    np.testing.assert_array_equal(shuffled["int64"][:, 0], index)
+    np.testing.assert_array_equal(shuffled["int64"][:, 1], index * 2)
+
+
+def test_pooled_memory_is_reused_only_once_free():
+    pool = BufferPool()
+    a = pool.empty((1 << 18,), "int64")
+    a[:] = 7
+    b = pool.empty((1 << 18,), "int64")
+    assert not np.shares_memory(a, b)  # a is still in use
+    view = a[10:20]
+    del a
+    c = pool.empty((1 << 18,), "int64")
+    assert not np.shares_memory(view, c)  # a view keeps the buffer lent
+    assert (view == 7).all()
+    del view, b, c
+    d = pool.empty((1 << 18,), "int64")
+    assert d.ctypes.data % 64 == 0
+    assert pool.idle_bytes() >= 1 << 21
+    pool.release()
+    del d

@@ -1,0 +1,192 @@
+"""The epoch plan's arithmetic, checked as properties over many shapes of data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tabloader.plan import (
+    chunk_offsets,
+    count_batches,
+    partition_order,
+    plan_epoch,
+    rank_rows,
+    worker_row_range,
+)
+
+partition_sizes = st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=25)
+
+
+def global_rows(rows: np.ndarray, plan) -> np.ndarray:
+    """Global row ids (partition offset + row) covered by a plan's pieces, in read order."""
+    offsets = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    parts = [
+        offsets[p] + np.arange(a, b)
+        for p, a, b in zip(plan.partitions, plan.starts, plan.stops, strict=True)
+    ]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=partition_sizes,
+    batch_size=st.integers(1, 97),
+    world=st.integers(1, 9),
+    workers=st.integers(1, 4),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 5),
+    per_chunk=st.one_of(
+        st.tuples(st.just("parts"), st.integers(1, 5)),
+        st.tuples(st.just("rows"), st.integers(1, 400)),
+    ),
+)
+def test_shards_are_disjoint_cover_the_data_and_agree_on_batch_counts(
+    rows, batch_size, world, workers, drop_last, shuffle, seed, epoch, per_chunk
+):
+    rows = np.asarray(rows, dtype=np.int64)
+    total = int(rows.sum())
+    chunking = (
+        {"parts_per_chunk": per_chunk[1]}
+        if per_chunk[0] == "parts"
+        else {"chunk_rows": per_chunk[1]}
+    )
+    seen = []
+    rank_batches = []
+    for rank in range(world):
+        rank_ids = []
+        batches = 0
+        for worker in range(workers):
+            plan = plan_epoch(
+                rows,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                epoch=epoch,
+                global_rank=rank,
+                global_size=world,
+                worker=worker,
+                num_workers=workers,
+                drop_last=drop_last,
+                **chunking,
+            )
+            ids = global_rows(rows, plan)
+            assert len(ids) == plan.num_rows
+            assert plan.num_batches == count_batches(plan.num_rows, batch_size, drop_last=drop_last)
+            # Only the last worker of a rank may hold a short batch.
+            if worker < workers - 1:
+                assert plan.num_rows % batch_size == 0
+            assert np.all(plan.stops > plan.starts)
+            assert plan.chunk_bounds[0] == 0 and plan.chunk_bounds[-1] == len(plan.partitions)
+            assert sum(plan.chunk_rows(c) for c in range(plan.num_chunks)) == plan.num_rows
+            rank_ids.append(ids)
+            batches += plan.num_batches
+        rank_ids = np.concatenate(rank_ids)
+        per_rank = total // world
+        expected_rows = per_rank - (per_rank % batch_size if drop_last else 0)
+        assert len(rank_ids) == expected_rows
+        assert batches == count_batches(per_rank, batch_size, drop_last=drop_last)
+        rank_batches.append(batches)
+        seen.append(rank_ids)
+    # Every rank the same number of batches; rows disjoint; at most world-1 rows left
+    # out (plus the dropped short batches).
+    assert len(set(rank_batches)) == 1
+    union = np.concatenate(seen)
+    assert len(np.unique(union)) == len(union)
+    assert np.all((union >= 0) & (union < total))
+    if not drop_last:
+        assert total - len(union) == total % world
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 200), seed=st.integers(0, 2**63), epoch=st.integers(0, 100))
+def test_partition_order_is_a_permutation_fixed_by_seed_and_epoch(n, seed, epoch):
+    order = partition_order(n, shuffle=True, seed=seed, epoch=epoch)
+    assert sorted(order.tolist()) == list(range(n))
+    again = partition_order(n, shuffle=True, seed=seed, epoch=epoch)
+    np.testing.assert_array_equal(order, again)
+
+
+def test_partition_order_changes_with_epoch_and_seed():
+    base = partition_order(50, shuffle=True, seed=1, epoch=0)
+    assert not np.array_equal(base, partition_order(50, shuffle=True, seed=1, epoch=1))
+    assert not np.array_equal(base, partition_order(50, shuffle=True, seed=2, epoch=0))
+    np.testing.assert_array_equal(partition_order(5, shuffle=False, seed=1, epoch=3), range(5))
+
+
+def test_plan_is_the_same_on_every_machine():
+    # Pinned values: numpy's PCG64 streams are stable across platforms and releases, so a
+    # change here means the plan changed and old runs are no longer reproducible.
+    np.testing.assert_array_equal(
+        partition_order(8, shuffle=True, seed=0, epoch=0),
+        np.random.default_rng(np.random.SeedSequence([0, 0, 0])).permutation(8),
+    )
+    plan = plan_epoch(np.array([10, 10]), batch_size=4, shuffle=True, seed=5, epoch=2)
+    again = plan_epoch(np.array([10, 10]), batch_size=4, shuffle=True, seed=5, epoch=2)
+    np.testing.assert_array_equal(plan.permutation(0), again.permutation(0))
+
+
+def test_rank_rows_split_evenly_and_leave_the_remainder_out():
+    assert [rank_rows(11, global_rank=r, global_size=4) for r in range(4)] == [
+        (0, 2),
+        (2, 4),
+        (4, 6),
+        (6, 8),
+    ]
+    assert rank_rows(3, global_rank=4, global_size=5) == (0, 0)
+
+
+def test_fewer_partitions_than_ranks_split_a_partition():
+    plans = [
+        plan_epoch(np.array([100]), batch_size=10, shuffle=False, seed=0, epoch=0,
+                   global_rank=r, global_size=4)
+        for r in range(4)
+    ]
+    assert [(p.starts.tolist(), p.stops.tolist()) for p in plans] == [
+        ([0], [25]),
+        ([25], [50]),
+        ([50], [75]),
+        ([75], [100]),
+    ]
+    assert {p.num_batches for p in plans} == {3}
+
+
+def test_worker_ranges_are_batch_aligned():
+    ranges = [
+        worker_row_range(103, batch_size=10, drop_last=False, worker=w, num_workers=3)
+        for w in range(3)
+    ]
+    assert ranges == [(0, 30), (30, 70), (70, 103)]
+    ranges = [
+        worker_row_range(103, batch_size=10, drop_last=True, worker=w, num_workers=3)
+        for w in range(3)
+    ]
+    assert ranges == [(0, 30), (30, 60), (60, 100)]
+    # More workers than batches: some get nothing, the rows are still all served.
+    ranges = [
+        worker_row_range(15, batch_size=10, drop_last=False, worker=w, num_workers=3)
+        for w in range(3)
+    ]
+    assert ranges == [(0, 0), (0, 10), (10, 15)]
+
+
+def test_chunk_offsets_by_parts_and_by_rows():
+    assert chunk_offsets(np.array([5, 5, 5, 5, 5]), parts_per_chunk=2).tolist() == [0, 2, 4, 5]
+    assert chunk_offsets(np.array([1, 9, 1, 1, 1]), chunk_rows=3).tolist() == [0, 2, 5]
+    assert chunk_offsets(np.array([], dtype=np.int64), chunk_rows=3).tolist() == [0]
+    with pytest.raises(ValueError, match="exactly one"):
+        chunk_offsets(np.array([1]), parts_per_chunk=1, chunk_rows=1)
+
+
+def test_shuffled_chunks_are_read_in_dataset_order():
+    plan = plan_epoch(
+        np.full(12, 10), batch_size=7, shuffle=True, seed=3, epoch=0, parts_per_chunk=4
+    )
+    for c in range(plan.num_chunks):
+        parts = plan.partitions[plan.chunk_pieces(c)]
+        assert np.all(np.diff(parts) > 0)
+    # ...but chunks hold different partitions than the unshuffled order would.
+    assert plan.partitions[plan.chunk_pieces(0)].tolist() != [0, 1, 2, 3]

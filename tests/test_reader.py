@@ -1,0 +1,88 @@
+"""The background prefetcher: bounded, exception-transparent, and never left running."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tabloader.reader import Prefetcher
+
+
+def test_items_arrive_in_order():
+    assert list(Prefetcher(lambda: iter(range(100)), depth=3)) == list(range(100))
+
+
+def test_the_producer_stays_at_most_depth_items_ahead():
+    produced = []
+
+    def items():
+        for i in range(50):
+            produced.append(i)
+            yield i
+
+    prefetcher = Prefetcher(items, depth=2)
+    assert next(prefetcher) == 0
+    time.sleep(0.3)
+    # One taken, two queued, one waiting to be put.
+    assert len(produced) <= 4
+    prefetcher.close()
+
+
+def test_an_exception_is_raised_in_the_consumer_after_the_items_before_it():
+    def items():
+        yield 1
+        yield 2
+        raise ValueError("bad row group in f.parquet")
+
+    prefetcher = Prefetcher(items, depth=4)
+    assert next(prefetcher) == 1
+    assert next(prefetcher) == 2
+    with pytest.raises(ValueError, match="f.parquet"):
+        next(prefetcher)
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+
+
+def test_close_stops_a_producer_blocked_on_a_full_queue():
+    prefetcher = Prefetcher(lambda: iter(range(10**9)), depth=1, name="tabloader-test")
+    next(prefetcher)
+    started = time.monotonic()
+    prefetcher.close()
+    assert not prefetcher.thread.is_alive()
+    assert time.monotonic() - started < 2
+    assert list(prefetcher) == []
+
+
+def test_garbage_collection_stops_the_thread():
+    prefetcher = Prefetcher(lambda: iter(range(10**9)), depth=1)
+    thread = prefetcher.thread
+    del prefetcher
+    thread.join(2)
+    assert not thread.is_alive()
+
+
+def test_a_linked_stage_stops_when_the_stage_it_feeds_is_closed():
+    downstream = threading.Event()
+    upstream = Prefetcher(lambda: iter(range(10**9)), depth=1, linked=downstream)
+    next(upstream)
+    downstream.set()
+    upstream.thread.join(2)
+    assert not upstream.thread.is_alive()
+
+
+def test_the_producer_generator_is_closed_when_stopped():
+    closed = threading.Event()
+
+    def items():
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.set()
+
+    prefetcher = Prefetcher(items, depth=1)
+    next(prefetcher)
+    prefetcher.close()
+    assert closed.wait(2)
