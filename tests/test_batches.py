@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabloader.backends.cpu import BufferPool, PooledNumpy
-from tabloader.batches import Layout, cut_batches, permute_segment
+from tabloader.batches import Layout, cut_batches
 
 XP = PooledNumpy(BufferPool())
 I8, F4 = np.dtype("int64"), np.dtype("float32")
@@ -17,7 +17,8 @@ def segments_of(sizes: list[int]) -> list[dict[str, np.ndarray]]:
     out, start = [], 0
     for n in sizes:
         ids = np.arange(start, start + n, dtype=np.int64)
-        out.append({"int64": np.stack([ids, ids * 2], axis=1), "float32": ids[:, None] / 2})
+        segment = {"int64": np.stack([ids, ids * 2], axis=1), "float32": ids[:, None] / 2}
+        out.append((segment, None))
         start += n
     return out
 
@@ -54,18 +55,25 @@ def test_batches_are_full_in_order_and_carry_the_remainder(sizes, batch_size, dr
 
 
 def test_full_batches_inside_a_segment_are_views():
-    (segment,) = segments_of([100])
-    batches = list(cut_batches([segment], batch_size=25, drop_last=False, layout=LAYOUT, xp=XP))
-    assert all(np.shares_memory(b["a"], segment["int64"]) for b in batches)
+    (part,) = segments_of([100])
+    batches = list(cut_batches([part], batch_size=25, drop_last=False, layout=LAYOUT, xp=XP))
+    assert all(np.shares_memory(b["a"], part[0]["int64"]) for b in batches)
 
 
-def test_permute_gathers_whole_rows_and_releases_the_source():
-    (segment,) = segments_of([1000])
-    index = np.random.default_rng(0).permutation(1000)
-    shuffled = permute_segment(segment, index, XP)
-    assert segment == {}
-    np.testing.assert_array_equal(shuffled["int64"][:, 0], index)
-    np.testing.assert_array_equal(shuffled["int64"][:, 1], index * 2)
+@given(
+    sizes=st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    batch_size=st.integers(1, 50),
+    seed=st.integers(0, 1000),
+)
+def test_indexed_parts_deliver_whole_rows_in_index_order(sizes, batch_size, seed):
+    rng = np.random.default_rng(seed)
+    parts = [(segment, rng.permutation(len(segment["int64"]))) for segment, _ in segments_of(sizes)]
+    expected = np.concatenate([segment["int64"][index, 0] for segment, index in parts])
+    batches = list(cut_batches(parts, batch_size=batch_size, drop_last=False, layout=LAYOUT, xp=XP))
+    np.testing.assert_array_equal(np.concatenate([b["a"] for b in batches]), expected)
+    for b in batches:
+        np.testing.assert_array_equal(b["b"], b["a"] * 2)
+        assert not np.shares_memory(b["a"], parts[0][0]["int64"])
 
 
 def test_pooled_memory_is_reused_only_once_free():

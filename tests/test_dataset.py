@@ -11,9 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_table, write_dataset
 
 import tabloader
+from conftest import make_table, write_dataset
 
 
 def test_files_row_groups_and_rows_come_from_footers(dataset_dir):
@@ -102,9 +102,9 @@ def test_partition_rows_cannot_be_modified(dataset_dir):
         ds.partition_rows[0] = 1
 
 
-def test_read_pieces_slices_and_batches_reads_per_file(dataset_dir):
+def test_iter_pieces_slices_and_batches_reads_per_file(dataset_dir):
     ds = tabloader.Dataset(dataset_dir([[5, 6, 7], [4]]))
-    tables = ds.read_pieces([(0, 1, 4), (2, 0, 7), (3, 2, 4), (1, 5, 6)], ["id"])
+    tables = ds.iter_pieces([(0, 1, 4), (2, 0, 7), (3, 2, 4), (1, 5, 6)], ["id"])
     assert [t.column("id").to_pylist() for t in tables] == [
         [1, 2, 3],
         list(range(11, 18)),
@@ -151,10 +151,11 @@ def test_a_file_that_is_not_parquet_is_named(tmp_path):
 
 def test_a_truncated_file_is_named(tmp_path):
     (path,) = write_dataset(tmp_path, [[50]])
-    data = open(path, "rb").read()
+    with open(path, "rb") as handle:
+        data = handle.read()
     with open(path, "wb") as handle:
         handle.write(data[: len(data) // 2])
-    with pytest.raises(tabloader.InvalidFileError, match="part-000.parquet"):
+    with pytest.raises(tabloader.InvalidFileError, match=r"part-000\.parquet"):
         tabloader.Dataset(path)
 
 

@@ -13,9 +13,9 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_table, write_dataset
 
 import tabloader
+from conftest import make_table, write_dataset
 
 COLS = {"cats": ["id", "cat"], "conts": ["x"], "labels": ["label"]}
 
@@ -270,9 +270,9 @@ def test_slow_layouts_warn(dataset_dir):
 
 def test_a_corrupt_row_group_fails_in_the_consumer_naming_the_file(tmp_path):
     (path,) = write_dataset(tmp_path, [[1000, 1000]])
-    data = bytearray(open(path, "rb").read())
-    data[8:200] = b"\xff" * 192  # the first pages' headers; the footer stays intact
-    open(path, "wb").write(bytes(data))
+    with open(path, "r+b") as handle:
+        handle.seek(8)  # the first pages' headers; the footer stays intact
+        handle.write(b"\xff" * 192)
     loader = tabloader.Loader(path, **COLS, batch_size=100)  # the footer reads fine
     with pytest.raises(tabloader.ReadError, match=r"could not read .*part-000.parquet"):
         list(loader)

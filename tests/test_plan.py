@@ -141,8 +141,15 @@ def test_rank_rows_split_evenly_and_leave_the_remainder_out():
 
 def test_fewer_partitions_than_ranks_split_a_partition():
     plans = [
-        plan_epoch(np.array([100]), batch_size=10, shuffle=False, seed=0, epoch=0,
-                   global_rank=r, global_size=4)
+        plan_epoch(
+            np.array([100]),
+            batch_size=10,
+            shuffle=False,
+            seed=0,
+            epoch=0,
+            global_rank=r,
+            global_size=4,
+        )
         for r in range(4)
     ]
     assert [(p.starts.tolist(), p.stops.tolist()) for p in plans] == [

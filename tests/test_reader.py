@@ -39,7 +39,7 @@ def test_an_exception_is_raised_in_the_consumer_after_the_items_before_it():
     prefetcher = Prefetcher(items, depth=4)
     assert next(prefetcher) == 1
     assert next(prefetcher) == 2
-    with pytest.raises(ValueError, match="f.parquet"):
+    with pytest.raises(ValueError, match=r"f\.parquet"):
         next(prefetcher)
     with pytest.raises(StopIteration):
         next(prefetcher)

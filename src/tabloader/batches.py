@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Block", "Layout", "Segment", "cut_batches", "permute_segment", "segment_rows"]
+__all__ = ["Block", "Layout", "Part", "Segment", "cut_batches", "segment_rows"]
 
 Segment = dict[str, Any]
 """Block name -> 2-D array ``[rows, k]`` (numpy or cupy), all with the same row count."""
@@ -99,17 +99,28 @@ def segment_rows(segment: Segment) -> int:
     return int(next(iter(segment.values())).shape[0])
 
 
-def permute_segment(segment: Segment, index: Any, xp: Any) -> Segment:
-    """Gather the rows ``index`` of every block, one block at a time, emptying ``segment``.
+Part = tuple[Segment, Any]
+"""A segment and the order to deliver its rows in: an index array (a shuffled chunk),
+or None (rows in stored order)."""
 
-    One block at a time keeps the source hot in cache while it is gathered, and each
-    source block is released as soon as its permuted copy exists.
+
+def _rows(part: Part) -> int:
+    segment, index = part
+    return segment_rows(segment) if index is None else len(index)
+
+
+def _cut(part: Part, start: int, stop: int, xp: Any) -> Segment:
+    """Rows ``start:stop`` of a part: a view in stored order, a gather when indexed.
+
+    Gathering batch by batch, rather than permuting the whole chunk first, keeps only
+    the batches in flight in memory besides the chunk, and a row-major block fetches
+    each row's values together.
     """
-    return {name: xp.take(segment.pop(name), index, axis=0) for name in list(segment)}
-
-
-def _slice(segment: Segment, start: int, stop: int) -> Segment:
-    return {name: array[start:stop] for name, array in segment.items()}
+    segment, index = part
+    if index is None:
+        return {name: array[start:stop] for name, array in segment.items()}
+    rows = index[start:stop]
+    return {name: xp.take(array, rows, axis=0) for name, array in segment.items()}
 
 
 def _concat(parts: Sequence[Segment], xp: Any) -> Segment:
@@ -119,36 +130,40 @@ def _concat(parts: Sequence[Segment], xp: Any) -> Segment:
 
 
 def cut_batches(
-    segments: Iterable[Segment],
+    parts: Iterable[Part],
     *,
     batch_size: int,
     drop_last: bool,
     layout: Layout,
     xp: Any,
 ) -> Iterator[dict[str, Any]]:
-    """Cut a stream of segments into batches of exactly ``batch_size`` rows.
+    """Cut a stream of parts into batches of exactly ``batch_size`` rows.
 
-    Rows left at the end of a segment are carried into the next one; only the very last
-    batch may be short, and ``drop_last`` drops it. Full batches inside a segment are
-    views of it (no copy); a batch that straddles segments is concatenated.
+    Rows left at the end of a part are carried into the next one; only the very last
+    batch may be short, and ``drop_last`` drops it. Without an index, full batches
+    inside a segment are views of it (no copy); a batch that straddles parts is
+    concatenated.
     """
     pending: list[Segment] = []
     pending_rows = 0
-    for segment in segments:
-        rows = segment_rows(segment)
+    source = iter(parts)
+    while (part := next(source, None)) is not None:
+        rows = _rows(part)
         pos = 0
         if pending_rows:
             pos = min(batch_size - pending_rows, rows)
-            pending.append(_slice(segment, 0, pos))
+            pending.append(_cut(part, 0, pos, xp))
             pending_rows += pos
-            if pending_rows < batch_size:
-                continue
-            yield layout.deliver(_concat(pending, xp))
-            pending, pending_rows = [], 0
-        while rows - pos >= batch_size:
-            yield layout.deliver(_slice(segment, pos, pos + batch_size))
-            pos += batch_size
-        if pos < rows:
-            pending, pending_rows = [_slice(segment, pos, rows)], rows - pos
+            if pending_rows == batch_size:
+                yield layout.deliver(_concat(pending, xp))
+                pending, pending_rows = [], 0
+        if not pending_rows:
+            while rows - pos >= batch_size:
+                yield layout.deliver(_cut(part, pos, pos + batch_size, xp))
+                pos += batch_size
+            if pos < rows:
+                pending, pending_rows = [_cut(part, pos, rows, xp)], rows - pos
+        # Let go of a finished chunk before waiting for the next one.
+        del part
     if pending_rows and not drop_last:
         yield layout.deliver(_concat(pending, xp))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -147,16 +147,17 @@ class Dataset:
                 "The file may be truncated or corrupt; re-create it or remove it from the dataset."
             ) from err
 
-    def read_pieces(
+    def iter_pieces(
         self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
-    ) -> list[pa.Table]:
-        """Read ``(partition, first row, stop row)`` slices; one table per piece, in order.
+    ) -> Iterator[pa.Table]:
+        """Read ``(partition, first row, stop row)`` slices; yields one table per piece.
 
         Consecutive pieces from one file are decoded by one call, which lets the parquet
-        reader coalesce I/O and spread decoding over its threads.
+        reader coalesce I/O and spread decoding over its threads; a run of pieces is read
+        only when the previous run's tables have been taken, so a consumer that processes
+        and drops each table holds one run in memory at a time.
         """
         columns = list(columns)
-        tables: list[pa.Table] = []
         start = 0
         while start < len(pieces):
             stop = start + 1
@@ -175,10 +176,10 @@ class Dataset:
                 ) from err
             offset = 0
             for partition, first, last in pieces[start:stop]:
-                tables.append(table.slice(offset + first, last - first))
+                yield table.slice(offset + first, last - first)
                 offset += int(self._source.rows[partition])
+            del table
             start = stop
-        return tables
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
         """Arrow type of each column, checked to be present and identical in every file.

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.backends import get_backend
-from tabloader.batches import Block, Layout, Segment, cut_batches, permute_segment
+from tabloader.batches import Block, Layout, Part, Segment, cut_batches
 from tabloader.dataset import Dataset
 from tabloader.errors import (
     ColumnTypeError,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchIterator", "Loader"]
 
-DEFAULT_CHUNK_BYTES = 256 * 2**20
+DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
@@ -528,38 +528,42 @@ def _batch_stream(
         name="tabloader-reader",
         linked=stop,
     )
-    xp = backend.xp
+    upstream_wait = 0.0
 
-    def segments() -> Iterator[Segment]:
-        for chunk_segments, index in chunks:
-            if index is None:
-                yield from chunk_segments
-                continue
+    def parts() -> Iterator[Part]:
+        nonlocal upstream_wait
+        while True:
             started = time.perf_counter()
-            (segment,) = chunk_segments
-            del chunk_segments
-            shuffled = permute_segment(segment, index, xp)
-            del segment
-            stats.batch_seconds += time.perf_counter() - started
-            yield shuffled
+            item = next(chunks, None)
+            upstream_wait += time.perf_counter() - started
+            if item is None:
+                return
+            segments, index = item
+            del item
+            if index is None:
+                for segment in segments:
+                    yield segment, None
+            else:
+                yield segments[0], index
+            del segments, index
 
     delivered = 0
+    batches = cut_batches(
+        parts(), batch_size=batch_size, drop_last=drop_last, layout=layout, xp=backend.xp
+    )
     try:
-        for batch in cut_batches(
-            segments(), batch_size=batch_size, drop_last=drop_last, layout=layout, xp=xp
-        ):
+        while True:
+            started, waited = time.perf_counter(), upstream_wait
+            batch = next(batches, None)
+            if batch is None:
+                break
             rows = int(next(iter(batch.values())).shape[0])
-            if transform is None:
-                yield rows, batch
-            else:
-                started = time.perf_counter()
-                result = transform(batch)
-                stats.batch_seconds += time.perf_counter() - started
-                yield rows, result
+            result = batch if transform is None else transform(batch)
+            stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
+            yield rows, result
             delivered += 1
     finally:
         chunks.close()
-        backend.release()
     if delivered != plan.num_batches and not stop.is_set():
         raise TabloaderError(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "

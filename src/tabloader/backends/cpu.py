@@ -194,27 +194,39 @@ class CPUBackend:
         stats: StatsRecorder,
     ) -> list[Segment]:
         columns = [c for b in blocks for c in b.columns]
-        t0 = time.perf_counter()
-        tables = dataset.read_pieces(pieces, columns)
-        stats.bytes_read += sum(t.nbytes for t in tables)
-        t1 = time.perf_counter()
-        stats.read_seconds += t1 - t0
-
-        arrays = []
-        for (partition, _, _), table in zip(pieces, tables, strict=True):
+        rows = sum(stop - start for _, start, stop in pieces)
+        # Concatenating: every piece is copied into its rows of the chunk's blocks as soon
+        # as it is decoded, so at most one file's run of decoded row groups is held
+        # besides the chunk itself.
+        chunk = (
+            {b.name: self.xp.empty((rows, len(b.columns)), b.dtype) for b in blocks}
+            if concatenate
+            else None
+        )
+        segments: list[Segment] = []
+        offset = 0
+        tables = dataset.iter_pieces(pieces, columns)
+        for partition, start, stop in pieces:
+            started = time.perf_counter()
+            table = next(tables)
+            decoded = time.perf_counter()
+            stats.read_seconds += decoded - started
+            stats.bytes_read += table.nbytes
             where = dataset.describe_partition(partition)
-            arrays.append(
-                {c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns}
-            )
-        del tables
-        if concatenate:
-            segments = [self._concatenated(arrays, blocks)]
-        else:
-            segments = [self._per_piece(piece, blocks) for piece in arrays]
-        stats.assemble_seconds += time.perf_counter() - t1
-        return segments
+            arrays = {
+                c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns
+            }
+            del table
+            if chunk is None:
+                segments.append(self._piece_segment(arrays, blocks))
+            else:
+                for b in blocks:
+                    interleave([arrays[c] for c in b.columns], chunk[b.name], offset)
+            offset += stop - start
+            stats.assemble_seconds += time.perf_counter() - decoded
+        return segments if chunk is None else [chunk]
 
-    def _per_piece(self, piece: dict[str, NDArray[Any]], blocks: Sequence[Block]) -> Segment:
+    def _piece_segment(self, piece: dict[str, NDArray[Any]], blocks: Sequence[Block]) -> Segment:
         segment: Segment = {}
         for b in blocks:
             cols = [piece[c] for c in b.columns]
@@ -223,21 +235,6 @@ class CPUBackend:
                 continue
             out = self.xp.empty((len(cols[0]), len(cols)), b.dtype)
             interleave(cols, out, 0)
-            segment[b.name] = out
-        return segment
-
-    def _concatenated(
-        self, pieces: list[dict[str, NDArray[Any]]], blocks: Sequence[Block]
-    ) -> Segment:
-        rows = sum(len(next(iter(p.values()))) for p in pieces)
-        segment: Segment = {}
-        for b in blocks:
-            out = self.xp.empty((rows, len(b.columns)), b.dtype)
-            offset = 0
-            for piece in pieces:
-                cols = [piece[c] for c in b.columns]
-                interleave(cols, out, offset)
-                offset += len(cols[0])
             segment[b.name] = out
         return segment
 
