@@ -215,3 +215,21 @@ def test_null_flags_come_from_footer_statistics(tmp_path):
     assert ds.null_partitions("b").tolist() == [0, 0]
     frame = pd.DataFrame({"a": [1.0, None]})
     assert tabloader.Dataset(frame).null_partitions("a").tolist() == [1]
+
+
+@pytest.mark.dask
+def test_a_dask_frame_on_a_distributed_cluster_is_computed_there():
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster),
+    ):
+        frame = dd.from_pandas(make_table(0, 30).to_pandas(), npartitions=4)
+        loader = tabloader.Loader(frame, cats=["id"], batch_size=8, shuffle=True, seed=2)
+        assert len(loader) == 4
+        ids = np.concatenate([b["id"] for b in loader])
+        assert sorted(ids.tolist()) == list(range(30))
