@@ -13,6 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Loaders given no device default to the GPU where one is usable; the suite's numpy-based
+# checks need host arrays, so its default is the CPU (GPU tests pass device="cuda").
+os.environ.setdefault("TABLOADER_DEVICE", "cpu")
 
 
 def _importable(module: str) -> bool:

@@ -88,7 +88,9 @@ def test_code_blocks_run(page, sample_data, tmp_path, monkeypatch):
     workdir = tmp_path / "work"
     shutil.copytree(sample_data, workdir)
     monkeypatch.chdir(workdir)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv(
+        "PYTHONPATH", str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     namespace: dict[str, object] = {"__name__": "__docs__"}
     ran = 0
     for lang, code, requires in blocks(page):

@@ -46,8 +46,9 @@ def layout_warnings(
         largest = int(partition_bytes.max())
         if largest > HUGE_ROW_GROUP_BYTES:
             found.append(
-                f"huge row groups: the largest holds {largest / 2**30:.1f} GiB uncompressed; a chunk "
-                "holds at least one row group, so memory use will be high. Write smaller ones"
+                f"huge row groups: the largest holds {largest / 2**30:.1f} GiB uncompressed; "
+                "a chunk holds at least one row group, so memory use will be high. Write "
+                "smaller ones"
             )
     if ranks > len(partition_rows):
         found.append(
@@ -82,7 +83,9 @@ def inspect(args: argparse.Namespace, out: TextIO) -> int:
             f"max {rows.max():,}\n"
         )
     if sizes is not None and len(sizes):
-        out.write(f"uncompressed bytes per row group: median {int(np.median(sizes)) / 2**20:,.1f} MiB\n")
+        out.write(
+            f"uncompressed bytes per row group: median {int(np.median(sizes)) / 2**20:,.1f} MiB\n"
+        )
     if dataset.files:
         out.write("files:\n")
         per_file = np.bincount(

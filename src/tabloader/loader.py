@@ -122,7 +122,10 @@ class Loader:
         global_rank, global_size: This process's rank and the number of ranks. Every rank
             gets ``len(dataset) // global_size`` rows and the same number of batches; the
             ranks' rows are disjoint. Pass the same ``seed`` on every rank.
-        device: ``"cpu"`` (default) or a CUDA device for the GPU backend.
+        device: ``"cpu"``, or ``"cuda"``/``"cuda:N"``/an index for the GPU backend
+            (``"cuda"`` is the current CUDA device). None (default): ``$TABLOADER_DEVICE``
+            if set, else the GPU when cudf and cupy import and a GPU is visible, else
+            the CPU (see docs/gpu.md).
 
     Example:
         >>> import pyarrow as pa, tabloader

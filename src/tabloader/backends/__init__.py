@@ -2,13 +2,14 @@
 
 A backend reads a chunk's pieces into row-major 2-D blocks (:meth:`Backend.load_chunk`)
 and names the array namespace (``xp``: ``take``, ``concatenate``, ``empty``) that the
-shared batching code in :mod:`tabloader.batches` runs with. Everything else (planning, permutation
-indices, batch cutting) is common to all backends, so the same seed gives the same
-batches everywhere.
+shared batching code in :mod:`tabloader.batches` runs with. Everything else (planning,
+permutation indices, batch cutting) is common to all backends, so the same seed gives
+the same batches everywhere.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
     from tabloader.dataset import Dataset
     from tabloader.stats import StatsRecorder
 
-__all__ = ["Backend", "Piece", "get_backend", "parse_device"]
+__all__ = ["DEVICE_ENV", "Backend", "Piece", "default_device", "get_backend", "parse_device"]
+
+DEVICE_ENV = "TABLOADER_DEVICE"
+"""Environment variable naming the device used when a loader is given none."""
 
 Piece = tuple[int, int, int]
 """(partition index, first row, one past the last row) of a partition slice."""
@@ -55,13 +59,12 @@ class Backend(Protocol):
         """Move a host permutation to where the chunk lives."""
         ...
 
-    def release(self) -> None:
-        """An epoch ended: give back cached memory that no batch uses any more."""
-        ...
-
 
 def parse_device(device: str | int | None) -> tuple[str, int]:
     """Normalise a device spec to ``("cpu", 0)`` or ``("cuda", index)``.
+
+    A spec without an index (``"cuda"``, ``"gpu"``) normalises to index 0 here;
+    :func:`get_backend` gives it the current CUDA device instead, as PyTorch does.
 
     >>> parse_device(None), parse_device("cpu"), parse_device("cuda:1"), parse_device(0)
     (('cpu', 0), ('cpu', 0), ('cuda', 1), ('cuda', 0))
@@ -86,14 +89,45 @@ def parse_device(device: str | int | None) -> tuple[str, int]:
     raise InvalidArgumentError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
 
 
+def default_device() -> str:
+    """The device a loader uses when given none.
+
+    ``$TABLOADER_DEVICE`` when set (``cpu``, ``cuda``, ``cuda:N``); otherwise ``"cuda"``
+    when the GPU backend can run (cudf and cupy import and a GPU is visible), else
+    ``"cpu"``. Looking for cudf costs nothing when it is not installed; when it is,
+    cupy and cudf are imported once per process to check for a GPU.
+    """
+    value = os.environ.get(DEVICE_ENV, "").strip()
+    if value:
+        try:
+            parse_device(value)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"{DEVICE_ENV}={value!r} is not a device: set it to 'cpu', 'cuda' or 'cuda:N', "
+                "or unset it"
+            ) from None
+        return value
+    from tabloader.backends.gpu import gpu_usable
+
+    return "cuda" if gpu_usable() else "cpu"
+
+
 def get_backend(device: str | int | None) -> Backend:
-    """The backend for a device spec (see :func:`parse_device`)."""
+    """The backend for a device spec (see :func:`parse_device` and :func:`default_device`).
+
+    ``"cpu"`` never imports cudf or cupy and never touches CUDA. A CUDA spec without an
+    index is the current CUDA device of the calling thread (the one
+    ``torch.cuda.set_device(local_rank)`` selected), like ``torch.device("cuda")``.
+    """
+    if device is None:
+        device = default_device()
     kind, index = parse_device(device)
     if kind == "cpu":
         from tabloader.backends.cpu import CPUBackend
 
         return CPUBackend()
-    from tabloader.backends.gpu import GPUBackend  # type: ignore[import-not-found]
+    from tabloader.backends.gpu import GPUBackend
 
-    backend: Backend = GPUBackend(index)
+    explicit = isinstance(device, int) or ":" in str(device)
+    backend: Backend = GPUBackend(index if explicit else None)
     return backend

@@ -240,6 +240,3 @@ class CPUBackend:
 
     def as_index(self, permutation: NDArray[np.int64]) -> NDArray[np.int64]:
         return permutation
-
-    def release(self) -> None:
-        self.xp.pool.release()

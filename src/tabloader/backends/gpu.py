@@ -1,0 +1,588 @@
+"""GPU backend: cudf decodes row groups into GPU memory, cupy casts, permutes and slices.
+
+Selected with ``device="cuda"``, ``"cuda:N"`` or an int (and by default when cudf and
+cupy import and a GPU is visible, see :func:`tabloader.backends.default_device`). The
+plan, the permutations and the batch cutting are the CPU backend's: permutations are
+drawn on the host from the plan and moved to the device, so a seed gives the same rows
+in the same batches on both backends. Only reading and the array namespace differ.
+
+Streams, and the hand-off rule
+------------------------------
+cudf decodes on its own default stream. This backend casts and lays out chunks on a
+stream of its own in the reader thread, and permutes and concatenates on another in the
+batcher thread; both are non-blocking streams, so that work overlaps the training
+kernels instead of queueing behind them. The rule the framework adapters rely on:
+
+    **Every array this backend hands out is complete.** A chunk leaves the reader thread
+    only after its stream is synchronised, and every ``take``/``concatenate`` of the
+    batcher synchronises before it returns, so batch arrays have no pending work on any
+    stream. A consumer may read them from any stream, and ``torch.from_dlpack(array)`` or
+    ``tf.experimental.dlpack.from_dlpack(array.__dlpack__())`` may run in the loader's
+    ``transform`` (the batcher thread) without further synchronisation.
+
+:func:`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
+:func:`device_scope` makes that GPU current in the calling thread, and
+:func:`as_contiguous` gives the C-contiguous copy TensorFlow's DLPack import needs for a
+column view, also complete when it returns.
+
+Example (needs a CUDA GPU with cudf and cupy)::
+
+    loader = tabloader.Loader("train/", cats=["item"], labels=["click"], batch_size=65536,
+                              shuffle=True, seed=0, device="cuda:0")
+    batch = next(iter(loader))
+    batch_device(batch)  # 0
+    torch.from_dlpack(batch["item"])  # a tensor on cuda:0, no copy
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tabloader.backends.cpu import null_message
+from tabloader.dataset import _DaskSource, _ParquetSource
+from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike, NDArray
+
+    from tabloader.backends import Piece
+    from tabloader.batches import Block, Segment
+    from tabloader.dataset import Dataset
+    from tabloader.stats import StatsRecorder
+
+__all__ = [
+    "DeviceArrays",
+    "GPUBackend",
+    "GPUMemoryError",
+    "GPUUnavailableError",
+    "as_contiguous",
+    "assemble_segments",
+    "batch_device",
+    "chunk_rows_for_device",
+    "chunk_rows_for_fraction",
+    "device_scope",
+    "free_device_memory",
+    "gpu_usable",
+    "import_gpu",
+    "is_out_of_memory",
+    "memory_error_message",
+    "plan_reads",
+]
+
+INSTALL = "pip install 'tabloader[gpu]'"
+_KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13  # DLPack device types whose memory is on a GPU
+
+
+class GPUUnavailableError(TabloaderError, ImportError):
+    """The GPU backend was asked for, but cudf or cupy is missing or broken, or no GPU is seen."""
+
+
+class GPUMemoryError(TabloaderError, MemoryError):
+    """A chunk did not fit in GPU memory; the message says how to make chunks smaller."""
+
+
+# -- importing cudf and cupy, guarded ----------------------------------------------------
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # a broken CUDA install raises RuntimeError, OSError, ...
+        raise GPUUnavailableError(
+            f"the GPU backend needs {name}, which could not be imported "
+            f"({type(err).__name__}: {err}). Install the CUDA 12 builds (cudf-cu12, "
+            f"cupy-cuda12x) with: {INSTALL}, or pass device='cpu'"
+        ) from err
+
+
+def _visible_devices() -> str:
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "CUDA_VISIBLE_DEVICES is not set" if value is None else f"CUDA_VISIBLE_DEVICES={value!r}"
+
+
+def import_gpu(device: int | None = None) -> tuple[Any, Any, int]:
+    """Import cudf and cupy and check the device: returns ``(cudf, cupy, device index)``.
+
+    cupy is imported and asked for the device count first, and cudf only when a GPU is
+    visible: importing cudf on a host without a usable GPU fails in ways that vary across
+    releases. ``device=None`` is the calling thread's current CUDA device (the one
+    ``torch.cuda.set_device`` or ``cupy.cuda.Device(i).use()`` chose; 0 by default).
+
+    Raises:
+        GPUUnavailableError: cudf or cupy cannot be imported, or no GPU is visible.
+        InvalidArgumentError: ``device`` is not one of the visible GPUs.
+    """
+    cupy = _import("cupy")
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as err:  # CUDARuntimeError: no driver, insufficient driver, ...
+        raise GPUUnavailableError(
+            f"the GPU backend found no usable CUDA GPU: cupy.cuda.runtime.getDeviceCount() "
+            f"failed ({type(err).__name__}: {err}). Check the NVIDIA driver with nvidia-smi, "
+            f"or pass device='cpu'"
+        ) from err
+    if count < 1:
+        raise GPUUnavailableError(
+            f"the GPU backend found no CUDA GPU ({_visible_devices()}). Check nvidia-smi and "
+            "CUDA_VISIBLE_DEVICES, or pass device='cpu'"
+        )
+    if device is None:
+        device = int(cupy.cuda.runtime.getDevice())
+    if not 0 <= device < count:
+        raise InvalidArgumentError(
+            f"device cuda:{device} does not exist: {count} CUDA GPU(s) are visible "
+            f"(cuda:0..cuda:{count - 1}; {_visible_devices()}). With one process per GPU, "
+            "pass device=local_rank, or device='cuda' for the current device"
+        )
+    return _import("cudf"), cupy, device
+
+
+@functools.cache
+def gpu_usable() -> bool:
+    """Whether the GPU backend can run here: cudf and cupy import and a GPU is visible.
+
+    Cheap when cudf or cupy is not installed (their import specs are looked up, nothing
+    is imported). The answer is cached for the process; ``gpu_usable.cache_clear()``
+    forgets it.
+    """
+    try:
+        if importlib.util.find_spec("cupy") is None or importlib.util.find_spec("cudf") is None:
+            return False
+    except Exception:  # a half-installed package can fail while its spec is looked up
+        return False
+    try:
+        import_gpu()
+    except TabloaderError:
+        return False
+    return True
+
+
+# -- hand-off helpers for the framework adapters ------------------------------------------
+
+
+def batch_device(batch: Mapping[str, Any] | Any) -> int | None:
+    """The CUDA device index a batch (or one array) lives on, or None for host memory.
+
+    Works for anything that speaks DLPack (numpy, cupy, torch); every array of a batch
+    from one loader lives on the same device.
+
+    >>> import numpy as np
+    >>> batch_device({"x": np.zeros(3)}) is None
+    True
+    """
+    arrays = list(batch.values()) if isinstance(batch, Mapping) else [batch]
+    for array in arrays:
+        kind, index = array.__dlpack_device__()
+        return int(index) if int(kind) in (_KDL_CUDA, _KDL_CUDA_MANAGED) else None
+    return None
+
+
+@contextlib.contextmanager
+def device_scope(device: int) -> Iterator[None]:
+    """Make CUDA device ``device`` current in the calling thread for the block.
+
+    Sets the CUDA runtime's current device, which cupy and PyTorch both follow, so that
+    new allocations made by a ``transform`` (``torch.stack``, ``torch.empty(device="cuda")``)
+    land on the batch's GPU and not on GPU 0, the default of every new thread.
+    """
+    cupy = _import("cupy")
+    with cupy.cuda.Device(device):
+        yield
+
+
+def as_contiguous(array: Any) -> Any:
+    """``array`` itself when C-contiguous, else a C-contiguous copy on the same device.
+
+    TensorFlow's DLPack import rejects strided arrays such as the column views of the
+    ``"columns"`` layout. A GPU copy is synchronised before it is returned, so it keeps
+    the hand-off rule (complete arrays only).
+
+    >>> import numpy as np
+    >>> block = np.arange(6).reshape(3, 2)
+    >>> as_contiguous(block[:, 1]).flags.c_contiguous, as_contiguous(block) is block
+    (True, True)
+    """
+    if array.flags.c_contiguous:
+        return array
+    if type(array).__module__.split(".")[0] != "cupy":
+        return np.ascontiguousarray(array)
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(array.device.id):
+        out = cupy.ascontiguousarray(array)
+        cupy.cuda.get_current_stream().synchronize()
+    return out
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def chunk_rows_for_fraction(
+    fraction: float, free_bytes: int, row_bytes: int, batch_size: int
+) -> int:
+    """Rows per chunk so that one chunk takes about ``fraction`` of ``free_bytes``.
+
+    The result is a whole number of batches, and at least one batch. The loader holds
+    about ``prefetch + 2`` chunks at once (see ``docs/gpu.md``), so the memory it uses
+    is about ``(prefetch + 2) * fraction`` of the free memory: 0.1 with the default
+    ``prefetch=1`` uses about 30%.
+
+    Args:
+        fraction: Share of the free memory one chunk may take, in (0, 1] (the Keras
+            loader's ``buffer_size``).
+        free_bytes: Free device memory (:func:`free_device_memory`).
+        row_bytes: Bytes per delivered row (the sum of the delivered dtypes' sizes).
+        batch_size: Rows per batch.
+
+    >>> chunk_rows_for_fraction(0.1, 16 * 2**30, 160, 65536)
+    10682368
+    >>> chunk_rows_for_fraction(0.1, 2**20, 160, 65536)  # less than a batch fits: one batch
+    65536
+    """
+    if not _is_number(fraction) or not 0 < fraction <= 1:
+        raise InvalidArgumentError(
+            f"buffer_size (the share of free GPU memory one chunk may take) must be a "
+            f"number in (0, 1], got {fraction!r}; for example 0.1"
+        )
+    for name, value, least in (
+        ("free_bytes", free_bytes, 0),
+        ("row_bytes", row_bytes, 1),
+        ("batch_size", batch_size, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise InvalidArgumentError(f"{name} must be an integer >= {least}, got {value!r}")
+    rows = int(float(fraction) * int(free_bytes)) // int(row_bytes)
+    return max(rows // batch_size, 1) * int(batch_size)
+
+
+def free_device_memory(device: int | None = None) -> int:
+    """Bytes a new allocation can get on ``device`` (None: the current device).
+
+    Free memory as the driver reports it, plus what cupy's default memory pool holds
+    unused (it hands that out before asking the driver).
+    """
+    _, cupy, device = import_gpu(device)
+    with cupy.cuda.Device(device):
+        free, _total = cupy.cuda.runtime.memGetInfo()
+        pooled = cupy.get_default_memory_pool().free_bytes()
+    return int(free) + int(pooled)
+
+
+def chunk_rows_for_device(
+    fraction: float, *, row_bytes: int, batch_size: int, device: int | None = None
+) -> int:
+    """:func:`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
+    return chunk_rows_for_fraction(fraction, free_device_memory(device), row_bytes, batch_size)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a GPU allocation failure from cudf, rmm, cupy or CUDA.
+
+    rmm and cudf raise ``MemoryError`` (``std::bad_alloc: out_of_memory``), cupy its
+    ``OutOfMemoryError`` (a ``MemoryError``); some CUDA paths raise ``RuntimeError``.
+
+    >>> is_out_of_memory(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
+    True
+    >>> is_out_of_memory(RuntimeError("cudaErrorMemoryAllocation out of memory"))
+    True
+    >>> is_out_of_memory(ValueError("bad value"))
+    False
+    """
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in text or "out_of_memory" in text or "memoryallocation" in text
+    )
+
+
+def memory_error_message(error: BaseException, *, device: int, doing: str) -> str:
+    """The :class:`GPUMemoryError` message: what failed, and how to make chunks smaller."""
+    return (
+        f"cuda:{device} ran out of memory {doing} ({type(error).__name__}: {error}). "
+        "Make chunks smaller: pass a smaller chunk_rows= or parts_per_chunk= to the Loader "
+        "(or a smaller buffer_size= to the Keras loader), lower prefetch=, or free memory "
+        "the framework holds. An RMM pool shared by cudf, cupy and the framework avoids "
+        "fragmentation (see docs/gpu.md)"
+    )
+
+
+@contextlib.contextmanager
+def _out_of_memory_as_error(device: int, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except GPUMemoryError:
+        raise
+    except Exception as err:
+        if is_out_of_memory(err):
+            raise GPUMemoryError(memory_error_message(err, device=device, doing=doing)) from err
+        raise
+
+
+# -- pure helpers of the reader (tested on the CPU) ----------------------------------------
+
+
+def plan_reads(
+    pieces: Sequence[Piece],
+    part_file: NDArray[Any],
+    part_row_group: NDArray[Any],
+    partition_rows: NDArray[Any],
+) -> list[tuple[int, list[int], list[tuple[int, int, int]]]]:
+    """Group pieces into reads: ``(file, row groups, [(partition, start, stop), ...])``.
+
+    Consecutive pieces of one file with ascending row groups are read by one call; the
+    spans locate each piece's rows in the rows that call returns. Ascending row groups
+    make the returned row order unambiguous.
+
+    >>> plan_reads([(0, 0, 10), (1, 5, 20), (2, 0, 7)], part_file=[0, 0, 1],
+    ...            part_row_group=[0, 1, 0], partition_rows=[10, 20, 7])
+    [(0, [0, 1], [(0, 0, 10), (1, 15, 30)]), (1, [0], [(2, 0, 7)])]
+    """
+    runs: list[tuple[int, list[int], list[tuple[int, int, int]]]] = []
+    offset = 0
+    for partition, first, last in pieces:
+        file, group = int(part_file[partition]), int(part_row_group[partition])
+        if not runs or runs[-1][0] != file or runs[-1][1][-1] >= group:
+            runs.append((file, [], []))
+            offset = 0
+        _, groups, spans = runs[-1]
+        groups.append(group)
+        spans.append((int(partition), offset + int(first), offset + int(last)))
+        offset += int(partition_rows[partition])
+    return runs
+
+
+def assemble_segments(
+    pieces: Sequence[Mapping[str, Any]], blocks: Sequence[Block], *, concatenate: bool, xp: Any
+) -> list[Segment]:
+    """Lay out decoded columns as the blocks' row-major 2-D arrays, cast to their dtypes.
+
+    ``pieces`` holds one ``{column: 1-D array}`` per piece. With ``concatenate`` the
+    result is one segment of all rows in piece order; otherwise one segment per piece,
+    a single column already of the block's dtype being a zero-copy view. Uses only
+    ``xp.empty`` and slice assignment, so numpy runs exactly the code cupy runs.
+    """
+    if concatenate:
+        rows = sum(len(next(iter(p.values()))) for p in pieces)
+        segment: Segment = {}
+        for b in blocks:
+            out = xp.empty((rows, len(b.columns)), dtype=b.dtype)
+            offset = 0
+            for piece in pieces:
+                n = len(piece[b.columns[0]])
+                for j, column in enumerate(b.columns):
+                    out[offset : offset + n, j] = piece[column]  # one cast-and-copy kernel
+                offset += n
+            segment[b.name] = out
+        return [segment]
+    segments = []
+    for piece in pieces:
+        segment = {}
+        for b in blocks:
+            cols = [piece[c] for c in b.columns]
+            if len(cols) == 1 and cols[0].dtype == b.dtype:
+                segment[b.name] = cols[0].reshape(-1, 1)
+                continue
+            out = xp.empty((len(cols[0]), len(cols)), dtype=b.dtype)
+            for j, col in enumerate(cols):
+                out[:, j] = col
+            segment[b.name] = out
+        segments.append(segment)
+    return segments
+
+
+# -- the backend ---------------------------------------------------------------------------
+
+
+class DeviceArrays:
+    """The array namespace the batching code runs with on a GPU.
+
+    cupy on one device and one stream: every call makes the device current (the
+    batcher thread starts on GPU 0 like any new thread) and runs on the stream, and
+    ``take``/``concatenate`` synchronise before returning, which keeps the hand-off
+    rule and lets their inputs be freed safely as soon as they return.
+    """
+
+    def __init__(self, cupy: Any, device: int, stream: Any) -> None:
+        self.cupy = cupy
+        self.device = device
+        self.stream = stream
+
+    @contextlib.contextmanager
+    def _on_device(self, doing: str) -> Iterator[None]:
+        with (
+            self.cupy.cuda.Device(self.device),
+            self.stream,
+            _out_of_memory_as_error(self.device, doing),
+        ):
+            yield
+
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> Any:
+        with self._on_device(f"allocating {shape} {np.dtype(dtype)}"):
+            return self.cupy.empty(shape, dtype=dtype)
+
+    def take(self, array: Any, indices: Any, axis: int = 0) -> Any:
+        with self._on_device(f"shuffling a block of {array.shape[0]:,} rows"):
+            out = self.cupy.take(array, indices, axis=axis)
+            self.stream.synchronize()
+        return out
+
+    def concatenate(self, arrays: Sequence[Any], axis: int = 0) -> Any:
+        with self._on_device("joining a batch across chunks"):
+            out = self.cupy.concatenate(list(arrays), axis=axis)
+            self.stream.synchronize()
+        return out
+
+
+def _read_error(where: str, error: Exception) -> ReadError:
+    return ReadError(
+        f"could not read {where}: {type(error).__name__}: {error}. The file may be "
+        "truncated or corrupt; re-create it or remove it from the dataset."
+    )
+
+
+def _device_column(series: Any, name: str, fill: float | None, where: str) -> Any:
+    """One cudf column as a cupy array (zero-copy), nulls filled or refused as on the CPU."""
+    nulls = int(series.null_count)
+    if nulls:
+        if fill is None:
+            raise NullValuesError(null_message(name, nulls, where))
+        series = series.fillna(series.dtype.type(fill))
+    return series.values
+
+
+class GPUBackend:
+    """Chunks in GPU memory: cudf decodes, cupy lays out, permutes and slices.
+
+    Args:
+        device: CUDA device index; None is the current device of the calling thread.
+    """
+
+    def __init__(self, device: int | None = None) -> None:
+        self._cudf, self._cupy, self.device = import_gpu(device)
+        self.name = f"cuda:{self.device}"
+        with self._cupy.cuda.Device(self.device):  # a stream belongs to the current device
+            self._read_stream = self._cupy.cuda.Stream(non_blocking=True)
+            batch_stream = self._cupy.cuda.Stream(non_blocking=True)
+        self.xp = DeviceArrays(self._cupy, self.device, batch_stream)
+
+    def load_chunk(
+        self,
+        dataset: Dataset,
+        pieces: Sequence[Piece],
+        blocks: Sequence[Block],
+        fill_null: Mapping[str, float],
+        *,
+        concatenate: bool,
+        stats: StatsRecorder,
+    ) -> list[Segment]:
+        cupy = self._cupy
+        columns = [c for b in blocks for c in b.columns]
+        rows = sum(last - first for _, first, last in pieces)
+        doing = f"reading a chunk of {rows:,} rows"
+        with cupy.cuda.Device(self.device), _out_of_memory_as_error(self.device, doing):
+            t0 = time.perf_counter()
+            arrays = []
+            for partition, frame in self._read_frames(dataset, pieces, columns):
+                where = dataset.describe_partition(partition)
+                arrays.append(
+                    {c: _device_column(frame[c], c, fill_null.get(c), where) for c in columns}
+                )
+            stats.bytes_read += sum(int(a.nbytes) for piece in arrays for a in piece.values())
+            # cudf ran on its default stream. An event recorded there orders this
+            # backend's stream after it without blocking the host or the training kernels.
+            self._read_stream.wait_event(cupy.cuda.Stream.null.record())
+            t1 = time.perf_counter()
+            stats.read_seconds += t1 - t0
+            with self._read_stream:
+                segments = assemble_segments(arrays, blocks, concatenate=concatenate, xp=cupy)
+            self._read_stream.synchronize()  # the hand-off rule: the chunk leaves complete
+        stats.assemble_seconds += time.perf_counter() - t1
+        return segments
+
+    def as_index(self, permutation: NDArray[np.int64]) -> Any:
+        rows = len(permutation)
+        with (
+            self._cupy.cuda.Device(self.device),
+            self._read_stream,
+            _out_of_memory_as_error(self.device, f"copying a permutation of {rows:,} rows"),
+        ):
+            index = self._cupy.asarray(permutation)
+            self._read_stream.synchronize()
+        return index
+
+    def _read_frames(
+        self, dataset: Dataset, pieces: Sequence[Piece], columns: list[str]
+    ) -> list[tuple[int, Any]]:
+        """``(partition, cudf DataFrame of the piece's rows)`` for every piece, in order."""
+        cudf = self._cudf
+        source = dataset._source
+        frames: list[tuple[int, Any]] = []
+        if isinstance(source, _ParquetSource):
+            reads = plan_reads(pieces, source.part_file, source.part_row_group, source.rows)
+            for file, row_groups, spans in reads:
+                frame = self._read_parquet(dataset, source, file, row_groups, spans, columns)
+                frames.extend((p, frame.iloc[start:stop]) for p, start, stop in spans)
+            return frames
+        if isinstance(source, _DaskSource):
+            for partition, first, last in pieces:
+                try:
+                    frame = source.compute_partition(partition, columns).iloc[first:last]
+                except Exception as err:
+                    if is_out_of_memory(err):
+                        raise
+                    raise _read_error(dataset.describe_partition(partition), err) from err
+                if not type(frame).__module__.startswith("cudf"):  # dask with pandas parts
+                    frame = cudf.from_pandas(frame)
+                frames.append((partition, frame))
+            return frames
+        # An in-memory table lives on the host: one copy to the device is unavoidable.
+        tables = dataset.iter_pieces(pieces, columns)
+        for (partition, _, _), table in zip(pieces, tables, strict=True):
+            frames.append((partition, cudf.DataFrame.from_arrow(table)))
+        return frames
+
+    def _read_parquet(
+        self,
+        dataset: Dataset,
+        source: _ParquetSource,
+        file: int,
+        row_groups: list[int],
+        spans: list[tuple[int, int, int]],
+        columns: list[str],
+    ) -> Any:
+        options: dict[str, Any] = {"columns": columns, "row_groups": [row_groups]}
+        if source.filesystem is not None:
+            options["filesystem"] = source.filesystem
+        where = dataset.describe_partition(spans[0][0])
+        if len(spans) > 1:
+            where += f" or one of {len(spans) - 1} other row group(s) of that file"
+        try:
+            frame = self._cudf.read_parquet(
+                [source.files[file]], use_pandas_metadata=False, **options
+            )
+        except Exception as err:
+            if is_out_of_memory(err):
+                raise
+            raise _read_error(where, err) from err
+        expected = int(sum(source.rows[p] for p, _, _ in spans))
+        if len(frame) != expected:
+            raise ReadError(
+                f"cudf read {len(frame)} rows from {where}, but the footers listed {expected}: "
+                "the file changed after the dataset was created. Create the Dataset again"
+            )
+        return frame

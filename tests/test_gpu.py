@@ -1,0 +1,798 @@
+"""The GPU backend: its pure parts and error paths everywhere, its device behaviour on a GPU.
+
+Tests marked ``gpu`` run only where cudf, cupy and a CUDA GPU are present (conftest skips
+them otherwise). Everything else runs on any machine; absent or broken GPU libraries are
+simulated by editing ``sys.modules`` and ``sys.meta_path``, never by faking a working GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tabloader
+from tabloader.backends import DEVICE_ENV, default_device, get_backend
+from tabloader.backends import gpu as gpu_module
+from tabloader.backends.cpu import CPUBackend
+from tabloader.backends.gpu import (
+    GPUMemoryError,
+    GPUUnavailableError,
+    as_contiguous,
+    assemble_segments,
+    batch_device,
+    chunk_rows_for_fraction,
+    is_out_of_memory,
+    memory_error_message,
+    plan_reads,
+)
+from tabloader.batches import Layout
+from tabloader.errors import InvalidArgumentError, NullValuesError, TabloaderError
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+INSTALL_HINT = r"pip install 'tabloader\[gpu\]'"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probe() -> Iterator[None]:
+    """Each test sees the GPU probe recomputed, and leaves no cached answer behind."""
+    gpu_module.gpu_usable.cache_clear()
+    yield
+    gpu_module.gpu_usable.cache_clear()
+
+
+def _table(rows: int = 10) -> pa.Table:
+    ids = np.arange(rows, dtype=np.int64)
+    return pa.table({"id": ids, "x": ids / 4.0, "label": (ids % 2).astype(np.int8)})
+
+
+# -- simulated absence and failure of cudf / cupy --------------------------------------------
+
+
+class _Refuse:
+    """A meta path finder that fails the import of some modules like a broken CUDA install."""
+
+    def __init__(self, names: set[str], error: Exception) -> None:
+        self.names = names
+        self.error = error
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.split(".")[0] in self.names:
+            raise self.error
+        return None
+
+
+def _refuse_import(monkeypatch: pytest.MonkeyPatch, name: str, error: Exception) -> None:
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setattr(sys, "meta_path", [_Refuse({name}, error), *sys.meta_path])
+
+
+def _cupy_reporting(monkeypatch: pytest.MonkeyPatch, count: Any) -> None:
+    """Replace cupy by a module whose only ability is to report a device count (or fail)."""
+
+    def get_device_count() -> int:
+        if isinstance(count, Exception):
+            raise count
+        return int(count)
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        runtime=types.SimpleNamespace(getDeviceCount=get_device_count, getDevice=lambda: 0)
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+@pytest.mark.parametrize("spec", ["cuda", "cuda:1", 0, 3, "gpu"])
+def test_asking_for_the_gpu_without_cupy_says_what_to_install(monkeypatch, spec):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(GPUUnavailableError, match=rf"needs cupy.*{INSTALL_HINT}.*device='cpu'"):
+        get_backend(spec)
+    with pytest.raises(GPUUnavailableError) as info:
+        tabloader.Loader(_table(), cats=["id"], batch_size=2, device=spec)
+    assert isinstance(info.value, ImportError)
+    assert isinstance(info.value, TabloaderError)
+
+
+def test_a_broken_cupy_import_is_reported_whatever_it_raises(monkeypatch):
+    error = RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+    _refuse_import(monkeypatch, "cupy", error)
+    with pytest.raises(GPUUnavailableError) as info:
+        get_backend("cuda")
+    message = str(info.value)
+    assert "cupy" in message
+    assert "RuntimeError: CUDA driver version is insufficient" in message
+    assert "pip install 'tabloader[gpu]'" in message
+    assert info.value.__cause__ is error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ImportError("libcudf.so: cannot open shared object file"), RuntimeError("cudaErrorNoDevice")],
+)
+def test_a_missing_or_broken_cudf_is_reported(monkeypatch, error):
+    _cupy_reporting(monkeypatch, 1)
+    _refuse_import(monkeypatch, "cudf", error)
+    with pytest.raises(GPUUnavailableError, match=rf"needs cudf.*{type(error).__name__}.*"):
+        get_backend("cuda")
+    monkeypatch.setitem(sys.modules, "cudf", None)
+    with pytest.raises(GPUUnavailableError, match=rf"needs cudf.*{INSTALL_HINT}"):
+        get_backend("cuda:0")
+
+
+def test_a_failing_device_count_is_reported_before_cudf_is_imported(monkeypatch):
+    _cupy_reporting(monkeypatch, RuntimeError("cudaErrorInsufficientDriver"))
+    _refuse_import(monkeypatch, "cudf", AssertionError("cudf must not be imported here"))
+    with pytest.raises(
+        GPUUnavailableError, match=r"no usable CUDA GPU.*cudaErrorInsufficientDriver"
+    ):
+        get_backend("cuda")
+
+
+def test_no_visible_gpu_is_reported_with_cuda_visible_devices(monkeypatch):
+    _cupy_reporting(monkeypatch, 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(GPUUnavailableError, match=r"no CUDA GPU .*CUDA_VISIBLE_DEVICES=''"):
+        get_backend("cuda")
+
+
+@pytest.mark.parametrize("spec", ["cuda:5", 2, "gpu:7"])
+def test_a_device_index_beyond_the_visible_gpus_is_rejected(monkeypatch, spec):
+    _cupy_reporting(monkeypatch, 2)
+    with pytest.raises(
+        InvalidArgumentError, match=r"does not exist: 2 CUDA GPU\(s\).*cuda:0\.\.cuda:1"
+    ):
+        get_backend(spec)
+
+
+# -- choosing the device ---------------------------------------------------------------------
+
+
+def _forbid_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    def probe() -> bool:
+        raise AssertionError("the GPU was probed")
+
+    monkeypatch.setattr(gpu_module, "gpu_usable", probe)
+
+
+def test_device_cpu_never_probes_for_a_gpu(monkeypatch):
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    _forbid_probe(monkeypatch)
+    assert isinstance(get_backend("cpu"), CPUBackend)
+    loader = tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cpu")
+    assert loader.backend.name == "cpu"
+    assert [b["id"].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def _pretend_installed(monkeypatch: pytest.MonkeyPatch, names: set[str]) -> None:
+    """Make the probe's spec lookup report ``names`` as installed, so the probe imports them."""
+    import importlib.machinery
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        if name in names:
+            return importlib.machinery.ModuleSpec(name, None)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+@pytest.mark.parametrize(
+    "simulate", ["cupy-absent", "cudf-absent", "cudf-broken", "no-device", "count-fails"]
+)
+def test_the_default_device_is_the_cpu_when_the_gpu_backend_cannot_run(monkeypatch, simulate):
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    imported = []
+    real_import = gpu_module.import_gpu
+
+    def import_gpu(device: int | None = None) -> Any:
+        imported.append(device)
+        return real_import(device)
+
+    monkeypatch.setattr(gpu_module, "import_gpu", import_gpu)
+    _pretend_installed(monkeypatch, {"cupy", "cudf"})  # so the probe goes as far as importing
+    if simulate == "cupy-absent":
+        monkeypatch.setitem(sys.modules, "cupy", None)
+    elif simulate == "cudf-absent":
+        _cupy_reporting(monkeypatch, 1)
+        monkeypatch.setitem(sys.modules, "cudf", None)
+    elif simulate == "cudf-broken":
+        _cupy_reporting(monkeypatch, 1)
+        _refuse_import(monkeypatch, "cudf", RuntimeError("CUDA initialization failed"))
+    elif simulate == "no-device":
+        _cupy_reporting(monkeypatch, 0)
+    else:
+        _cupy_reporting(monkeypatch, RuntimeError("cudaErrorNoDevice"))
+    assert gpu_module.gpu_usable() is False
+    assert imported == [None]  # the import was tried, and its failure meant "no"
+    assert default_device() == "cpu"
+    loader = tabloader.Loader(_table(), cats=["id"], batch_size=4)
+    assert loader.backend.name == "cpu"
+    assert isinstance(next(iter(loader))["id"], np.ndarray)
+    assert imported == [None]  # the answer is cached
+
+
+def test_the_probe_imports_nothing_when_cudf_is_not_installed(monkeypatch):
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.setattr(gpu_module, "import_gpu", lambda device=None: pytest.fail("imported"))
+    monkeypatch.setitem(sys.modules, "cudf", None)  # find_spec reports None: not installed
+    assert gpu_module.gpu_usable() is False
+    assert default_device() == "cpu"
+
+
+def test_tabloader_device_selects_the_default(monkeypatch):
+    _forbid_probe(monkeypatch)
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
+    assert default_device() == "cpu"
+    assert tabloader.Loader(_table(), cats=["id"], batch_size=4).backend.name == "cpu"
+
+    monkeypatch.setenv(DEVICE_ENV, "cuda:1")
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert default_device() == "cuda:1"
+    with pytest.raises(GPUUnavailableError, match="needs cupy"):
+        tabloader.Loader(_table(), cats=["id"], batch_size=4)
+
+    monkeypatch.setenv(DEVICE_ENV, "tpu")
+    with pytest.raises(InvalidArgumentError, match="TABLOADER_DEVICE='tpu' is not a device"):
+        default_device()
+
+
+def test_an_explicit_device_overrides_tabloader_device(monkeypatch):
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
+    _forbid_probe(monkeypatch)
+    assert isinstance(get_backend("cpu"), CPUBackend)
+
+
+_RECORD_GPU_IMPORTS = """
+import os, sys
+seen = []
+class Recorder:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"cudf", "cupy", "rmm", "pylibcudf", "numba", "cuda"}:
+            seen.append(name)
+        return None
+sys.meta_path.insert(0, Recorder())
+import pyarrow as pa
+import tabloader
+loader = tabloader.Loader(pa.table({"x": [1.0, 2.0, 3.0]}), conts=["x"], batch_size=2,
+                          device=DEVICE)
+assert [len(b["x"]) for b in loader] == [2, 1]
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in {"cudf", "cupy", "rmm"})
+print(loader.backend.name, sorted(set(seen)), loaded)
+"""
+
+
+def _run_recorded(device: str | None, env: dict[str, str]) -> str:
+    code = _RECORD_GPU_IMPORTS.replace("DEVICE", repr(device))
+    full_env = {k: v for k, v in os.environ.items() if k != DEVICE_ENV}
+    full_env.update(env, PYTHONPATH=SRC)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("device", "env"), [("cpu", {}), (None, {DEVICE_ENV: "cpu"})], ids=["device-cpu", "env-cpu"]
+)
+def test_the_cpu_backend_never_looks_for_cudf_or_cupy(device, env):
+    assert _run_recorded(device, env) == "cpu [] []"
+
+
+def test_probing_for_an_absent_gpu_stack_imports_nothing():
+    if gpu_module.gpu_usable():
+        pytest.skip("cudf and cupy are usable here: the default device is the GPU")
+    name, seen, loaded = _run_recorded(None, {}).split(" ", 2)
+    assert name == "cpu"
+    assert loaded == "[]"  # looked up at most, never imported
+    assert set(ast.literal_eval(seen)) <= {"cudf", "cupy"}
+
+
+# -- pure parts of the reader ----------------------------------------------------------------
+
+
+def test_plan_reads_groups_consecutive_ascending_row_groups_of_a_file():
+    part_file = np.array([0, 0, 0, 1, 1])
+    part_row_group = np.array([0, 1, 2, 0, 1])
+    rows = np.array([10, 20, 30, 5, 6])
+    pieces = [(0, 2, 10), (1, 0, 20), (2, 0, 4), (4, 1, 6), (3, 0, 5), (1, 3, 9)]
+    assert plan_reads(pieces, part_file, part_row_group, rows) == [
+        (0, [0, 1, 2], [(0, 2, 10), (1, 10, 30), (2, 30, 34)]),
+        (1, [1], [(4, 1, 6)]),
+        (1, [0], [(3, 0, 5)]),  # row group 0 after 1: a new read keeps the order exact
+        (0, [1], [(1, 3, 9)]),
+    ]
+
+
+def _pieces(rows: list[int], seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "a": rng.integers(-1000, 1000, n).astype(np.int32),
+            "b": rng.integers(0, 2, n).astype(bool),
+            "x": rng.normal(size=n),
+            "y": rng.normal(size=n).astype(np.float32),
+        }
+        for n in rows
+    ]
+
+
+LAYOUTS = [
+    pytest.param(False, True, id="columns-shuffle"),
+    pytest.param(False, False, id="columns-ordered"),
+    pytest.param(True, True, id="stacked-shuffle"),
+    pytest.param(True, False, id="stacked-ordered"),
+]
+
+
+def _layout(stacked: bool, shuffle: bool) -> Layout:
+    i8, f4 = np.dtype("int64"), np.dtype("float32")
+    return Layout.build(
+        {"cats": ["a", "b"], "conts": ["x", "y"], "labels": []},
+        {"a": i8, "b": i8, "x": f4, "y": f4},
+        stacked=stacked,
+        shuffle=shuffle,
+    )
+
+
+@pytest.mark.parametrize(("stacked", "concatenate"), [(s.values[0], s.values[1]) for s in LAYOUTS])
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=4), seed=st.integers(0, 99))
+def test_assembly_matches_the_cpu_backend(stacked, concatenate, rows, seed):
+    blocks = _layout(stacked, concatenate).blocks
+    pieces = _pieces(rows, seed)
+    got = assemble_segments(pieces, blocks, concatenate=concatenate, xp=np)
+    cpu = CPUBackend()
+    if concatenate:
+        expected = [cpu._concatenated(pieces, blocks)]
+    else:
+        expected = [cpu._per_piece(p, blocks) for p in pieces]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.keys() == e.keys()
+        for name in g:
+            assert g[name].dtype == e[name].dtype
+            assert g[name].shape == e[name].shape
+            np.testing.assert_array_equal(g[name], e[name])
+
+
+def test_assembly_without_shuffle_keeps_a_matching_column_zero_copy():
+    piece = {"a": np.arange(5, dtype=np.int64), "x": np.arange(5, dtype=np.float64)}
+    i8, f4 = np.dtype("int64"), np.dtype("float32")
+    blocks = Layout.build(
+        {"cats": ["a"], "conts": ["x"]}, {"a": i8, "x": f4}, stacked=False, shuffle=False
+    ).blocks
+    (segment,) = assemble_segments([piece], blocks, concatenate=False, xp=np)
+    assert np.shares_memory(segment["a"], piece["a"])  # already int64: a view
+    assert segment["x"].dtype == np.float32  # cast: a copy
+
+
+# -- memory sizing and out-of-memory errors ----------------------------------------------------
+
+
+def test_chunk_rows_for_fraction_fills_the_share_with_whole_batches():
+    gib = 2**30
+    assert chunk_rows_for_fraction(0.1, 16 * gib, 160, 65536) == 10_682_368
+    assert chunk_rows_for_fraction(1, 1000, 10, 7) == 98
+    assert chunk_rows_for_fraction(0.5, 1000, 10, 100) == 100  # exactly half: one batch
+    assert chunk_rows_for_fraction(0.01, 1000, 10, 100) == 100  # too small: still one batch
+    assert chunk_rows_for_fraction(0.5, 0, 10, 100) == 100  # nothing free: one batch, not zero
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fraction=st.floats(1e-6, 1.0),
+    free=st.integers(0, 2**40),
+    row_bytes=st.integers(1, 4096),
+    batch=st.integers(1, 2**20),
+)
+def test_chunk_rows_is_a_whole_number_of_batches_within_the_share(fraction, free, row_bytes, batch):
+    rows = chunk_rows_for_fraction(fraction, free, row_bytes, batch)
+    assert rows >= batch
+    assert rows % batch == 0
+    if rows > batch:  # fits in the share
+        assert rows * row_bytes <= fraction * free
+    # and one more batch would not (up to the bytes of the row cut off at the end)
+    assert (rows + batch) * row_bytes > fraction * free - row_bytes - 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((0, 100, 10, 1), r"buffer_size .* in \(0, 1\], got 0"),
+        ((1.5, 100, 10, 1), r"in \(0, 1\], got 1.5"),
+        ((True, 100, 10, 1), r"got True"),
+        (("0.1", 100, 10, 1), r"got '0.1'"),
+        ((0.1, -1, 10, 1), r"free_bytes must be an integer >= 0, got -1"),
+        ((0.1, 100, 0, 1), r"row_bytes must be an integer >= 1, got 0"),
+        ((0.1, 100, 10, 0), r"batch_size must be an integer >= 1, got 0"),
+        ((0.1, 100, 10, 2.5), r"batch_size must be an integer >= 1, got 2.5"),
+    ],
+)
+def test_chunk_rows_for_fraction_rejects_bad_arguments(args, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        chunk_rows_for_fraction(*args)
+
+
+class OutOfMemoryError(MemoryError):
+    """Shaped like cupy.cuda.memory.OutOfMemoryError."""
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (MemoryError("std::bad_alloc: out_of_memory: RMM failure at: arena.hpp"), True),
+        (OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes"), True),
+        (RuntimeError("parallel_for failed: cudaErrorMemoryAllocation: out of memory"), True),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (ValueError("out of memory"), False),
+        (OSError("No such file"), False),
+    ],
+)
+def test_is_out_of_memory_recognises_allocation_failures(error, expected):
+    assert is_out_of_memory(error) is expected
+
+
+def test_out_of_memory_errors_become_one_error_with_the_remedy():
+    cause = MemoryError("std::bad_alloc: out_of_memory: RMM failure")
+    with (
+        pytest.raises(GPUMemoryError) as info,
+        gpu_module._out_of_memory_as_error(3, "reading a chunk of 1,000 rows"),
+    ):
+        raise cause
+    message = str(info.value)
+    assert message == memory_error_message(cause, device=3, doing="reading a chunk of 1,000 rows")
+    assert message.startswith("cuda:3 ran out of memory reading a chunk of 1,000 rows")
+    for remedy in ("chunk_rows=", "parts_per_chunk=", "buffer_size=", "prefetch=", "RMM pool"):
+        assert remedy in message
+    assert info.value.__cause__ is cause
+    assert isinstance(info.value, MemoryError)
+    assert isinstance(info.value, TabloaderError)
+    with pytest.raises(ValueError, match="unrelated"), gpu_module._out_of_memory_as_error(0, "x"):
+        raise ValueError("unrelated")
+
+
+# -- hand-off helpers --------------------------------------------------------------------------
+
+
+class _DeviceArray:
+    """Only the DLPack device query of an array, to test how it is read."""
+
+    def __init__(self, kind: int, index: int) -> None:
+        self.device = (kind, index)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+
+def test_batch_device_reads_the_dlpack_device():
+    assert batch_device({"x": np.zeros(3), "y": np.zeros(3)}) is None
+    assert batch_device(np.zeros(2)) is None
+    assert batch_device({}) is None
+    assert batch_device({"x": _DeviceArray(2, 3)}) == 3  # kDLCUDA
+    assert batch_device(_DeviceArray(13, 1)) == 1  # kDLCUDAManaged
+    assert batch_device(_DeviceArray(3, 0)) is None  # kDLCUDAHost: pinned host memory
+
+
+@pytest.mark.torch
+def test_batch_device_of_torch_cpu_tensors_is_none():
+    import torch
+
+    assert batch_device({"x": torch.zeros(3)}) is None
+
+
+def test_as_contiguous_copies_only_strided_arrays():
+    block = np.arange(12, dtype=np.float32).reshape(4, 3)
+    column = block[:, 1]
+    out = as_contiguous(column)
+    assert out.flags.c_contiguous
+    np.testing.assert_array_equal(out, [1, 4, 7, 10])
+    assert as_contiguous(block) is block
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+
+gpu = pytest.mark.gpu
+
+
+def _host(batch: dict[str, Any]) -> dict[str, np.ndarray]:
+    import cupy
+
+    return {k: cupy.asnumpy(v) for k, v in batch.items()}
+
+
+def _assert_same_epochs(cpu: tabloader.Loader, dev: tabloader.Loader, epochs: int = 2) -> None:
+    import cupy
+
+    assert len(cpu) == len(dev)
+    for _ in range(epochs):
+        cpu_batches = list(cpu)
+        dev_batches = list(dev)
+        assert len(cpu_batches) == len(dev_batches) == len(cpu)
+        for c, d in zip(cpu_batches, dev_batches, strict=True):
+            assert c.keys() == d.keys()
+            for key in c:
+                assert isinstance(d[key], cupy.ndarray)
+                assert d[key].dtype == c[key].dtype, key
+                assert d[key].shape == c[key].shape, key
+                np.testing.assert_array_equal(cupy.asnumpy(d[key]), c[key])
+
+
+GPU_CASES = {
+    "shuffle-2-parts": {"shuffle": True, "parts_per_chunk": 2},
+    "shuffle-chunk-rows": {"shuffle": True, "chunk_rows": 100},
+    "ordered": {"shuffle": False, "parts_per_chunk": 3},
+    "rank-1-of-3": {"shuffle": True, "global_rank": 1, "global_size": 3, "batch_size": 16},
+    "drop-last": {"shuffle": True, "drop_last": True},
+}
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["columns", "stacked"])
+@pytest.mark.parametrize("case", GPU_CASES.values(), ids=GPU_CASES.keys())
+def test_cpu_and_gpu_deliver_identical_batches_for_a_seed(dataset_dir, layout, case):
+    paths = dataset_dir([[37, 101, 5], [64], [1, 90, 33]])
+    options = {
+        "cats": ["id", "cat"],
+        "conts": ["x"],
+        "labels": ["label"],
+        "batch_size": 32,
+        "seed": 11,
+        "layout": layout,
+        **case,
+    }
+    cpu = tabloader.Loader(tabloader.Dataset(paths), device="cpu", **options)
+    dev = tabloader.Loader(tabloader.Dataset(paths), device="cuda", **options)
+    _assert_same_epochs(cpu, dev)
+
+
+@gpu
+def test_cpu_and_gpu_agree_on_an_in_memory_table():
+    table = _table(1000)
+    options = {
+        "cats": ["id"],
+        "conts": ["x"],
+        "labels": ["label"],
+        "batch_size": 64,
+        "shuffle": True,
+        "seed": 5,
+        "parts_per_chunk": 2,
+    }
+    dataset = tabloader.Dataset(table, rows_per_partition=150)
+    _assert_same_epochs(
+        tabloader.Loader(dataset, device="cpu", **options),
+        tabloader.Loader(dataset, device="cuda", **options),
+    )
+
+
+@gpu
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", 0])
+def test_batches_live_on_the_requested_gpu(dataset_dir, spec):
+    import cupy
+
+    loader = tabloader.Loader(
+        tabloader.Dataset(dataset_dir([[100, 50]])),
+        cats=["id"],
+        conts=["x"],
+        batch_size=32,
+        shuffle=True,
+        seed=0,
+        device=spec,
+    )
+    assert loader.backend.name == "cuda:0"
+    for batch in loader:
+        assert batch_device(batch) == 0
+        assert all(isinstance(a, cupy.ndarray) and a.device.id == 0 for a in batch.values())
+
+
+def _second_gpu() -> None:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two CUDA GPUs")
+
+
+@gpu
+@pytest.mark.parametrize("spec", ["cuda:1", 1, "current"])
+def test_batches_live_on_the_second_gpu_whatever_thread_makes_them(dataset_dir, spec):
+    import cupy
+
+    _second_gpu()
+    paths = dataset_dir([[100, 50], [70]])
+    options = {"cats": ["id"], "conts": ["x"], "batch_size": 32, "shuffle": True, "seed": 0}
+    before = cupy.cuda.runtime.getDevice()
+    if spec == "current":  # "cuda" means the current device, as set per rank
+        with cupy.cuda.Device(1):
+            loader = tabloader.Loader(tabloader.Dataset(paths), device="cuda", **options)
+    else:
+        loader = tabloader.Loader(tabloader.Dataset(paths), device=spec, **options)
+    assert loader.backend.name == "cuda:1"
+    ids = []
+    for batch in loader:  # made in the loader's threads, which start on GPU 0
+        assert batch_device(batch) == 1
+        assert all(a.device.id == 1 for a in batch.values())
+        ids.append(cupy.asnumpy(batch["id"]))
+    assert cupy.cuda.runtime.getDevice() == before
+    np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(220))
+
+
+@gpu
+@pytest.mark.torch
+def test_torch_receives_tensors_on_the_batch_gpu_without_a_copy(dataset_dir):
+    import cupy
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs PyTorch built with CUDA")
+    device = cupy.cuda.runtime.getDeviceCount() - 1  # the last GPU: not the thread default
+
+    def to_torch(batch: dict[str, Any]) -> dict[str, Any]:
+        with gpu_module.device_scope(batch_device(batch)):
+            return {k: (torch.from_dlpack(v), v.data.ptr) for k, v in batch.items()}
+
+    loader = tabloader.Loader(
+        tabloader.Dataset(dataset_dir([[100, 50]])),
+        cats=["id"],
+        conts=["x"],
+        batch_size=32,
+        shuffle=True,
+        seed=0,
+        device=device,
+        transform=to_torch,
+    )
+    for batch in loader:
+        for tensor, pointer in batch.values():
+            assert tensor.device == torch.device("cuda", device)
+            assert tensor.data_ptr() == pointer
+
+
+@gpu
+def test_gpu_batches_make_no_host_round_trip(dataset_dir, monkeypatch):
+    import cudf
+    import cupy
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("device data went through the host")
+
+    monkeypatch.setattr(tabloader.Dataset, "iter_pieces", refuse)
+    monkeypatch.setattr(cupy, "asnumpy", refuse)
+    for cls, names in (
+        (cudf.DataFrame, ("to_pandas", "to_arrow")),
+        (cudf.Series, ("to_pandas", "to_arrow", "to_numpy")),
+    ):
+        for name in names:
+            monkeypatch.setattr(cls, name, refuse)
+    monkeypatch.setattr(cudf.Series, "values_host", property(refuse))
+    for shuffle in (True, False):
+        loader = tabloader.Loader(
+            tabloader.Dataset(dataset_dir([[100, 50], [70]])),
+            cats=["id", "cat"],
+            conts=["x"],
+            labels=["label"],
+            batch_size=32,
+            shuffle=shuffle,
+            seed=0,
+            device="cuda",
+        )
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        assert all(isinstance(a, cupy.ndarray) for b in batches for a in b.values())
+
+
+@gpu
+def test_out_of_memory_while_reading_names_the_remedy(dataset_dir, monkeypatch):
+    import cudf
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError("std::bad_alloc: out_of_memory: RMM failure")
+
+    monkeypatch.setattr(cudf, "read_parquet", out_of_memory)
+    loader = tabloader.Loader(
+        tabloader.Dataset(dataset_dir([[100, 50]])),
+        cats=["id"],
+        batch_size=32,
+        device="cuda:0",
+        parts_per_chunk=2,
+    )
+    expected = r"cuda:0 ran out of memory reading a chunk of 150 rows.*chunk_rows="
+    with pytest.raises(GPUMemoryError, match=expected):
+        list(loader)
+
+
+def _write_with_nulls(path: Path) -> str:
+    x = pa.array([0.5, None, 1.5, 2.5] * 25, type=pa.float64())
+    table = pa.table({"id": np.arange(100, dtype=np.int64), "x": x})
+    pq.write_table(table, path, row_group_size=50, write_statistics=False)  # found at read time
+    return str(path)
+
+
+@gpu
+def test_nulls_fail_or_fill_exactly_as_on_the_cpu(tmp_path):
+    path = _write_with_nulls(tmp_path / "nulls.parquet")
+    options = {"cats": ["id"], "conts": ["x"], "batch_size": 16, "shuffle": True, "seed": 1}
+    errors = []
+    for device in ("cpu", "cuda"):
+        with pytest.raises(NullValuesError) as info:
+            list(tabloader.Loader(path, device=device, **options))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert "nulls.parquet (row group" in errors[1]
+    assert "fill_null={'x': 0}" in errors[1]
+    _assert_same_epochs(
+        tabloader.Loader(path, device="cpu", fill_null={"x": -1.0}, **options),
+        tabloader.Loader(path, device="cuda", fill_null={"x": -1.0}, **options),
+    )
+
+
+def _loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tabloader-") and t.is_alive()]
+
+
+@gpu
+def test_gpu_loader_threads_end_when_the_iterator_is_closed_or_dropped(dataset_dir):
+    loader = tabloader.Loader(
+        tabloader.Dataset(dataset_dir([[64] * 8])),
+        cats=["id"],
+        batch_size=8,
+        shuffle=True,
+        seed=0,
+        device="cuda",
+        parts_per_chunk=1,
+    )
+    iterator = iter(loader)
+    next(iterator)
+    threads = iterator.threads
+    iterator.close()
+    assert not any(t.is_alive() for t in threads)
+
+    for _ in loader:
+        break
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _loader_threads():
+        time.sleep(0.05)
+    assert _loader_threads() == []
+
+
+@gpu
+def test_the_default_device_is_the_current_gpu(monkeypatch):
+    import cupy
+
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    assert default_device() == "cuda"
+    loader = tabloader.Loader(_table(), cats=["id"], batch_size=4)
+    assert loader.backend.name == f"cuda:{cupy.cuda.runtime.getDevice()}"
+    assert isinstance(next(iter(loader))["id"], cupy.ndarray)
+
+
+@gpu
+def test_chunk_rows_for_device_sizes_from_free_memory():
+    free = gpu_module.free_device_memory(0)
+    assert free > 0
+    rows = gpu_module.chunk_rows_for_device(0.1, row_bytes=100, batch_size=1024, device=0)
+    assert rows % 1024 == 0
+    assert rows * 100 <= 0.1 * free or rows == 1024
