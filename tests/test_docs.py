@@ -1,7 +1,8 @@
 """Every code block in docs/ runs, and the documentation site builds with --strict.
 
 Blocks of one page run in order, in one namespace (Python) or one working directory
-(shell), inside a scratch directory holding small synthetic datasets:
+(shell), inside a scratch directory that stands for the repository root (``examples/``
+and ``benchmarks/`` are linked in) and holds small synthetic datasets:
 
 - ``data/train/*.parquet`` and ``data/valid/*.parquet``: Criteo-like columns
   (``label``, ``I1..I13``, ``C1..C26``);
@@ -87,6 +88,8 @@ def sample_data(tmp_path_factory) -> Path:
 def test_code_blocks_run(page, sample_data, tmp_path, monkeypatch):
     workdir = tmp_path / "work"
     shutil.copytree(sample_data, workdir)
+    for name in ("examples", "benchmarks"):
+        (workdir / name).symlink_to(ROOT / name)
     monkeypatch.chdir(workdir)
     monkeypatch.setenv(
         "PYTHONPATH", str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
