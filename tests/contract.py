@@ -36,7 +36,9 @@ class Adapter:
     loader's keyword options (cats, conts, labels, batch_size, shuffle, seed, drop_last,
     global_rank, global_size, parts_per_chunk, chunk_rows). ``epoch(loader)`` runs the
     next epoch and returns its batches as ``{column: 1-D numpy array}``, with the dtypes
-    the framework delivered. ``length(loader)`` is what ``len()`` says.
+    the framework delivered. ``length(loader)`` is what ``len()`` says. ``ordered``:
+    without shuffling, batches come in dataset order (False for an adapter whose worker
+    processes each read a contiguous share and hand batches over in turn).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Adapter:
     epoch: Callable[[Any], list[Batch]]
     length: Callable[[Any], int] = len
     marks: Sequence[Any] = field(default_factory=tuple)
+    ordered: bool = True
 
 
 def loader_options(**overrides: Any) -> dict[str, Any]:

@@ -1,0 +1,179 @@
+"""Train a small embedding + MLP click model on Criteo-like parquet data with tabloader.
+
+By default it writes 200k rows of synthetic Criteo-like data (``tabloader.synthetic``:
+not real click data) to ``examples/criteo/data/`` and trains for two epochs, in seconds
+on a CPU::
+
+    python examples/criteo/train_torch.py
+    python examples/criteo/train_torch.py --data /path/to/criteo --epochs 3 --batch-size 65536
+
+``--data`` is a directory with ``train/`` and ``valid/`` subdirectories of parquet files
+with the Criteo columns (``label``, ``I1..I13``, ``C1..C26``); when they hold no parquet
+files, synthetic data is written there first. Categorical ids are hashed into
+``--buckets`` rows per column, so the embedding tables stay small whatever the ids are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+import tabloader
+from tabloader.synthetic import CATS, CONTS, LABELS, write_criteo_like
+from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+class ClickModel(nn.Module):
+    """Hashed embeddings of every categorical column, concatenated with the continuous
+    columns and fed through an MLP that outputs one logit."""
+
+    def __init__(self, n_cats: int, n_conts: int, *, buckets: int, dim: int = 16) -> None:
+        super().__init__()
+        self.buckets = buckets
+        self.embedding = nn.Embedding(n_cats * buckets, dim)
+        self.register_buffer("offsets", torch.arange(n_cats, dtype=torch.int64) * buckets)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_cats * dim + n_conts, 128),
+            nn.ReLU(),
+            nn.Linear(128, 64),
+            nn.ReLU(),
+            nn.Linear(64, 1),
+        )
+
+    def forward(self, x_cat: torch.Tensor, x_cont: torch.Tensor) -> torch.Tensor:
+        ids = x_cat % self.buckets + self.offsets
+        features = torch.cat([self.embedding(ids).flatten(1), x_cont], dim=1)
+        return self.mlp(features).squeeze(1)
+
+
+def parquet_files(directory: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(directory, "*.parquet")))
+
+
+def ensure_data(data: str, rows: int) -> tuple[list[str], list[str]]:
+    """The train and valid files under ``data``, written synthetically if there are none."""
+    train, valid = os.path.join(data, "train"), os.path.join(data, "valid")
+    if not parquet_files(train):
+        print(f"writing {rows} synthetic Criteo-like rows to {train}")
+        write_criteo_like(train, rows=rows, files=4, row_group_size=max(rows // 16, 1), seed=0)
+    if not parquet_files(valid):
+        valid_rows = max(rows // 10, 1)
+        write_criteo_like(valid, rows=valid_rows, files=1, row_group_size=valid_rows, seed=1)
+    return parquet_files(train), parquet_files(valid)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=DEFAULT_DATA, help="directory with train/ and valid/")
+    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows to write")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--buckets", type=int, default=1000, help="hash buckets per column")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def evaluate(model: nn.Module, loader: DLDataLoader, device: torch.device) -> float:
+    """Mean log loss over one pass of ``loader``."""
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    total, rows = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for x_cat, x_cont, y in loader:
+            total += float(loss_fn(model(x_cat, x_cont), y))
+            rows += len(y)
+    model.train()
+    return total / rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
+    """Train; return per epoch the mean train loss, the validation loss, and the
+    validation loss of a constant predictor for comparison."""
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Worker processes need batches on the host; the training loop moves them.
+    loader_device = "cpu" if args.workers else device
+    train_files, valid_files = ensure_data(args.data, args.rows)
+
+    train = TorchAsyncItr(
+        tabloader.Dataset(train_files),
+        cats=CATS,
+        conts=CONTS,
+        labels=LABELS,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        device=loader_device,
+    )
+    valid = TorchAsyncItr(
+        tabloader.Dataset(valid_files),
+        cats=CATS,
+        conts=CONTS,
+        labels=LABELS,
+        batch_size=args.batch_size,
+        device=loader_device,
+    )
+    train_loader = DLDataLoader(
+        train, batch_size=None, collate_fn=lambda x: x, num_workers=args.workers
+    )
+    valid_loader = DLDataLoader(valid, batch_size=None, collate_fn=lambda x: x)
+
+    model = ClickModel(len(CATS), len(CONTS), buckets=args.buckets).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    loss_fn = nn.BCEWithLogitsLoss()
+
+    labels = torch.cat([y for _, _, y in valid_loader])
+    baseline = constant_loss(float(labels.float().mean()))
+    print(f"valid loss of a constant predictor (the positive rate): {baseline:.4f}")
+    history = []
+    for epoch in range(args.epochs):
+        started = time.perf_counter()
+        total, batches = 0.0, 0
+        for x_cat, x_cont, y in train_loader:
+            x_cat, x_cont, y = (t.to(device, non_blocking=True) for t in (x_cat, x_cont, y))
+            loss = loss_fn(model(x_cat, x_cont), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+            batches += 1
+        seconds = time.perf_counter() - started
+        train_loss = total / batches
+        valid_loss = evaluate(model, valid_loader, device)
+        history.append(
+            {
+                "epoch": epoch,
+                "train_loss": train_loss,
+                "valid_loss": valid_loss,
+                "constant_loss": baseline,
+            }
+        )
+        print(
+            f"epoch {epoch}: train loss {train_loss:.4f}, valid loss {valid_loss:.4f} "
+            f"({batches} batches, {seconds:.1f} s, {batches * args.batch_size / seconds:,.0f} "
+            "rows/s)"
+        )
+    return history
+
+
+def constant_loss(rate: float) -> float:
+    """Log loss of always predicting the positive rate ``rate``."""
+    if rate in (0.0, 1.0):
+        return 0.0
+    return -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+
+
+if __name__ == "__main__":
+    main()
