@@ -125,9 +125,9 @@ def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterabl
     if args.framework == "torch":
         from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-        iterable = TorchAsyncItr(dataset, **options)
-        loader = DLDataLoader(iterable, batch_size=None, collate_fn=lambda x: x)
-        return loader, iterable.loader
+        torch_dataset = TorchAsyncItr(dataset, **options)
+        torch_loader = DLDataLoader(torch_dataset, batch_size=None, collate_fn=lambda x: x)
+        return torch_loader, torch_dataset.loader
     if args.framework == "tensorflow":
         from tabloader.tensorflow import KerasSequenceLoader
 
