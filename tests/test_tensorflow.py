@@ -584,6 +584,20 @@ def test_predict_with_a_loader_without_labels(click_data):
     assert predictions.shape == (6000, 1)
 
 
+def test_the_criteo_example_trains(tmp_path, capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "criteo" / "train_keras.py"
+    spec = importlib.util.spec_from_file_location("criteo_train_keras", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = ["--path", str(tmp_path), "--rows", "2000", "--epochs", "2", "--batch-size", "1000"]
+    history = example.main([*args, "--buckets", "100", "--embedding-dim", "2"])
+    assert set(history.history) == {"loss", "auc", "val_loss", "val_auc"}
+    assert len(list((tmp_path / "train-2000").glob("*.parquet"))) == 4
+    assert capsys.readouterr().out.count("val_auc") == 2
+
+
 # -- documentation ------------------------------------------------------------------
 
 
