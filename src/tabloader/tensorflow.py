@@ -1,0 +1,765 @@
+"""Keras adapter: a ``keras.utils.PyDataset`` over the tabloader core, and a validation callback.
+
+:class:`KerasSequenceLoader` serves ``(features, labels)`` batches of ``tf.Tensor`` to
+``model.fit``, ``evaluate`` and ``predict``; :class:`KerasSequenceValidater` evaluates a
+model on a validation loader at the end of every training epoch and adds ``val_*``
+entries to the epoch's logs. The tensors are built in the loader's background thread, so
+the training loop does no copying.
+
+Importing this module applies ``TF_MEMORY_ALLOCATION`` (see :func:`apply_memory_allocation`);
+``import tabloader`` alone never imports TensorFlow.
+
+Example:
+    >>> import tempfile
+    >>> from tabloader.synthetic import write_criteo_like
+    >>> from tabloader.tensorflow import KerasSequenceLoader
+    >>> tmp = tempfile.mkdtemp()
+    >>> files = write_criteo_like(tmp, rows=1000, files=2, row_group_size=250, seed=0)
+    >>> train = KerasSequenceLoader(files, batch_size=256, cat_names=["C1", "C2"],
+    ...                             cont_names=["I1"], label_names=["label"], seed=0)
+    >>> len(train)
+    4
+    >>> features, labels = train[0]
+    >>> sorted(features), features["C1"].dtype.name, features["I1"].dtype.name, labels.shape
+    (['C1', 'C2', 'I1'], 'int64', 'float32', TensorShape([256]))
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tabloader.backends import parse_device
+from tabloader.backends.cpu import BufferPool, PooledNumpy
+from tabloader.dataset import Dataset
+from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
+from tabloader.loader import Loader
+
+try:
+    import keras
+    import tensorflow as tf
+except ImportError:
+    raise ImportError(
+        "tabloader.tensorflow needs TensorFlow: pip install 'tabloader[tensorflow]'"
+    ) from None
+
+if TYPE_CHECKING:
+    from tabloader.loader import BatchIterator
+
+__all__ = [
+    "KerasSequenceLoader",
+    "KerasSequenceValidater",
+    "apply_memory_allocation",
+    "feature_column_names",
+]
+
+HEAD_BATCHES = 2
+"""Leading batches of each epoch kept for replay: Keras fetches the first two batches of a
+``PyDataset`` to inspect their structure before it starts the epoch proper."""
+_ALIGN = 64
+"""TensorFlow requires 64-byte aligned tensor memory; DLPack imports must honour it."""
+
+_NVTABULAR_ONLY = {
+    "sparse_names": "sparse (list) columns are not supported; pass scalar columns only",
+    "sparse_max": "sparse (list) columns are not supported; pass scalar columns only",
+    "sparse_as_dense": "sparse (list) columns are not supported; pass scalar columns only",
+    "schema": "pass the column names as cat_names=, cont_names= and label_names=",
+    "reader_kwargs": "tabloader reads parquet with its own settings; leave it out",
+    "transforms": "apply transforms in the model (Keras layers) instead",
+    "workers": (
+        "tabloader reads and batches in its own background threads; Keras worker threads "
+        "would only add overhead, so leave it out"
+    ),
+    "use_multiprocessing": "tabloader reads in background threads of this process; leave it out",
+    "max_queue_size": "tabloader keeps its own bounded queue of ready batches; leave it out",
+}
+
+
+class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
+    """Batches of parquet rows as ``tf.Tensor`` dicts, for ``model.fit`` and friends.
+
+    Each item is ``(features, labels)``. ``features`` maps every categorical and
+    continuous column name to a 1-D tensor of the batch's rows (cats int64, conts
+    float32), so it feeds functional models whose ``keras.Input`` layers carry the
+    column names (``keras.Input(shape=(), name="user", dtype="int64")``; ``shape=(1,)``
+    works too, Keras adds the axis). ``labels`` is one float32 tensor when there is one
+    label column, a dict ``{label name: tensor}`` when there are several (for models
+    with one named output per label), and the item is ``features`` alone when there is
+    none (for ``predict``).
+
+    What to read:
+        paths_or_dataset: A :class:`tabloader.Dataset`, or anything it accepts (files,
+            globs, directories, URLs, tables, DataFrames).
+        batch_size: Rows per batch; only an epoch's last batch may be shorter.
+        label_names: Target columns (float32).
+        cat_names: Categorical columns, integer ids delivered as int64.
+        cont_names: Continuous columns, delivered as float32.
+        feature_columns: Instead of ``cat_names``/``cont_names``, ``tf.feature_column``
+            columns: categorical columns (also inside embedding or indicator columns) are
+            read as cats, numeric and bucketized columns' sources as conts. They only name
+            the columns: tabloader delivers the raw values, the model does the rest.
+        engine: ``"parquet"`` (or None); accepted for NVTabular compatibility.
+
+    How to shuffle:
+        shuffle: Default True. Visit row groups in a new random order every epoch and
+            shuffle rows within each chunk.
+        seed: Seed of all randomness; same seed and epoch, same batches. None draws one.
+        seed_fn: Alternatively, a function returning the seed, called once here (for
+            example one that broadcasts rank 0's seed to every rank).
+        buffer_size: Rows read and shuffled together (a chunk). An int is a number of
+            rows; a float in (0, 1) is a fraction of the device's total memory per chunk
+            (host memory on the CPU), converted to rows with the delivered bytes per row.
+            The loader holds about three chunks at once. Default: 256 MiB chunks.
+        parts_per_chunk: Alternatively, row groups per chunk.
+
+    Distributed:
+        global_size, global_rank: Number of ranks and this rank (default 1 and 0). Every
+            rank gets disjoint rows and the same number of batches; pass the same seed.
+        drop_last: Drop each epoch's last batch if it is short.
+        device: ``None``/``"cpu"``, or a CUDA device for the GPU backend.
+
+    Epochs: each batch index of ``range(len(loader))`` is served once per epoch, with
+    the epoch's batches in the order the background reader delivers them, whatever the
+    order of the indices (``fit`` shuffles indices by default; that adds nothing, and
+    takes nothing away). Once every index was served, the next request (or Keras'
+    ``on_epoch_end``) starts the next epoch, reshuffled. Asking again for an index
+    already served in the current epoch returns the same batch: instantly for the
+    epoch's first two batches, otherwise by reading the epoch again up to it. An epoch
+    left unfinished (``steps_per_epoch``, ``evaluate(steps=...)``, a ``break``) is
+    continued by requests for new indices and served again from its start by requests
+    for old ones. ``len()`` never changes and never disturbs an epoch in progress.
+
+    Example:
+        >>> import tempfile
+        >>> from tabloader.synthetic import write_criteo_like
+        >>> files = write_criteo_like(tempfile.mkdtemp(), rows=600, files=1, seed=0)
+        >>> loader = KerasSequenceLoader(files, batch_size=256, cat_names=["C1"],
+        ...                              cont_names=["I1", "I2"], label_names=["label"],
+        ...                              shuffle=True, seed=0, buffer_size=300)
+        >>> [int(labels.shape[0]) for _, labels in loader]
+        [256, 256, 88]
+        >>> loader.epoch
+        1
+    """
+
+    def __init__(
+        self,
+        paths_or_dataset: Any,
+        *,
+        batch_size: int,
+        label_names: str | Sequence[str] | None = None,
+        feature_columns: Sequence[Any] | None = None,
+        cat_names: str | Sequence[str] | None = None,
+        cont_names: str | Sequence[str] | None = None,
+        engine: str | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        seed_fn: Callable[[], int] | None = None,
+        buffer_size: float | None = None,
+        device: str | int | None = None,
+        parts_per_chunk: int | None = None,
+        global_size: int | None = None,
+        global_rank: int | None = None,
+        drop_last: bool = False,
+        **unsupported: Any,
+    ) -> None:
+        if unsupported:
+            _reject(unsupported)
+        super().__init__()
+        if feature_columns is not None:
+            if cat_names is not None or cont_names is not None:
+                raise InvalidArgumentError("give feature_columns or cat_names/cont_names, not both")
+            cat_names, cont_names = feature_column_names(feature_columns)
+        if engine not in (None, "parquet"):
+            raise InvalidArgumentError(
+                f"engine must be 'parquet' (or None), got {engine!r}: convert other formats "
+                "to parquet first"
+            )
+        if seed_fn is not None:
+            if seed is not None:
+                raise InvalidArgumentError("give seed or seed_fn, not both")
+            if not callable(seed_fn):
+                raise InvalidArgumentError(f"seed_fn must be callable, got {seed_fn!r}")
+            seed = seed_fn()
+        if buffer_size is not None and parts_per_chunk is not None:
+            raise InvalidArgumentError(
+                "give buffer_size (rows per chunk) or parts_per_chunk (row groups per chunk), "
+                "not both"
+            )
+        chunk_rows = None
+        if buffer_size is not None:
+            kinds = {"cats": cat_names, "conts": cont_names, "labels": label_names}
+            counts = {k: 1 if isinstance(v, str) else len(v or ()) for k, v in kinds.items()}
+            chunk_rows = chunk_rows_for(
+                buffer_size,
+                row_bytes=max(8 * counts["cats"] + 4 * counts["conts"] + 4 * counts["labels"], 1),
+                batch_size=batch_size if isinstance(batch_size, int) else 1,
+                device=device,
+            )
+        dataset = (
+            paths_or_dataset if isinstance(paths_or_dataset, Dataset) else Dataset(paths_or_dataset)
+        )
+        make_tensors = _TensorMaker(on_gpu=parse_device(device)[0] == "cuda")
+        loader = Loader(
+            dataset,
+            batch_size=batch_size,
+            cats=cat_names,
+            conts=cont_names,
+            labels=label_names,
+            shuffle=shuffle,
+            seed=seed,
+            parts_per_chunk=parts_per_chunk,
+            chunk_rows=chunk_rows,
+            drop_last=drop_last,
+            global_rank=0 if global_rank is None else global_rank,
+            global_size=1 if global_size is None else global_size,
+            device=device,
+            transform=make_tensors,
+        )
+        make_tensors.set_columns(loader.cats, loader.conts, loader.labels)
+        self.buffer_size = buffer_size
+        self.loader = loader
+        """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
+        self._num_batches = len(loader)
+        self._lock = threading.RLock()
+        self._epoch = 0
+        # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
+        self._given: dict[int, int] = {}  # batch index -> position in the epoch's stream
+        self._since: dict[int, int] = {}  # the same, for requests since the last Keras hook
+        self._used: set[int] = set()  # positions given out
+        self._next = 0  # no position below this is free
+        self._head: list[Any] = []  # the epoch's first HEAD_BATCHES batches, kept
+        self._iterator: BatchIterator | None = None
+        self._consumed = 0  # batches taken from _iterator
+
+    # -- the Keras interface ------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def __getitem__(self, index: int) -> Any:
+        i = self._check_index(index)
+        with self._lock:
+            if len(self._given) == self._num_batches and not self._is_replay(i):
+                self._advance()
+            position = self._since.get(i)
+            if position is None:
+                position = self._given.get(i)
+                if position is not None and position >= len(self._head):
+                    # An index of an earlier, unfinished go at this epoch: the epoch is
+                    # being served again from its start. Keep what this go already got.
+                    self._given = dict(self._since)
+                    self._used = set(self._since.values())
+                    self._next = 0
+                    position = None
+            if position is None:
+                position = self._next_free_position()
+                self._given[i] = position
+                self._used.add(position)
+            self._since[i] = position
+            batch = self._batch_at(position)
+            if len(self._given) == self._num_batches:
+                self._close_iterator()
+            return batch
+
+    def __iter__(self) -> Iterator[Any]:
+        """One epoch: ``on_epoch_begin``, every batch in order, ``on_epoch_end``."""
+        self.on_epoch_begin()
+        for i in range(self._num_batches):
+            yield self[i]
+        self.on_epoch_end()
+
+    def on_epoch_begin(self) -> None:
+        """Called by Keras before each epoch: starts reading if nothing is under way."""
+        with self._lock:
+            if len(self._given) == self._num_batches:
+                self._advance()
+            self._since = {}
+            if self._iterator is None and not self._given:
+                self._start_iterator()
+
+    def on_epoch_end(self) -> None:
+        """Called by Keras after each epoch: a finished epoch makes way for the next."""
+        with self._lock:
+            if len(self._given) == self._num_batches:
+                self._advance()
+            self._since = {}
+
+    # -- epochs -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being served (or about to be): 0, 1, 2, ..."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve epoch ``epoch`` from its start next (to resume a training run)."""
+        self.loader.set_epoch(epoch)
+        with self._lock:
+            self._close_iterator()
+            self._epoch = int(epoch)
+            self._reset_pass()
+
+    def close(self) -> None:
+        """Stop the background threads of an unfinished epoch and drop its kept batches."""
+        with self._lock:
+            self._close_iterator()
+            self._head = []
+
+    def __repr__(self) -> str:
+        return f"KerasSequenceLoader({self.loader!r}, epoch={self._epoch})"
+
+    # -- internals ----------------------------------------------------------------
+
+    def _reset_pass(self) -> None:
+        self._given = {}
+        self._since = {}
+        self._used = set()
+        self._next = 0
+        self._head = []
+        self._iterator = None
+        self._consumed = 0
+
+    def _advance(self) -> None:
+        self._close_iterator()
+        self._epoch += 1
+        self._reset_pass()
+
+    def _is_replay(self, i: int) -> bool:
+        """Whether index ``i`` asks again for a kept batch given out before the last hook.
+
+        That is Keras fetching the two batches it looked at before the epoch started:
+        the epoch is not over until it has had them.
+        """
+        position = self._given.get(i)
+        return i not in self._since and position is not None and position < len(self._head)
+
+    def _check_index(self, index: object) -> int:
+        if isinstance(index, bool) or not isinstance(index, Integral):
+            raise TypeError(f"batch index must be an integer, got {index!r}")
+        i = int(index)
+        if not 0 <= i < self._num_batches:
+            raise IndexError(
+                f"batch index {i} is out of range: this loader has {self._num_batches} "
+                f"batches per epoch (indices 0..{self._num_batches - 1})"
+            )
+        return i
+
+    def _next_free_position(self) -> int:
+        while self._next in self._used:
+            self._next += 1
+        return self._next
+
+    def _start_iterator(self) -> None:
+        self._iterator = self.loader.iter_epoch(self._epoch)
+        self._consumed = 0
+
+    def _close_iterator(self) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+
+    def _batch_at(self, position: int) -> Any:
+        """Batch ``position`` of the current epoch's stream."""
+        if position < len(self._head):
+            return self._head[position]
+        if self._iterator is None or self._consumed > position:
+            if position > len(self._head):
+                warnings.warn(
+                    f"batch {position} of epoch {self._epoch} was asked for again or out of "
+                    f"turn: reading the epoch again from its start to serve it. Keras' fit, "
+                    "evaluate and predict never do this unless an epoch is cut short",
+                    PerformanceWarning,
+                    stacklevel=3,
+                )
+            self._close_iterator()
+            self._start_iterator()
+        iterator = self._iterator
+        assert iterator is not None  # set just above; for the type checker
+        try:
+            while self._consumed < position:
+                next(iterator)
+                self._consumed += 1
+            batch = next(iterator)
+        except StopIteration:
+            self._close_iterator()
+            raise TabloaderError(
+                f"internal error: epoch {self._epoch} ended before batch {position}; "
+                "please report this with the dataset's partition sizes"
+            ) from None
+        except BaseException:
+            self._close_iterator()
+            raise
+        self._consumed += 1
+        if position == len(self._head) and position < HEAD_BATCHES:
+            self._head.append(batch)
+        return batch
+
+
+class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
+    """Evaluate on a validation loader after every epoch and log ``val_*`` figures.
+
+    At each epoch's end the model is evaluated (``model.evaluate``: metric states reset
+    first, loss and every compiled metric over the whole loader), and each result
+    ``name`` is written into the epoch's logs as ``val_<name>``. The entries show up in
+    ``History`` and in every callback listed after this one, so put it before callbacks
+    that watch validation figures (``EarlyStopping(monitor="val_auc")``,
+    ``ModelCheckpoint``).
+
+    Args:
+        dataloader: What to evaluate on: a :class:`KerasSequenceLoader` (typically with
+            ``shuffle=False``) or anything ``model.evaluate`` accepts.
+
+    Example:
+        >>> import tempfile, keras
+        >>> from tabloader.synthetic import write_criteo_like
+        >>> files = write_criteo_like(tempfile.mkdtemp(), rows=512, files=1, seed=0)
+        >>> def loader(shuffle):
+        ...     return KerasSequenceLoader(files, batch_size=128, cont_names=["I1", "I2"],
+        ...                                label_names=["label"], shuffle=shuffle, seed=0)
+        >>> inputs = {n: keras.Input(shape=(), name=n) for n in ["I1", "I2"]}
+        >>> x = keras.layers.Concatenate()([keras.ops.expand_dims(t, -1) for t in inputs.values()])
+        >>> model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+        >>> model.compile("adam", "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+        >>> history = model.fit(loader(True), epochs=2, verbose=0,
+        ...                     callbacks=[KerasSequenceValidater(loader(False))])
+        >>> sorted(history.history)
+        ['auc', 'loss', 'val_auc', 'val_loss']
+    """
+
+    def __init__(self, dataloader: Any) -> None:
+        super().__init__()
+        self.dataloader = dataloader
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        results = self.model.evaluate(self.dataloader, verbose=0, return_dict=True)
+        if logs is not None:
+            logs.update({f"val_{name}": value for name, value in results.items()})
+
+
+# -- building tensors -----------------------------------------------------------------
+
+
+class _TensorMaker:
+    """The core loader's ``transform``: a batch of arrays in, ``(features, labels)`` out.
+
+    Runs in the loader's background thread. The columns of each dtype are copied into
+    the rows of one 64-byte aligned 2-D buffer (rows padded to 64 bytes), and each row
+    becomes a tensor through DLPack without a further copy. The copy is needed anyway:
+    a shuffled batch's columns are strided views of a row-major block, an unshuffled
+    batch's are read-only views of Arrow memory, and TensorFlow aborts the process on
+    memory that is not 64-byte aligned. Fresh buffers also keep the loader's chunk
+    memory from being pinned by tensors that training still holds.
+    """
+
+    def __init__(self, *, on_gpu: bool) -> None:
+        self.on_gpu = on_gpu
+        self.xp: Any = None
+        self.features: tuple[str, ...] = ()
+        self.labels: tuple[str, ...] = ()
+        self.groups: list[tuple[np.dtype[Any], tuple[str, ...]]] = []
+
+    def set_columns(self, cats: Sequence[str], conts: Sequence[str], labels: Sequence[str]) -> None:
+        """The columns batches hold: cats as int64, conts and labels as float32."""
+        if self.on_gpu:
+            import cupy
+
+            self.xp = cupy
+        else:
+            self.xp = PooledNumpy(BufferPool())
+        self.features = (*cats, *conts)
+        self.labels = tuple(labels)
+        self.groups = [
+            (np.dtype(dtype), names)
+            for dtype, names in (("int64", tuple(cats)), ("float32", (*conts, *labels)))
+            if names
+        ]
+
+    def __call__(self, batch: Mapping[str, Any]) -> Any:
+        rows = int(next(iter(batch.values())).shape[0])
+        tensors: dict[str, Any] = {}
+        for dtype, names in self.groups:
+            block = aligned_rows(self.xp, len(names), rows, dtype)
+            for j, name in enumerate(names):
+                block[j, :rows] = batch[name]
+            for j, name in enumerate(names):
+                tensors[name] = tf.experimental.dlpack.from_dlpack(block[j, :rows].__dlpack__())
+        if self.on_gpu:
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()  # TensorFlow reads on its own stream
+        features = {name: tensors[name] for name in self.features}
+        if not self.labels:
+            return features
+        if len(self.labels) == 1:
+            return features, tensors[self.labels[0]]
+        return features, {name: tensors[name] for name in self.labels}
+
+
+def _address(array: Any) -> int:
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return int(interface["data"][0])
+
+
+def aligned_rows(xp: Any, k: int, rows: int, dtype: Any) -> Any:
+    """An empty ``[k, stride]`` array whose rows start on 64-byte boundaries.
+
+    ``stride >= rows``; use ``out[j, :rows]``. ``xp`` allocates (numpy-like ``empty``).
+
+    >>> out = aligned_rows(np, 3, 5, "float32")
+    >>> out.shape, [out[j, :5].ctypes.data % 64 for j in range(3)]
+    ((3, 16), [0, 0, 0])
+    """
+    dtype = np.dtype(dtype)
+    per_align = _ALIGN // dtype.itemsize
+    stride = -(-rows // per_align) * per_align
+    flat = xp.empty((k * stride + per_align,), dtype)
+    offset = (-_address(flat) % _ALIGN) // dtype.itemsize
+    return flat[offset : offset + k * stride].reshape(k, stride)
+
+
+# -- column names from feature columns --------------------------------------------------
+
+
+def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
+    """``(cat_names, cont_names)`` read from ``tf.feature_column`` columns.
+
+    Categorical columns, also wrapped in embedding, indicator or weighted columns, name
+    cats; numeric columns, the sources of bucketized columns and the weights of weighted
+    columns name conts. Names keep their first-seen order, without repeats.
+
+    >>> fc = tf.feature_column
+    >>> feature_column_names([
+    ...     fc.embedding_column(fc.categorical_column_with_identity("user", 100), 8),
+    ...     fc.indicator_column(fc.categorical_column_with_identity("genre", 20)),
+    ...     fc.numeric_column("age", (1,)),
+    ... ])
+    (['user', 'genre'], ['age'])
+    """
+    if getattr(tf, "feature_column", None) is None:
+        raise InvalidArgumentError(
+            f"feature_columns needs tf.feature_column, which TensorFlow {tf.__version__} "
+            "does not provide: pass the column names as cat_names=[...] and cont_names=[...]"
+        )
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise InvalidArgumentError(
+            f"feature_columns must be a list of tf.feature_column columns, got {columns!r}"
+        )
+    kinds: dict[str, str] = {}
+
+    def add(name: str, kind: str, owner: Any) -> None:
+        if kinds.setdefault(name, kind) != kind:
+            raise InvalidArgumentError(
+                f"feature column {owner!r} uses {name!r} as {kind}, but another feature "
+                f"column uses it as {kinds[name]}; a column is either categorical or "
+                "continuous"
+            )
+
+    def walk(column: Any) -> None:
+        classes = {cls.__name__ for cls in type(column).__mro__}
+        if "FeatureColumn" not in classes:
+            raise InvalidArgumentError(
+                f"feature_columns must hold tf.feature_column columns, got {column!r}"
+            )
+        kind = type(column).__name__
+        if kind == "NumericColumn" or kind == "BucketizedColumn":
+            for name in _raw_keys(column):
+                add(name, "cont", column)
+        elif kind == "WeightedCategoricalColumn":
+            walk(column.categorical_column)
+            add(column.weight_feature_key, "cont", column)
+        elif kind == "CrossedColumn":
+            raise InvalidArgumentError(
+                f"crossed feature column {column!r} is not supported: it computes crosses "
+                "tabloader does not. List its source columns in cat_names= and cross them "
+                "in the model (keras.layers.HashedCrossing)"
+            )
+        elif hasattr(column, "categorical_column"):  # embedding, indicator, shared embedding
+            walk(column.categorical_column)
+        elif "CategoricalColumn" in classes and all(isinstance(p, str) for p in column.parents):
+            for name in column.parents:
+                add(name, "cat", column)
+        else:
+            raise InvalidArgumentError(
+                f"feature column {column!r} is not supported: use categorical, embedding, "
+                "indicator, weighted, numeric or bucketized columns, or pass cat_names= and "
+                "cont_names= instead"
+            )
+
+    for column in columns:
+        walk(column)
+    return (
+        [n for n, k in kinds.items() if k == "cat"],
+        [n for n, k in kinds.items() if k == "cont"],
+    )
+
+
+def _raw_keys(column: Any) -> list[str]:
+    keys: list[str] = []
+    for parent in column.parents:
+        keys.extend([parent] if isinstance(parent, str) else _raw_keys(parent))
+    return keys
+
+
+# -- memory -------------------------------------------------------------------------------
+
+
+def total_memory_bytes(device: str | int | None = None) -> int:
+    """Total memory of ``device``: host RAM for the CPU, device memory for a CUDA GPU."""
+    kind, index = parse_device(device)
+    if kind == "cuda":
+        try:
+            import cupy
+        except ImportError:
+            raise ImportError(
+                "reading GPU memory size needs cupy: pip install 'tabloader[gpu]'"
+            ) from None
+        return int(cupy.cuda.Device(index).mem_info[1])
+    try:
+        psutil = importlib.import_module("psutil")
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().total)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        raise InvalidArgumentError(
+            "cannot read this machine's total memory (install psutil), so buffer_size cannot "
+            "be a fraction: give it as a number of rows instead"
+        ) from None
+
+
+def chunk_rows_for(
+    buffer_size: object, *, row_bytes: int, batch_size: int, device: str | int | None = None
+) -> int:
+    """Rows per chunk for ``buffer_size``: rows (an int) or a fraction of total memory.
+
+    >>> chunk_rows_for(100_000, row_bytes=40, batch_size=1024)
+    100000
+    >>> chunk_rows_for(0.5, row_bytes=40, batch_size=1024) == total_memory_bytes() // 2 // 40
+    True
+    """
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, Real):
+        raise InvalidArgumentError(
+            f"buffer_size must be a number of rows (int) or a fraction of memory in (0, 1), "
+            f"got {buffer_size!r}"
+        )
+    if isinstance(buffer_size, Integral):
+        if buffer_size < 1:
+            raise InvalidArgumentError(
+                f"buffer_size in rows must be at least 1, got {buffer_size!r}"
+            )
+        return max(int(buffer_size), 1)
+    fraction = float(buffer_size)
+    if not 0.0 < fraction < 1.0:
+        raise InvalidArgumentError(
+            f"buffer_size must be a fraction of memory in (0, 1) or a whole number of rows "
+            f"(an int), got {buffer_size!r}"
+        )
+    rows = int(fraction * total_memory_bytes(device)) // row_bytes
+    return max(rows, batch_size)
+
+
+def memory_limit_mb(value: str, *, total_mb: float | None) -> int:
+    """Megabytes for a ``TF_MEMORY_ALLOCATION`` value: below 1 a fraction of ``total_mb``.
+
+    >>> memory_limit_mb("0.5", total_mb=16000), memory_limit_mb("8192", total_mb=None)
+    (8000, 8192)
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not number > 0 or math.isinf(number):
+        raise InvalidArgumentError(
+            f"TF_MEMORY_ALLOCATION must be a fraction of GPU memory in (0, 1) or a number of "
+            f"megabytes, got {value!r}; for example TF_MEMORY_ALLOCATION=0.5 or 8192"
+        )
+    if number >= 1:
+        return int(number)
+    if total_mb is None:
+        raise InvalidArgumentError(
+            f"TF_MEMORY_ALLOCATION={value!r} is a fraction, but the GPU's memory size is "
+            "unknown (install cupy or nvidia-ml-py); give it in megabytes instead"
+        )
+    return int(number * total_mb)
+
+
+def _gpu_total_mb(index: int) -> float | None:
+    try:
+        import cupy
+
+        return float(cupy.cuda.runtime.getDeviceProperties(index)["totalGlobalMem"]) / 2**20
+    except Exception:
+        pass
+    try:
+        pynvml = importlib.import_module("pynvml")
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return float(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / 2**20
+    except Exception:
+        return None
+
+
+def apply_memory_allocation(value: str | None = None) -> bool:
+    """Cap TensorFlow's memory on every GPU as ``TF_MEMORY_ALLOCATION`` says.
+
+    ``value`` (default: the environment variable) is a fraction of each GPU's total
+    memory (``"0.5"``) or megabytes (``"8192"``); the rest is left to the loader.
+    TensorFlow only accepts this before it initialises its GPUs, so set the variable
+    before importing ``tabloader.tensorflow`` (which calls this once) and before running
+    anything on a GPU. Without the variable or without a GPU nothing happens; when
+    TensorFlow has already initialised its GPUs a ``RuntimeWarning`` says so. Returns
+    whether a cap was applied.
+    """
+    if value is None:
+        value = os.environ.get("TF_MEMORY_ALLOCATION")
+    if value is None or not value.strip():
+        return False
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        memory_limit_mb(value, total_mb=1.0)  # still reject malformed values
+        return False
+    try:
+        for index, gpu in enumerate(gpus):
+            limit = memory_limit_mb(value, total_mb=_gpu_total_mb(index))
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)]
+            )
+    except RuntimeError as err:
+        warnings.warn(
+            f"TF_MEMORY_ALLOCATION={value!r} was not applied: TensorFlow has already "
+            f"initialised its GPUs ({err}). Set it before TensorFlow first uses a GPU, e.g. "
+            "at the top of the script before importing tabloader.tensorflow",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+def _reject(unsupported: Mapping[str, Any]) -> None:
+    known = sorted(set(unsupported) & set(_NVTABULAR_ONLY))
+    if known:
+        raise InvalidArgumentError(
+            "KerasSequenceLoader does not support "
+            + "; ".join(f"{name}= ({_NVTABULAR_ONLY[name]})" for name in known)
+        )
+    raise TypeError(
+        f"KerasSequenceLoader() got unexpected keyword argument(s) {sorted(unsupported)}; "
+        "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
+        "cont_names, engine, shuffle, seed, seed_fn, buffer_size, device, parts_per_chunk, "
+        "global_size, global_rank, drop_last"
+    )
+
+
+apply_memory_allocation()

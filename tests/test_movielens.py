@@ -1,0 +1,196 @@
+"""The MovieLens example: prepare.py on fake MovieLens zips, then train_keras.py on them."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "movielens"
+GENRES = ["unknown", "Action", "Comedy", "Drama", "Children's"]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"movielens_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def prepare():
+    return load("prepare")
+
+
+def fake_ratings(rows=1500, seed=0):
+    """Unique (user, movie) pairs; even-numbered movies are liked, with 10% noise.
+
+    Original ids have gaps (multiples of 7 and 11) so that contiguity is tested.
+    """
+    rng = np.random.default_rng(seed)
+    pairs = rng.choice(60 * 40, size=rows, replace=False)
+    users = (pairs // 40 + 1) * 7
+    movie_index = pairs % 40
+    movies = (movie_index + 1) * 11
+    liked = (movie_index % 2 == 0) ^ (rng.random(rows) < 0.1)
+    ratings = np.where(liked, rng.integers(4, 6, rows), rng.integers(1, 4, rows)).astype(float)
+    timestamps = 880_000_000 + rng.permutation(rows) * 100
+    # a user whose only rating is the latest one: unseen in training with a time split
+    users[np.argmax(timestamps)] = 9_999
+    genres = {int((i + 1) * 11): [GENRES[i % 5], GENRES[(i * 3 + 1) % 5]] for i in range(40)}
+    genres = {movie: sorted(set(names)) for movie, names in genres.items()}
+    return users, movies, ratings, timestamps, genres
+
+
+def ml100k_zip(path, data):
+    users, movies, ratings, timestamps, genres = data
+    lines = [
+        f"{u}\t{m}\t{int(r)}\t{t}"
+        for u, m, r, t in zip(users, movies, ratings, timestamps, strict=True)
+    ]
+    items = []
+    for movie, names in genres.items():
+        flags = "|".join("1" if g in names else "0" for g in GENRES)
+        items.append(f"{movie}|Movie \xe9 {movie} (1995)|01-Jan-1995||http://x|{flags}")
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("ml-100k/u.data", "\n".join(lines) + "\n")
+        archive.writestr("ml-100k/u.item", ("\n".join(items) + "\n").encode("latin-1"))
+        archive.writestr("ml-100k/u.genre", "".join(f"{g}|{i}\n" for i, g in enumerate(GENRES)))
+    return path
+
+
+def latest_zip(path, data):
+    users, movies, ratings, timestamps, genres = data
+    out = io.StringIO()
+    out.write("userId,movieId,rating,timestamp\n")
+    for u, m, r, t in zip(users, movies, ratings, timestamps, strict=True):
+        out.write(f"{u},{m},{r - 0.5 if r > 3 else r},{t}\n")
+    movies_csv = "movieId,title,genres\n" + "".join(
+        f'{movie},"Movie {movie}, The (1995)",{"|".join(names)}\n'
+        for movie, names in genres.items()
+    )
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("ml-latest-small/ratings.csv", out.getvalue())
+        archive.writestr("ml-latest-small/movies.csv", movies_csv)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["ml-100k", "ml-latest-small"])
+@pytest.mark.parametrize("split", ["random", "time"])
+def test_prepare_reads_an_official_zip(prepare, tmp_path, fmt, split):
+    data = fake_ratings()
+    write = ml100k_zip if fmt == "ml-100k" else latest_zip
+    archive = write(tmp_path / f"{fmt}.zip", data)
+    out = tmp_path / "out"
+    meta = prepare.main([str(archive), "--out", str(out), "--genres", "--split", split])
+    assert meta["split"] == split
+    check_prepared(prepare, out, data, meta, split=split)
+
+
+def check_prepared(prepare, out, data, meta, *, split):
+    """Decode every row with the mapping prepare documents, then compare to the input."""
+    users, movies, ratings, timestamps, genres = data
+    train, valid = pq.read_table(out / "train.parquet"), pq.read_table(out / "valid.parquet")
+    assert train.num_rows + valid.num_rows == len(users)
+    assert valid.num_rows == round(0.2 * len(users))
+    genre_columns = [prepare.genre_column(g) for g in sorted(set(GENRES))]
+    assert meta["genres"] == genre_columns
+    assert "genre_children_s" in genre_columns
+    for table in (train, valid):
+        assert str(table.schema.field("userId").type) == "int64"
+        assert str(table.schema.field("movieId").type) == "int64"
+        for name in ["label", *genre_columns]:
+            assert str(table.schema.field(name).type) == "float"
+
+    # Which input rows went to training: the split is reproducible from its definition.
+    rows = len(users)
+    if split == "time":
+        order = np.argsort(timestamps, kind="stable")
+    else:
+        order = np.random.default_rng(0).permutation(rows)
+    train_rows, valid_rows = np.sort(order[: train.num_rows]), np.sort(order[train.num_rows :])
+    for name, original in (("userId", users), ("movieId", movies)):
+        known = np.unique(original[train_rows])  # sorted: code = position
+        assert meta["cardinalities"][name] == len(known) + 1
+        np.testing.assert_array_equal(
+            train[name].to_numpy(), np.searchsorted(known, original[train_rows])
+        )
+        expected_valid = np.array(
+            [np.searchsorted(known, v) if v in known else len(known) for v in original[valid_rows]]
+        )
+        np.testing.assert_array_equal(valid[name].to_numpy(), expected_valid)
+    for table, picked in ((train, train_rows), (valid, valid_rows)):
+        np.testing.assert_array_equal(
+            table["label"].to_numpy(), (ratings[picked] > 3).astype(np.float32)
+        )
+        for genre in sorted(set(GENRES)):
+            expected = [float(genre in genres[int(m)]) for m in movies[picked]]
+            np.testing.assert_array_equal(table[prepare.genre_column(genre)].to_numpy(), expected)
+    if split == "time":
+        assert timestamps[valid_rows].min() > timestamps[train_rows].max()
+        unseen = meta["cardinalities"]["userId"] - 1
+        assert (valid["userId"].to_numpy() == unseen).any()  # the reserved id is used
+
+
+def test_prepare_without_genres_writes_ids_and_label_only(prepare, tmp_path):
+    archive = ml100k_zip(tmp_path / "ml-100k.zip", fake_ratings(rows=300))
+    meta = prepare.main([str(archive), "--out", str(tmp_path / "out")])
+    assert meta["genres"] == []
+    assert pq.read_schema(tmp_path / "out" / "train.parquet").names == [
+        "userId",
+        "movieId",
+        "label",
+    ]
+
+
+def test_prepare_rejects_other_zips(prepare, tmp_path):
+    archive = tmp_path / "other.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("ml-1m/ratings.dat", "1::2::3::4\n")
+    with pytest.raises(SystemExit, match=r"neither u\.data"):
+        prepare.main([str(archive), "--out", str(tmp_path / "out")])
+
+
+@pytest.mark.tensorflow
+def test_train_keras_learns_on_a_small_slice(prepare, tmp_path, capsys):
+    data = fake_ratings(rows=2400)
+    archive = ml100k_zip(tmp_path / "ml-100k.zip", data)
+    out = tmp_path / "out"
+    prepare.main([str(archive), "--out", str(out), "--genres"])
+    train_keras = load("train_keras")
+    history = train_keras.main(
+        ["--data", str(out), "--epochs", "2", "--max-rows", "1600", "--batch-size", "64",
+         "--learning-rate", "0.01"]
+    )  # fmt: skip
+    logs = history.history
+    assert set(logs) == {"loss", "auc", "val_loss", "val_auc"}
+    assert logs["loss"][1] < logs["loss"][0]
+    assert logs["val_auc"][1] > 0.6  # liked movies are learnable from the movie id
+    printed = capsys.readouterr().out
+    assert "1600 training rows in 25 batches" in printed
+    assert printed.count("val_auc") == 2
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("recbole") is None,
+    reason="needs the ml-100k data bundled with recbole: pip install --no-deps recbole==1.2.1",
+)
+def test_prepare_finds_the_ml100k_ratings_bundled_with_recbole(prepare, tmp_path):
+    loaded_before = "recbole" in sys.modules
+    path = prepare.bundled_ml100k()
+    assert path is not None
+    assert path.name == "ml-100k.inter"
+    assert ("recbole" in sys.modules) == loaded_before  # located, not imported
+    meta = prepare.main(["--out", str(tmp_path), "--genres"])
+    assert meta["rows"] == {"train": 80_000, "valid": 20_000}
+    assert meta["cardinalities"]["userId"] == 944  # all 943 users rate in training
+    assert 1600 < meta["cardinalities"]["movieId"] <= 1683
+    assert len(meta["genres"]) == 19
+    valid = pq.read_table(tmp_path / "valid.parquet")
+    assert 0.5 < valid["label"].to_numpy().mean() < 0.6
