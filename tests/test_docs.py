@@ -4,10 +4,8 @@ Blocks of one page run in order, in one namespace (Python) or one working direct
 (shell), inside a scratch directory that stands for the repository root (``examples/``
 and ``benchmarks/`` are linked in) and holds small synthetic datasets:
 
-- ``data/train/*.parquet`` and ``data/valid/*.parquet``: Criteo-like columns
-  (``label``, ``I1..I13``, ``C1..C26``);
-- ``data/movielens/train.parquet`` and ``valid.parquet``: ``userId``, ``movieId``,
-  ``label``.
+``data/train/*.parquet`` and ``data/valid/*.parquet``, with Criteo-like columns
+(``label``, ``I1..I13``, ``C1..C26``).
 
 A block preceded by ``<!-- requires: torch -->`` (or tensorflow, dask, gpu, torchrun,
 horovod, several names separated by spaces) is skipped where that is missing, like the
@@ -26,8 +24,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from tabloader.synthetic import write_criteo_like
@@ -73,14 +69,6 @@ def sample_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("docs-data")
     write_criteo_like(root / "data" / "train", rows=6_000, files=3, row_group_size=1_000)
     write_criteo_like(root / "data" / "valid", rows=2_000, files=1, row_group_size=1_000, seed=1)
-    rng = np.random.default_rng(0)
-    (root / "data" / "movielens").mkdir()
-    for split, rows in (("train", 4_000), ("valid", 1_000)):
-        users, movies = rng.integers(0, 50, rows), rng.integers(0, 80, rows)
-        label = ((users % 3 == 0) ^ (movies % 2 == 0)).astype(np.float32)
-        pd.DataFrame({"userId": users, "movieId": movies, "label": label}).to_parquet(
-            root / "data" / "movielens" / f"{split}.parquet", index=False
-        )
     return root
 
 

@@ -24,8 +24,21 @@ def ids(batches) -> np.ndarray:
     return np.concatenate([b["id"] for b in batches])
 
 
+_EARLIER: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _ignore_threads_of_earlier_tests():
+    """Loaders other tests still hold (in reference cycles) are not this test's business."""
+    gc.collect()
+    _EARLIER.clear()
+    _EARLIER.update(threading.enumerate())
+
+
 def tabloader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("tabloader")]
+    return [
+        t for t in threading.enumerate() if t.name.startswith("tabloader") and t not in _EARLIER
+    ]
 
 
 def wait_for_no_threads(timeout: float = 5.0) -> list[threading.Thread]:

@@ -4,7 +4,7 @@ Parquet row groups are read in large chunks in a background thread, shuffled and
 into whole batches with vectorised array code, and handed to the framework without
 per-row Python.
 
-Example:
+Examples:
     >>> import pyarrow as pa, tabloader
     >>> ds = tabloader.Dataset(pa.table({"item": [3, 1, 2], "label": [1.0, 0.0, 1.0]}))
     >>> loader = tabloader.Loader(ds, cats=["item"], labels=["label"], batch_size=2)

@@ -62,15 +62,18 @@ class Layout:
     ) -> Layout:
         """Layout for columns grouped by kind (``cats``/``conts``/``labels``).
 
-        >>> i8, f4 = np.dtype("int64"), np.dtype("float32")
-        >>> kinds = {"cats": ["a", "b"], "conts": ["x"], "labels": ["y"]}
-        >>> dtypes = {"a": i8, "b": i8, "x": f4, "y": f4}
-        >>> [b.columns for b in Layout.build(kinds, dtypes, stacked=False, shuffle=True).blocks]
-        [('a', 'b'), ('x', 'y')]
-        >>> [b.columns for b in Layout.build(kinds, dtypes, stacked=False, shuffle=False).blocks]
-        [('a',), ('b',), ('x',), ('y',)]
-        >>> Layout.build(kinds, dtypes, stacked=True, shuffle=True).outputs
-        (('cats', 'cats', None), ('conts', 'conts', None), ('labels', 'labels', None))
+        Examples:
+            >>> i8, f4 = np.dtype("int64"), np.dtype("float32")
+            >>> kinds = {"cats": ["a", "b"], "conts": ["x"], "labels": ["y"]}
+            >>> dtypes = {"a": i8, "b": i8, "x": f4, "y": f4}
+            >>> shuffled = Layout.build(kinds, dtypes, stacked=False, shuffle=True)
+            >>> [b.columns for b in shuffled.blocks]
+            [('a', 'b'), ('x', 'y')]
+            >>> ordered = Layout.build(kinds, dtypes, stacked=False, shuffle=False)
+            >>> [b.columns for b in ordered.blocks]
+            [('a',), ('b',), ('x',), ('y',)]
+            >>> Layout.build(kinds, dtypes, stacked=True, shuffle=True).outputs
+            (('cats', 'cats', None), ('conts', 'conts', None), ('labels', 'labels', None))
         """
         if stacked:
             blocks = tuple(

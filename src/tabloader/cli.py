@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from tabloader.dataset import Dataset
+from tabloader.dataset import Dataset, _ParquetSource
 from tabloader.errors import TabloaderError
 from tabloader.loader import Loader
 
@@ -32,8 +32,9 @@ def layout_warnings(
 ) -> list[str]:
     """Warnings about a layout that will load slowly (pure, for ``inspect``).
 
-    >>> layout_warnings(np.array([100] * 40), None, ranks=1)[0].split(":")[0]
-    'tiny row groups'
+    Examples:
+        >>> layout_warnings(np.array([100] * 40), None, ranks=1)[0].split(":")[0]
+        'tiny row groups'
     """
     found = []
     median = float(np.median(partition_rows)) if len(partition_rows) else 0.0
@@ -60,7 +61,7 @@ def layout_warnings(
 
 def _row_group_bytes(dataset: Dataset) -> np.ndarray | None:
     source = dataset._source
-    if not hasattr(source, "metadata"):
+    if not isinstance(source, _ParquetSource):
         return None
     return np.array(
         [
@@ -86,12 +87,11 @@ def inspect(args: argparse.Namespace, out: TextIO) -> int:
         out.write(
             f"uncompressed bytes per row group: median {int(np.median(sizes)) / 2**20:,.1f} MiB\n"
         )
-    if dataset.files:
+    source = dataset._source
+    if isinstance(source, _ParquetSource):
         out.write("files:\n")
-        per_file = np.bincount(
-            dataset._source.part_file, weights=rows, minlength=len(dataset.files)
-        )
-        groups = np.bincount(dataset._source.part_file, minlength=len(dataset.files))
+        per_file = np.bincount(source.part_file, weights=rows, minlength=len(dataset.files))
+        groups = np.bincount(source.part_file, minlength=len(dataset.files))
         shown = min(len(dataset.files), args.max_files)
         for path, n, g in zip(dataset.files[:shown], per_file, groups, strict=False):
             out.write(f"  {path}  {int(n):,} rows, {int(g)} row groups\n")

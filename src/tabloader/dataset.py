@@ -62,7 +62,7 @@ class Dataset:
         storage_options: Passed to fsspec for URLs (credentials, endpoints).
         rows_per_partition: Partition size for in-memory tables.
 
-    Example:
+    Examples:
         >>> import pyarrow as pa, tabloader
         >>> ds = tabloader.Dataset(pa.table({"x": range(10)}), rows_per_partition=4)
         >>> len(ds), ds.num_partitions, ds.partition_rows.tolist()

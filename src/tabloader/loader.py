@@ -114,7 +114,7 @@ class Loader:
             every machine. None draws a fresh seed when the loader is created.
         parts_per_chunk: Partitions (row groups) read and shuffled together.
         chunk_rows: Alternatively, the least number of rows per chunk. Without either,
-            chunks hold about 256 MiB of decoded data. Bigger chunks mix rows from more
+            chunks hold about 128 MiB of decoded data. Bigger chunks mix rows from more
             row groups; memory holds about ``prefetch + 2`` chunks.
         prefetch: Chunks decoded ahead of the one being cut into batches.
 
@@ -127,7 +127,7 @@ class Loader:
             if set, else the GPU when cudf and cupy import and a GPU is visible, else
             the CPU (see docs/gpu.md).
 
-    Example:
+    Examples:
         >>> import pyarrow as pa, tabloader
         >>> table = pa.table({"user": [1, 2, 3, 4, 5], "x": [.1, .2, .3, .4, .5],
         ...                   "y": [0, 1, 0, 1, 1]})

@@ -55,8 +55,9 @@ _CHUNK_STREAM = 1
 def count_batches(rows: int, batch_size: int, *, drop_last: bool) -> int:
     """Number of batches ``rows`` rows make: full ones, plus a short one unless ``drop_last``.
 
-    >>> count_batches(10, 4, drop_last=False), count_batches(10, 4, drop_last=True)
-    (3, 2)
+    Examples:
+        >>> count_batches(10, 4, drop_last=False), count_batches(10, 4, drop_last=True)
+        (3, 2)
     """
     full, rest = divmod(rows, batch_size)
     return full + (1 if rest and not drop_last else 0)
@@ -67,10 +68,11 @@ def partition_order(
 ) -> NDArray[np.int64]:
     """The order partitions are visited in this epoch.
 
-    >>> partition_order(4, shuffle=False, seed=0, epoch=0).tolist()
-    [0, 1, 2, 3]
-    >>> sorted(partition_order(4, shuffle=True, seed=0, epoch=1).tolist())
-    [0, 1, 2, 3]
+    Examples:
+        >>> partition_order(4, shuffle=False, seed=0, epoch=0).tolist()
+        [0, 1, 2, 3]
+        >>> sorted(partition_order(4, shuffle=True, seed=0, epoch=1).tolist())
+        [0, 1, 2, 3]
     """
     if not shuffle:
         return np.arange(num_partitions, dtype=np.int64)
@@ -84,8 +86,9 @@ def rank_rows(total_rows: int, *, global_rank: int, global_size: int) -> tuple[i
     Every rank gets ``total_rows // global_size`` rows; the last ``total_rows % global_size``
     rows of the sequence are left out of this epoch.
 
-    >>> [rank_rows(10, global_rank=r, global_size=3) for r in range(3)]
-    [(0, 3), (3, 6), (6, 9)]
+    Examples:
+        >>> [rank_rows(10, global_rank=r, global_size=3) for r in range(3)]
+        [(0, 3), (3, 6), (6, 9)]
     """
     per_rank = total_rows // global_size
     return global_rank * per_rank, (global_rank + 1) * per_rank
@@ -99,9 +102,10 @@ def worker_row_range(
     Workers receive contiguous runs of whole batches; the rank's short last batch (if
     any, and if kept) belongs to the last worker with batches.
 
-    >>> [worker_row_range(10, batch_size=4, drop_last=False, worker=w, num_workers=2)
-    ...  for w in range(2)]
-    [(0, 4), (4, 10)]
+    Examples:
+        >>> [worker_row_range(10, batch_size=4, drop_last=False, worker=w, num_workers=2)
+        ...  for w in range(2)]
+        [(0, 4), (4, 10)]
     """
     batches = count_batches(rows, batch_size, drop_last=drop_last)
     usable = min(rows, batches * batch_size)
@@ -122,10 +126,11 @@ def chunk_offsets(
     with ``chunk_rows`` pieces are added to a chunk until it holds at least that many
     rows. Exactly one of the two must be given.
 
-    >>> chunk_offsets(np.array([5, 5, 5]), parts_per_chunk=2).tolist()
-    [0, 2, 3]
-    >>> chunk_offsets(np.array([3, 3, 3, 3]), chunk_rows=5).tolist()
-    [0, 2, 4]
+    Examples:
+        >>> chunk_offsets(np.array([5, 5, 5]), parts_per_chunk=2).tolist()
+        [0, 2, 3]
+        >>> chunk_offsets(np.array([3, 3, 3, 3]), chunk_rows=5).tolist()
+        [0, 2, 4]
     """
     n = len(piece_rows)
     if (parts_per_chunk is None) == (chunk_rows is None):
@@ -223,10 +228,11 @@ def plan_epoch(
 ) -> EpochPlan:
     """Plan one epoch of one rank's worker (see the module docstring for the policy).
 
-    >>> plan = plan_epoch(np.array([4, 4, 4]), batch_size=5, shuffle=False, seed=0, epoch=0,
-    ...                   global_rank=1, global_size=2, parts_per_chunk=1)
-    >>> plan.partitions.tolist(), plan.starts.tolist(), plan.stops.tolist(), plan.num_batches
-    ([1, 2], [2, 0], [4, 4], 2)
+    Examples:
+        >>> plan = plan_epoch(np.array([4, 4, 4]), batch_size=5, shuffle=False, seed=0, epoch=0,
+        ...                   global_rank=1, global_size=2, parts_per_chunk=1)
+        >>> plan.partitions.tolist(), plan.starts.tolist(), plan.stops.tolist(), plan.num_batches
+        ([1, 2], [2, 0], [4, 4], 2)
     """
     rows = np.asarray(partition_rows, dtype=np.int64)
     order = partition_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)

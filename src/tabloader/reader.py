@@ -104,7 +104,7 @@ class Prefetcher(Generic[T]):
         linked: The stop event of the stage this one feeds: when that stage is closed,
             this one stops too (closing this one leaves that one alone).
 
-    Example:
+    Examples:
         >>> from tabloader.reader import Prefetcher
         >>> list(Prefetcher(lambda: iter(range(3)), depth=2))
         [0, 1, 2]

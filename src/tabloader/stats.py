@@ -28,7 +28,7 @@ class LoaderStats:
         consume_seconds: Time the consumer spent iterating (from asking for the first
             batch to the end of the epoch, or to leaving the loop).
 
-    Example:
+    Examples:
         >>> import pyarrow as pa, tabloader
         >>> loader = tabloader.Loader(pa.table({"x": [1.0] * 8}), conts=["x"], batch_size=4)
         >>> _ = list(loader)

@@ -5,7 +5,7 @@ categorical ``C1..C26`` (int64 ids) with Criteo-like cardinalities, Zipf-skewed 
 a label that depends on a few features so that a model has something to learn. It is
 not Criteo data and says nothing about real click behaviour.
 
-Example:
+Examples:
     >>> import tempfile, tabloader
     >>> from tabloader.synthetic import write_criteo_like, CATS, CONTS
     >>> with tempfile.TemporaryDirectory() as tmp:

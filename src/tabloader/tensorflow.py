@@ -9,7 +9,7 @@ the training loop does no copying.
 Importing this module applies ``TF_MEMORY_ALLOCATION`` (see :func:`apply_memory_allocation`);
 ``import tabloader`` alone never imports TensorFlow.
 
-Example:
+Examples:
     >>> import tempfile
     >>> from tabloader.synthetic import write_criteo_like
     >>> from tabloader.tensorflow import KerasSequenceLoader
@@ -117,7 +117,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         buffer_size: Rows read and shuffled together (a chunk). An int is a number of
             rows; a float in (0, 1) is a fraction of the device's total memory per chunk
             (host memory on the CPU), converted to rows with the delivered bytes per row.
-            The loader holds about three chunks at once. Default: 256 MiB chunks.
+            The loader holds about three chunks at once. Default: about 128 MiB chunks.
         parts_per_chunk: Alternatively, row groups per chunk.
 
     Distributed:
@@ -137,7 +137,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
     continued by requests for new indices and served again from its start by requests
     for old ones. ``len()`` never changes and never disturbs an epoch in progress.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from tabloader.synthetic import write_criteo_like
         >>> files = write_criteo_like(tempfile.mkdtemp(), rows=600, files=1, seed=0)
@@ -418,7 +418,7 @@ class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
         dataloader: What to evaluate on: a :class:`KerasSequenceLoader` (typically with
             ``shuffle=False``) or anything ``model.evaluate`` accepts.
 
-    Example:
+    Examples:
         >>> import tempfile, keras
         >>> from tabloader.synthetic import write_criteo_like
         >>> files = write_criteo_like(tempfile.mkdtemp(), rows=512, files=1, seed=0)
@@ -514,9 +514,10 @@ def aligned_rows(xp: Any, k: int, rows: int, dtype: Any) -> Any:
 
     ``stride >= rows``; use ``out[j, :rows]``. ``xp`` allocates (numpy-like ``empty``).
 
-    >>> out = aligned_rows(np, 3, 5, "float32")
-    >>> out.shape, [out[j, :5].ctypes.data % 64 for j in range(3)]
-    ((3, 16), [0, 0, 0])
+    Examples:
+        >>> out = aligned_rows(np, 3, 5, "float32")
+        >>> out.shape, [out[j, :5].ctypes.data % 64 for j in range(3)]
+        ((3, 16), [0, 0, 0])
     """
     dtype = np.dtype(dtype)
     per_align = _ALIGN // dtype.itemsize
@@ -536,13 +537,14 @@ def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
     cats; numeric columns, the sources of bucketized columns and the weights of weighted
     columns name conts. Names keep their first-seen order, without repeats.
 
-    >>> fc = tf.feature_column
-    >>> feature_column_names([
-    ...     fc.embedding_column(fc.categorical_column_with_identity("user", 100), 8),
-    ...     fc.indicator_column(fc.categorical_column_with_identity("genre", 20)),
-    ...     fc.numeric_column("age", (1,)),
-    ... ])
-    (['user', 'genre'], ['age'])
+    Examples:
+        >>> fc = tf.feature_column
+        >>> feature_column_names([
+        ...     fc.embedding_column(fc.categorical_column_with_identity("user", 100), 8),
+        ...     fc.indicator_column(fc.categorical_column_with_identity("genre", 20)),
+        ...     fc.numeric_column("age", (1,)),
+        ... ])
+        (['user', 'genre'], ['age'])
     """
     if getattr(tf, "feature_column", None) is None:
         raise InvalidArgumentError(
@@ -643,10 +645,11 @@ def chunk_rows_for(
 ) -> int:
     """Rows per chunk for ``buffer_size``: rows (an int) or a fraction of total memory.
 
-    >>> chunk_rows_for(100_000, row_bytes=40, batch_size=1024)
-    100000
-    >>> chunk_rows_for(0.5, row_bytes=40, batch_size=1024) == total_memory_bytes() // 2 // 40
-    True
+    Examples:
+        >>> chunk_rows_for(100_000, row_bytes=40, batch_size=1024)
+        100000
+        >>> chunk_rows_for(0.5, row_bytes=40, batch_size=1024) == total_memory_bytes() // 2 // 40
+        True
     """
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, Real):
         raise InvalidArgumentError(
@@ -672,8 +675,9 @@ def chunk_rows_for(
 def memory_limit_mb(value: str, *, total_mb: float | None) -> int:
     """Megabytes for a ``TF_MEMORY_ALLOCATION`` value: below 1 a fraction of ``total_mb``.
 
-    >>> memory_limit_mb("0.5", total_mb=16000), memory_limit_mb("8192", total_mb=None)
-    (8000, 8192)
+    Examples:
+        >>> memory_limit_mb("0.5", total_mb=16000), memory_limit_mb("8192", total_mb=None)
+        (8000, 8192)
     """
     try:
         number = float(value)

@@ -7,7 +7,7 @@ for it runs unchanged. Batches come from the core :class:`~tabloader.Loader` in 
 the tensors are made from them without a copy in the loader's background thread, so the
 training thread only receives finished tensors.
 
-Example:
+Examples:
     >>> import pyarrow as pa, tabloader
     >>> from tabloader.torch import TorchAsyncItr, DLDataLoader
     >>> table = pa.table({"user": [1, 2, 3, 4, 5], "x": [.1, .2, .3, .4, .5],
@@ -271,7 +271,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
     advances it; :meth:`set_epoch` chooses the next one. With ``DLDataLoader`` worker
     processes the loader advances the epoch for them (see :class:`DLDataLoader`).
 
-    Example:
+    Examples:
         >>> import pyarrow as pa, tabloader
         >>> table = pa.table({"item": [3, 1, 2, 5], "label": [1., 0., 1., 0.]})
         >>> itr = TorchAsyncItr(table, cats=["item"], labels=["label"], batch_size=4,
@@ -509,7 +509,7 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
     - ``pin_memory=True`` pins host batches; it is refused when the dataset already
       delivers to a CUDA device.
 
-    Example:
+    Examples:
         >>> import pyarrow as pa, tabloader
         >>> from tabloader.torch import TorchAsyncItr
         >>> itr = TorchAsyncItr(pa.table({"x": [1., 2., 3.]}), conts=["x"], batch_size=2,

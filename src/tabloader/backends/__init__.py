@@ -66,8 +66,9 @@ def parse_device(device: str | int | None) -> tuple[str, int]:
     A spec without an index (``"cuda"``, ``"gpu"``) normalises to index 0 here;
     :func:`get_backend` gives it the current CUDA device instead, as PyTorch does.
 
-    >>> parse_device(None), parse_device("cpu"), parse_device("cuda:1"), parse_device(0)
-    (('cpu', 0), ('cpu', 0), ('cuda', 1), ('cuda', 0))
+    Examples:
+        >>> parse_device(None), parse_device("cpu"), parse_device("cuda:1"), parse_device(0)
+        (('cpu', 0), ('cpu', 0), ('cuda', 1), ('cuda', 0))
     """
     if device is None or device == "cpu":
         return "cpu", 0

@@ -40,13 +40,14 @@ class BufferPool:
     made from them) keep alive, so a weak reference to the memoryview says exactly when
     the buffer is free again. Arrays are 64-byte aligned.
 
-    >>> pool = BufferPool()
-    >>> a = pool.empty((1 << 18,), "int64")
-    >>> a.ctypes.data % 64, pool.idle_bytes()
-    (0, 0)
-    >>> del a
-    >>> pool.idle_bytes() > 0
-    True
+    Examples:
+        >>> pool = BufferPool()
+        >>> a = pool.empty((1 << 18,), "int64")
+        >>> a.ctypes.data % 64, pool.idle_bytes()
+        (0, 0)
+        >>> del a
+        >>> pool.idle_bytes() > 0
+        True
     """
 
     min_bytes = 1 << 20
@@ -110,10 +111,11 @@ class BufferPool:
 class PooledNumpy:
     """The array namespace the batching code runs with on the CPU: numpy, pooled memory.
 
-    >>> import numpy as np
-    >>> xp = PooledNumpy(BufferPool())
-    >>> xp.take(np.array([[1, 2], [3, 4]]), np.array([1, 0]), axis=0).tolist()
-    [[3, 4], [1, 2]]
+    Examples:
+        >>> import numpy as np
+        >>> xp = PooledNumpy(BufferPool())
+        >>> xp.take(np.array([[1, 2], [3, 4]]), np.array([1, 0]), axis=0).tolist()
+        [[3, 4], [1, 2]]
     """
 
     def __init__(self, pool: BufferPool) -> None:

@@ -177,9 +177,10 @@ def batch_device(batch: Mapping[str, Any] | Any) -> int | None:
     Works for anything that speaks DLPack (numpy, cupy, torch); every array of a batch
     from one loader lives on the same device.
 
-    >>> import numpy as np
-    >>> batch_device({"x": np.zeros(3)}) is None
-    True
+    Examples:
+        >>> import numpy as np
+        >>> batch_device({"x": np.zeros(3)}) is None
+        True
     """
     arrays = list(batch.values()) if isinstance(batch, Mapping) else [batch]
     for array in arrays:
@@ -208,10 +209,11 @@ def as_contiguous(array: Any) -> Any:
     ``"columns"`` layout. A GPU copy is synchronised before it is returned, so it keeps
     the hand-off rule (complete arrays only).
 
-    >>> import numpy as np
-    >>> block = np.arange(6).reshape(3, 2)
-    >>> as_contiguous(block[:, 1]).flags.c_contiguous, as_contiguous(block) is block
-    (True, True)
+    Examples:
+        >>> import numpy as np
+        >>> block = np.arange(6).reshape(3, 2)
+        >>> as_contiguous(block[:, 1]).flags.c_contiguous, as_contiguous(block) is block
+        (True, True)
     """
     if array.flags.c_contiguous:
         return array
@@ -248,10 +250,11 @@ def chunk_rows_for_fraction(
         row_bytes: Bytes per delivered row (the sum of the delivered dtypes' sizes).
         batch_size: Rows per batch.
 
-    >>> chunk_rows_for_fraction(0.1, 16 * 2**30, 160, 65536)
-    10682368
-    >>> chunk_rows_for_fraction(0.1, 2**20, 160, 65536)  # less than a batch fits: one batch
-    65536
+    Examples:
+        >>> chunk_rows_for_fraction(0.1, 16 * 2**30, 160, 65536)
+        10682368
+        >>> chunk_rows_for_fraction(0.1, 2**20, 160, 65536)  # less than a batch fits: one batch
+        65536
     """
     if not _is_number(fraction) or not 0 < fraction <= 1:
         raise InvalidArgumentError(
@@ -295,12 +298,13 @@ def is_out_of_memory(error: BaseException) -> bool:
     rmm and cudf raise ``MemoryError`` (``std::bad_alloc: out_of_memory``), cupy its
     ``OutOfMemoryError`` (a ``MemoryError``); some CUDA paths raise ``RuntimeError``.
 
-    >>> is_out_of_memory(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
-    True
-    >>> is_out_of_memory(RuntimeError("cudaErrorMemoryAllocation out of memory"))
-    True
-    >>> is_out_of_memory(ValueError("bad value"))
-    False
+    Examples:
+        >>> is_out_of_memory(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
+        True
+        >>> is_out_of_memory(RuntimeError("cudaErrorMemoryAllocation out of memory"))
+        True
+        >>> is_out_of_memory(ValueError("bad value"))
+        False
     """
     if isinstance(error, MemoryError):
         return True
@@ -348,9 +352,10 @@ def plan_reads(
     spans locate each piece's rows in the rows that call returns. Ascending row groups
     make the returned row order unambiguous.
 
-    >>> plan_reads([(0, 0, 10), (1, 5, 20), (2, 0, 7)], part_file=[0, 0, 1],
-    ...            part_row_group=[0, 1, 0], partition_rows=[10, 20, 7])
-    [(0, [0, 1], [(0, 0, 10), (1, 15, 30)]), (1, [0], [(2, 0, 7)])]
+    Examples:
+        >>> plan_reads([(0, 0, 10), (1, 5, 20), (2, 0, 7)], part_file=[0, 0, 1],
+        ...            part_row_group=[0, 1, 0], partition_rows=[10, 20, 7])
+        [(0, [0, 1], [(0, 0, 10), (1, 15, 30)]), (1, [0], [(2, 0, 7)])]
     """
     runs: list[tuple[int, list[int], list[tuple[int, int, int]]]] = []
     offset = 0
