@@ -41,27 +41,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _entry(
+    rank: int, port: int, target: Callable[..., Any], args: tuple[Any, ...], results: Any
+) -> None:
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(WORLD),
+        )
+        results.put((rank, target(rank, *args), None))
+    except BaseException:
+        results.put((rank, None, traceback.format_exc()))
+
+
 def _run_ranks(target: Callable[..., Any], *args: Any) -> list[Any]:
-    """Run ``target(rank, *args)`` in WORLD forked processes; return what each returned."""
-    context = multiprocessing.get_context("fork")  # spawn would re-import torch per rank
+    """Run ``target(rank, *args)`` in WORLD fresh processes; return what each returned.
+
+    The ranks are spawned, not forked: a fork of the test process copies whatever locks
+    its other threads (earlier tests' loaders, TensorFlow, torch's pools) hold at that
+    moment, and a rank can hang on one of them.
+    """
+    context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-
-    def entry(rank: int) -> None:
-        try:
-            torch.set_num_threads(1)
-            os.environ.update(
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(WORLD),
-            )
-            results.put((rank, target(rank, *args), None))
-        except BaseException:
-            results.put((rank, None, traceback.format_exc()))
-
-    processes = [context.Process(target=entry, args=(rank,)) for rank in range(WORLD)]
+    processes = [
+        context.Process(target=_entry, args=(rank, port, target, args, results))
+        for rank in range(WORLD)
+    ]
     for p in processes:
         p.start()
     try:
@@ -161,9 +171,6 @@ def _train_ddp_example(rank: int, data: str) -> list[float]:
 
 
 def test_ddp_example_trains_in_step_on_two_ranks(tmp_path):
-    # DistributedDataParallel imports torch._dynamo (seconds): once here, not in each rank.
-    import torch._dynamo  # noqa: F401
-
     from tabloader.synthetic import write_criteo_like
 
     # Written up front: in the example rank 0 writes while rank 1 waits at a barrier.
