@@ -102,7 +102,7 @@ def test_partition_rows_cannot_be_modified(dataset_dir):
         ds.partition_rows[0] = 1
 
 
-def test_iter_pieces_slices_and_batches_reads_per_file(dataset_dir):
+def test_iter_pieces_yields_the_slices_in_order(dataset_dir):
     ds = tabloader.Dataset(dataset_dir([[5, 6, 7], [4]]))
     tables = ds.iter_pieces([(0, 1, 4), (2, 0, 7), (3, 2, 4), (1, 5, 6)], ["id"])
     assert [t.column("id").to_pylist() for t in tables] == [
