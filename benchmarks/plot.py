@@ -33,7 +33,7 @@ def plot(report: dict, out: Path) -> None:
         ax.text(
             bar.get_width() + 0.01,
             bar.get_y() + bar.get_height() / 2,
-            f"{r['ratio_to_limit']:.2f}x  ({r['rows_per_second'] / 1e6:.2f}M rows/s)",
+            f"{r['ratio_to_limit']:.3g}x  ({r['rows_per_second'] / 1e6:.3g}M rows/s)",
             va="center",
             fontsize=8,
         )
