@@ -7,7 +7,7 @@ and, optionally, numeric genre columns, which are used as continuous features. :
 
     python examples/movielens/prepare.py
     python examples/movielens/train_torch.py
-    python examples/movielens/train_torch.py path/to/data --epochs 5 --batch-size 65536
+    python examples/movielens/train_torch.py path/to/data --epochs 5 --batch-size 4096
 
 The model embeds users and movies, feeds the two embeddings, their product and the
 genres through an MLP, and prints per epoch the training loss, the validation loss and
@@ -99,7 +99,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", nargs="?", default=DEFAULT_DATA, help="directory of the data")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=65536)
+    parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--dim", type=int, default=32, help="embedding size")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
