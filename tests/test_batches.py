@@ -91,5 +91,4 @@ def test_pooled_memory_is_reused_only_once_free():
     d = pool.empty((1 << 18,), "int64")
     assert d.ctypes.data % 64 == 0
     assert pool.idle_bytes() >= 1 << 21
-    pool.release()
     del d

@@ -142,10 +142,7 @@ class Dataset:
         except ReadError:
             raise
         except Exception as err:
-            raise ReadError(
-                f"could not read {self.describe_partition(index)}: {type(err).__name__}: {err}. "
-                "The file may be truncated or corrupt; re-create it or remove it from the dataset."
-            ) from err
+            raise read_error(self.describe_partition(index), err) from err
 
     def iter_pieces(
         self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
@@ -200,6 +197,14 @@ class Dataset:
             f"Dataset({kind}, files={len(self._source.files)}, "
             f"partitions={self.num_partitions}, rows={self.num_rows})"
         )
+
+
+def read_error(where: str, error: BaseException) -> ReadError:
+    """The error for a partition that failed to read or decode (any backend)."""
+    return ReadError(
+        f"could not read {where}: {type(error).__name__}: {error}. The file may be "
+        "truncated or corrupt; re-create it or remove it from the dataset."
+    )
 
 
 def _list_names(names: Sequence[str], limit: int = 30) -> str:

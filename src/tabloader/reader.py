@@ -133,11 +133,6 @@ class Prefetcher(Generic[T]):
     def thread(self) -> threading.Thread:
         return self._thread
 
-    @property
-    def stop_event(self) -> threading.Event:
-        """Set when this stage is closed; pass it as ``linked`` to the stage feeding this one."""
-        return self._stop
-
     def __iter__(self) -> Prefetcher[T]:
         return self
 

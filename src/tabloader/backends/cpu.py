@@ -102,11 +102,6 @@ class BufferPool:
             del self._buffers[i]
             del self._leases[i]
 
-    def release(self) -> None:
-        """Drop every idle buffer (arrays still in use keep theirs)."""
-        with self._lock:
-            self._release_idle(keep=0)
-
 
 class PooledNumpy:
     """The array namespace the batching code runs with on the CPU: numpy, pooled memory.

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabloader.backends.cpu import null_message
-from tabloader.dataset import _DaskSource, _ParquetSource
+from tabloader.dataset import _DaskSource, _ParquetSource, read_error
 from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
 
 if TYPE_CHECKING:
@@ -453,13 +453,6 @@ class DeviceArrays:
         return out
 
 
-def _read_error(where: str, error: Exception) -> ReadError:
-    return ReadError(
-        f"could not read {where}: {type(error).__name__}: {error}. The file may be "
-        "truncated or corrupt; re-create it or remove it from the dataset."
-    )
-
-
 def _device_column(series: Any, name: str, fill: float | None, where: str) -> Any:
     """One cudf column as a cupy array (zero-copy), nulls filled or refused as on the CPU."""
     nulls = int(series.null_count)
@@ -550,7 +543,7 @@ class GPUBackend:
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise
-                    raise _read_error(dataset.describe_partition(partition), err) from err
+                    raise read_error(dataset.describe_partition(partition), err) from err
                 if not type(frame).__module__.startswith("cudf"):  # dask with pandas parts
                     frame = cudf.from_pandas(frame)
                 frames.append((partition, frame))
@@ -583,7 +576,7 @@ class GPUBackend:
         except Exception as err:
             if is_out_of_memory(err):
                 raise
-            raise _read_error(where, err) from err
+            raise read_error(where, err) from err
         expected = int(sum(source.rows[p] for p, _, _ in spans))
         if len(frame) != expected:
             raise ReadError(
