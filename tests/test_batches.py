@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabloader.backends.cpu import BufferPool, PooledNumpy
-from tabloader.batches import Layout, cut_batches
+from tabloader.batches import Block, Layout, cut_batches
 
 XP = PooledNumpy(BufferPool())
 I8, F4 = np.dtype("int64"), np.dtype("float32")
@@ -23,11 +23,10 @@ def segments_of(sizes: list[int]) -> list[dict[str, np.ndarray]]:
     return out
 
 
-LAYOUT = Layout.build(
-    {"cats": ["a", "b"], "conts": ["x"], "labels": []},
-    {"a": I8, "b": I8, "x": F4},
-    stacked=False,
-    shuffle=True,
+# Two columns share a block, as in the stacked layout, but are delivered one by one.
+LAYOUT = Layout(
+    blocks=(Block("int64", ("a", "b"), I8), Block("float32", ("x",), F4)),
+    outputs=(("a", "int64", 0), ("b", "int64", 1), ("x", "float32", 0)),
 )
 
 

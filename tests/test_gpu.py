@@ -350,13 +350,12 @@ LAYOUTS = [
 ]
 
 
-def _layout(stacked: bool, shuffle: bool) -> Layout:
+def _layout(stacked: bool) -> Layout:
     i8, f4 = np.dtype("int64"), np.dtype("float32")
     return Layout.build(
         {"cats": ["a", "b"], "conts": ["x", "y"], "labels": []},
         {"a": i8, "b": i8, "x": f4, "y": f4},
         stacked=stacked,
-        shuffle=shuffle,
     )
 
 
@@ -364,7 +363,7 @@ def _layout(stacked: bool, shuffle: bool) -> Layout:
 @settings(max_examples=25, deadline=None)
 @given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=4), seed=st.integers(0, 99))
 def test_assembly_matches_the_cpu_backend(stacked, concatenate, rows, seed):
-    blocks = _layout(stacked, concatenate).blocks
+    blocks = _layout(stacked).blocks
     pieces = _pieces(rows, seed)
     got = assemble_segments(pieces, blocks, concatenate=concatenate, xp=np)
     cpu = CPUBackend()
@@ -385,9 +384,7 @@ def test_assembly_matches_the_cpu_backend(stacked, concatenate, rows, seed):
 def test_assembly_without_shuffle_keeps_a_matching_column_zero_copy():
     piece = {"a": np.arange(5, dtype=np.int64), "x": np.arange(5, dtype=np.float64)}
     i8, f4 = np.dtype("int64"), np.dtype("float32")
-    blocks = Layout.build(
-        {"cats": ["a"], "conts": ["x"]}, {"a": i8, "x": f4}, stacked=False, shuffle=False
-    ).blocks
+    blocks = Layout.build({"cats": ["a"], "conts": ["x"]}, {"a": i8, "x": f4}, stacked=False).blocks
     (segment,) = assemble_segments([piece], blocks, concatenate=False, xp=np)
     assert np.shares_memory(segment["a"], piece["a"])  # already int64: a view
     assert segment["x"].dtype == np.float32  # cast: a copy

@@ -115,6 +115,44 @@ def test_shuffled_batches_mix_partitions_and_change_every_epoch(dataset_dir):
     )
 
 
+@pytest.mark.parametrize("layout", ["columns", "stacked"])
+def test_stored_order_within_batches_keeps_the_shuffled_batch_composition(dataset_dir, layout):
+    paths = dataset_dir([[100] * 4, [100] * 4])
+    options = dict(batch_size=48, shuffle=True, seed=5, chunk_rows=400, layout=layout)
+    full = tabloader.Loader(paths, **COLS, **options)
+    stored = tabloader.Loader(paths, **COLS, **options, shuffle_within_batch=False)
+    assert len(stored) == len(full) == 17
+
+    def id_batches(loader):
+        key = "id" if layout == "columns" else "cats"
+        return [b[key] if layout == "columns" else b[key][:, 0] for b in loader]
+
+    for _ in range(2):  # two epochs
+        a, b = id_batches(full), id_batches(stored)
+        assert [len(x) for x in a] == [len(x) for x in b]
+        assert sorted(np.concatenate(b).tolist()) == list(range(800))
+        # The same rows share each batch; only their order inside it differs.
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(np.sort(x), np.sort(y))
+        assert sum(not np.array_equal(x, y) for x, y in zip(a, b, strict=True)) >= 15
+        # Batches inside one chunk (400 rows) keep the rows' stored order; 48 does not
+        # divide 400, so two of every chunk's batches straddle chunks.
+        inside = [y for y in b if np.all(np.diff(y) > 0)]
+        assert len(inside) >= 13
+        assert all(np.array_equal(y, np.sort(y)) for y in inside)
+
+
+def test_full_shuffle_also_shuffles_within_a_batch(dataset_dir):
+    paths = dataset_dir([[300]])
+    loader = tabloader.Loader(paths, **COLS, batch_size=300, shuffle=True, seed=1)
+    (batch,) = list(loader)
+    assert sorted(batch["id"].tolist()) == list(range(300))
+    assert not np.all(np.diff(batch["id"]) > 0)
+    (again,) = list(tabloader.Loader(paths, **COLS, batch_size=300, shuffle=True, seed=1))
+    np.testing.assert_array_equal(batch["id"], again["id"])
+    np.testing.assert_array_equal(batch["cat"], batch["id"] % 1000)  # rows stay whole
+
+
 def test_set_epoch_replays_an_epoch(dataset_dir):
     loader = tabloader.Loader(dataset_dir([[60, 60]]), **COLS, batch_size=16, shuffle=True)
     first, second = ids(loader), ids(loader)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +12,8 @@ from hypothesis import strategies as st
 from tabloader.plan import (
     chunk_offsets,
     count_batches,
+    deal_into_batches,
+    inverse_permutation,
     partition_order,
     plan_epoch,
     rank_rows,
@@ -126,7 +130,7 @@ def test_plan_is_the_same_on_every_machine():
     )
     plan = plan_epoch(np.array([10, 10]), batch_size=4, shuffle=True, seed=5, epoch=2)
     again = plan_epoch(np.array([10, 10]), batch_size=4, shuffle=True, seed=5, epoch=2)
-    np.testing.assert_array_equal(plan.permutation(0), again.permutation(0))
+    np.testing.assert_array_equal(plan.batch_order(0), again.batch_order(0))
 
 
 def test_rank_rows_split_evenly_and_leave_the_remainder_out():
@@ -197,3 +201,73 @@ def test_shuffled_chunks_are_read_in_dataset_order():
         assert np.all(np.diff(parts) > 0)
     # ...but chunks hold different partitions than the unshuffled order would.
     assert plan.partitions[plan.chunk_pieces(0)].tolist() != [0, 1, 2, 3]
+
+
+@given(
+    rows=st.integers(0, 400),
+    batch_size=st.integers(1, 70),
+    rows_before=st.integers(0, 500),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_dealing_keeps_each_batch_of_the_permutation_in_stored_order(
+    rows, batch_size, rows_before, seed
+):
+    order = np.random.default_rng(seed).permutation(rows)
+    dealt = deal_into_batches(
+        inverse_permutation(order), batch_size=batch_size, rows_before=rows_before
+    )
+    # Batches are cut every batch_size rows of the whole stream, which has rows_before
+    # rows ahead of this chunk: the first window only completes the pending batch.
+    first = -rows_before % batch_size
+    bounds = sorted({0, rows, *range(first, rows, batch_size)})
+    for lo, hi in itertools.pairwise(bounds):
+        # The same rows as the permutation's window, now in stored order.
+        np.testing.assert_array_equal(dealt[lo:hi], np.sort(order[lo:hi]))
+    np.testing.assert_array_equal(np.sort(dealt), np.arange(rows))
+
+
+@settings(deadline=None)
+@given(
+    rows=partition_sizes,
+    batch_size=st.integers(1, 64),
+    chunk_rows=st.integers(1, 200),
+    within=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_batch_bounds_split_each_chunk_where_the_stream_is_cut(
+    rows, batch_size, chunk_rows, within, seed
+):
+    plan = plan_epoch(
+        np.array(rows),
+        batch_size=batch_size,
+        shuffle=True,
+        shuffle_within_batch=within,
+        seed=seed,
+        epoch=0,
+        chunk_rows=chunk_rows,
+    )
+    cuts = []
+    for c in range(plan.num_chunks):
+        bounds = plan.batch_bounds(c)
+        assert bounds[0] == 0 and bounds[-1] == plan.chunk_rows(c)
+        assert np.all(np.diff(bounds) > 0) and np.all(np.diff(bounds) <= batch_size)
+        cuts.extend((plan.rows_before(c) + bounds[:-1]).tolist())
+        order = plan.batch_order(c)
+        np.testing.assert_array_equal(np.sort(order), np.arange(plan.chunk_rows(c)))
+        if not within:  # dealt: every window in stored order
+            for lo, hi in itertools.pairwise(bounds):
+                assert np.all(np.diff(order[lo:hi]) > 0)
+    # Every batch of the stream starts at a window boundary.
+    assert set(range(0, plan.num_rows, batch_size)) <= set(cuts)
+
+
+def test_dealt_batches_hold_the_same_rows_as_shuffled_ones():
+    kwargs = dict(batch_size=7, shuffle=True, seed=4, epoch=1, chunk_rows=30)
+    full = plan_epoch(np.full(9, 11), **kwargs)
+    dealt = plan_epoch(np.full(9, 11), shuffle_within_batch=False, **kwargs)
+    for c in range(full.num_chunks):
+        a, b = full.batch_order(c), dealt.batch_order(c)
+        assert not np.array_equal(a, b)
+        bounds = full.batch_bounds(c)
+        for lo, hi in itertools.pairwise(bounds):
+            np.testing.assert_array_equal(np.sort(a[lo:hi]), b[lo:hi])

@@ -191,7 +191,11 @@ def test_closing_an_epoch_stops_its_threads(paths):
     next(epoch)
     assert len(epoch) == -(-TOTAL // 32) - 1
     started = [t for t in threading.enumerate() if t not in before]
-    assert {t.name for t in started} == {"tabloader-batcher", "tabloader-reader"}
+    assert {t.name for t in started} == {
+        "tabloader-batcher",
+        "tabloader-reader",
+        "tabloader-decoder",
+    }
     epoch.close()
     assert [t.name for t in started if t.is_alive()] == []
 

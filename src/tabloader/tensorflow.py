@@ -111,6 +111,8 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
     How to shuffle:
         shuffle: Default True. Visit row groups in a new random order every epoch and
             shuffle rows within each chunk.
+        shuffle_within_batch: False keeps each shuffled batch's rows in stored order
+            (same random batch composition, faster; see :class:`tabloader.Loader`).
         seed: Seed of all randomness; same seed and epoch, same batches. None draws one.
         seed_fn: Alternatively, a function returning the seed, called once here (for
             example one that broadcasts rank 0's seed to every rank).
@@ -161,6 +163,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         cont_names: str | Sequence[str] | None = None,
         engine: str | None = None,
         shuffle: bool = True,
+        shuffle_within_batch: bool = True,
         seed: int | None = None,
         seed_fn: Callable[[], int] | None = None,
         buffer_size: float | None = None,
@@ -215,6 +218,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             conts=cont_names,
             labels=label_names,
             shuffle=shuffle,
+            shuffle_within_batch=shuffle_within_batch,
             seed=seed,
             parts_per_chunk=parts_per_chunk,
             chunk_rows=chunk_rows,
@@ -454,8 +458,8 @@ class _TensorMaker:
     Runs in the loader's background thread. The columns of each dtype are copied into
     the rows of one 64-byte aligned 2-D buffer (rows padded to 64 bytes), and each row
     becomes a tensor through DLPack without a further copy. The copy is needed anyway:
-    a shuffled batch's columns are strided views of a row-major block, an unshuffled
-    batch's are read-only views of Arrow memory, and TensorFlow aborts the process on
+    a batch's columns are separate arrays (an unshuffled batch's, read-only views of
+    Arrow memory), and TensorFlow aborts the process on
     memory that is not 64-byte aligned. Fresh buffers also keep the loader's chunk
     memory from being pinned by tensors that training still holds.
     """
@@ -761,8 +765,8 @@ def _reject(unsupported: Mapping[str, Any]) -> None:
     raise TypeError(
         f"KerasSequenceLoader() got unexpected keyword argument(s) {sorted(unsupported)}; "
         "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
-        "cont_names, engine, shuffle, seed, seed_fn, buffer_size, device, parts_per_chunk, "
-        "global_size, global_rank, drop_last"
+        "cont_names, engine, shuffle, shuffle_within_batch, seed, seed_fn, buffer_size, "
+        "device, parts_per_chunk, global_size, global_rank, drop_last"
     )
 
 

@@ -231,6 +231,8 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
     How to batch and shuffle:
         batch_size: Rows per batch (required).
         shuffle: Reshuffle partitions and rows every epoch. Default False.
+        shuffle_within_batch: False keeps each shuffled batch's rows in stored order
+            (same random batch composition, faster; see :class:`tabloader.Loader`).
         seed: Seed of the shuffle; the same seed and epoch give the same batches.
             None draws a fresh seed (not allowed with shuffle on several ranks).
         seed_fn: NVTabular's alternative to ``seed``: a callable returning a
@@ -292,6 +294,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         labels: Sequence[str] | None = None,
         batch_size: int,
         shuffle: bool = False,
+        shuffle_within_batch: bool = True,
         seed: int | None = None,
         seed_fn: Callable[[], int] | None = None,
         parts_per_chunk: int | None = None,
@@ -339,6 +342,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             "labels": labels,
             "batch_size": batch_size,
             "shuffle": shuffle,
+            "shuffle_within_batch": shuffle_within_batch,
             # The seed is replaced by seed_fn's every epoch; the core needs one meanwhile.
             "seed": 0 if seed_fn is not None else seed,
             "parts_per_chunk": parts_per_chunk,

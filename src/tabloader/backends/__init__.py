@@ -1,26 +1,24 @@
 """Array backends: where chunks are read to and where batches live.
 
-A backend reads a chunk's pieces into row-major 2-D blocks (:meth:`Backend.load_chunk`)
+A backend reads an epoch's chunks into row-major 2-D blocks (:meth:`Backend.read_chunks`)
 and names the array namespace (``xp``: ``take``, ``concatenate``, ``empty``) that the
 shared batching code in :mod:`tabloader.batches` runs with. Everything else (planning,
-permutation indices, batch cutting) is common to all backends, so the same seed gives
-the same batches everywhere.
+the shuffled delivery order, batch cutting) is common to all backends, so the same
+seed gives the same batches everywhere.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tabloader.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    import numpy as np
-    from numpy.typing import NDArray
-
-    from tabloader.batches import Block, Segment
+    from tabloader.batches import Block, Part
     from tabloader.dataset import Dataset
+    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = ["DEVICE_ENV", "Backend", "Piece", "default_device", "get_backend", "parse_device"]
@@ -38,25 +36,22 @@ class Backend(Protocol):
     name: str
     xp: Any
 
-    def load_chunk(
+    def read_chunks(
         self,
         dataset: Dataset,
-        pieces: Sequence[Piece],
+        plan: EpochPlan,
         blocks: Sequence[Block],
         fill_null: Mapping[str, float],
         *,
-        concatenate: bool,
         stats: StatsRecorder,
-    ) -> list[Segment]:
-        """Read the pieces and build each block, cast to the block's dtype.
+    ) -> Iterator[list[Part]]:
+        """Read the plan's chunks in turn, each block cast to its dtype.
 
-        With ``concatenate`` the result is one segment holding all rows in piece order;
-        otherwise one segment per piece (zero-copy where the layout allows).
+        Unshuffled, a chunk is one part per piece, its rows in stored order (zero-copy
+        where the layout allows). Shuffled, it is parts that deliver the chunk's rows in
+        :meth:`EpochPlan.batch_order <tabloader.plan.EpochPlan.batch_order>`: reordered
+        up front, or gathered batch by batch through an index.
         """
-        ...
-
-    def as_index(self, permutation: NDArray[np.int64]) -> Any:
-        """Move a host permutation to where the chunk lives."""
         ...
 
 

@@ -5,21 +5,27 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import partial
+from itertools import islice, pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabloader.batches import empty_segment
 from tabloader.errors import NullValuesError
+from tabloader.plan import deal_into_batches, inverse_permutation
+from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
 
     from tabloader.backends import Piece
-    from tabloader.batches import Block, Segment
+    from tabloader.batches import Block, Part, Segment
     from tabloader.dataset import Dataset
+    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = ["BufferPool", "CPUBackend", "PooledNumpy", "column_to_numpy", "null_message"]
@@ -28,6 +34,9 @@ __all__ = ["BufferPool", "CPUBackend", "PooledNumpy", "column_to_numpy", "null_m
 # written stay in cache while each of the columns is copied in.
 _BLOCK_ROWS = 4096
 _ALIGN = 64
+# Largest gather source staged through a scratch buffer first (measured to pay off up
+# to a few MiB, while it stays in cache).
+_STAGE_BYTES = 1 << 22
 
 
 class BufferPool:
@@ -115,23 +124,43 @@ class PooledNumpy:
 
     def __init__(self, pool: BufferPool) -> None:
         self.pool = pool
+        self._local = threading.local()
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
         return self.pool.empty(shape, dtype)
 
-    def take(self, array: NDArray[Any], indices: NDArray[np.int64], axis: int = 0) -> NDArray[Any]:
-        shape = list(array.shape)
-        shape[axis] = len(indices)
-        out = self.empty(tuple(shape), array.dtype)
+    def take(
+        self,
+        array: NDArray[Any],
+        indices: NDArray[np.int64],
+        axis: int = 0,
+        out: NDArray[Any] | None = None,
+    ) -> NDArray[Any]:
+        if out is None:
+            shape = list(array.shape)
+            shape[axis] = len(indices)
+            out = self.empty(tuple(shape), array.dtype)
+        if axis == 0 and array.nbytes <= _STAGE_BYTES:
+            # A random gather from memory not in cache waits on every access; copying
+            # the source into a cached scratch buffer first streams it in at full speed.
+            stage = getattr(self._local, "stage", None)
+            if stage is None or stage.nbytes < array.nbytes:
+                stage = self._local.stage = np.empty(_STAGE_BYTES, np.uint8)
+            source = stage[: array.nbytes].view(array.dtype).reshape(array.shape)
+            np.copyto(source, array)
+            array = source
         # Indices come from a permutation of the rows, so they are in range: "clip" skips
         # the bounds-checking copy numpy makes in its default mode.
         np.take(array, indices, axis=axis, out=out, mode="clip")
         return out
 
-    def concatenate(self, arrays: Sequence[NDArray[Any]], axis: int = 0) -> NDArray[Any]:
-        shape = list(arrays[0].shape)
-        shape[axis] = sum(a.shape[axis] for a in arrays)
-        out = self.empty(tuple(shape), np.result_type(*arrays))
+    def concatenate(
+        self, arrays: Sequence[NDArray[Any]], axis: int = 0, out: NDArray[Any] | None = None
+    ) -> NDArray[Any]:
+        if out is None:
+            shape = list(arrays[0].shape)
+            shape[axis] = sum(a.shape[axis] for a in arrays)
+            out = self.empty(tuple(shape), np.result_type(*arrays))
         np.concatenate(arrays, axis=axis, out=out)
         return out
 
@@ -159,15 +188,15 @@ def column_to_numpy(
     return np.asarray(column.to_numpy(zero_copy_only=False))
 
 
-def interleave(arrays: Sequence[NDArray[Any]], out: NDArray[Any], offset: int) -> None:
-    """Copy ``arrays`` in as the columns of ``out[offset:offset + n]``, casting on the fly."""
+def interleave(arrays: Sequence[NDArray[Any]], out: NDArray[Any]) -> None:
+    """Copy ``arrays`` in as the columns of ``out``, casting on the fly."""
     n = len(arrays[0])
     if len(arrays) == 1:
-        out[offset : offset + n, 0] = arrays[0]
+        out[:, 0] = arrays[0]
         return
     for start in range(0, n, _BLOCK_ROWS):
         stop = min(start + _BLOCK_ROWS, n)
-        rows = out[offset + start : offset + stop]
+        rows = out[start:stop]
         for j, array in enumerate(arrays):
             rows[:, j] = array[start:stop]
 
@@ -180,50 +209,93 @@ class CPUBackend:
     def __init__(self) -> None:
         self.xp = PooledNumpy(BufferPool())
 
-    def load_chunk(
+    def read_chunks(
         self,
         dataset: Dataset,
-        pieces: Sequence[Piece],
+        plan: EpochPlan,
         blocks: Sequence[Block],
         fill_null: Mapping[str, float],
         *,
-        concatenate: bool,
         stats: StatsRecorder,
-    ) -> list[Segment]:
+    ) -> Iterator[list[Part]]:
         columns = [c for b in blocks for c in b.columns]
-        rows = sum(stop - start for _, start, stop in pieces)
-        # Concatenating: every piece is copied into its rows of the chunk's blocks as soon
-        # as it is decoded, so at most one file's run of decoded row groups is held
-        # besides the chunk itself.
-        chunk = (
-            {b.name: self.xp.empty((rows, len(b.columns)), b.dtype) for b in blocks}
-            if concatenate
-            else None
+        pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
+        # A decoder thread reads ahead, across chunk boundaries, while this thread lays
+        # out the previous piece: pyarrow and numpy both release the GIL.
+        decoded = Prefetcher(
+            partial(_decode, dataset, pieces, columns, fill_null, stats),
+            depth=1,
+            name="tabloader-decoder",
         )
-        segments: list[Segment] = []
-        offset = 0
-        tables = dataset.iter_pieces(pieces, columns)
-        for partition, start, stop in pieces:
-            started = time.perf_counter()
-            table = next(tables)
-            decoded = time.perf_counter()
-            stats.read_seconds += decoded - started
-            stats.bytes_read += table.nbytes
-            where = dataset.describe_partition(partition)
-            arrays = {
-                c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns
-            }
-            del table
-            if chunk is None:
-                segments.append(self._piece_segment(arrays, blocks))
-            else:
-                for b in blocks:
-                    interleave([arrays[c] for c in b.columns], chunk[b.name], offset)
-            offset += stop - start
-            stats.assemble_seconds += time.perf_counter() - decoded
-        return segments if chunk is None else [chunk]
+        try:
+            for chunk in range(plan.num_chunks):
+                s = plan.chunk_pieces(chunk)
+                arrays = islice(decoded, s.stop - s.start)
+                order = plan.batch_order(chunk)
+                if order is None:
+                    yield [(self._piece_segment(a, blocks, stats), None) for a in arrays]
+                    continue
+                if not plan.shuffle_within_batch:  # already dealt into batches
+                    places = inverse_permutation(order)
+                    yield [(self._dealt_segment(arrays, places, blocks, stats), None)]
+                    continue
+                # Deal the rows into their batches first (one sequential pass), then
+                # gather each batch in order from its own window of the dealt chunk: two
+                # passes with good locality beat one random pass over the whole chunk.
+                dealt = deal_into_batches(
+                    inverse_permutation(order),
+                    batch_size=plan.batch_size,
+                    rows_before=plan.rows_before(chunk),
+                )
+                places = inverse_permutation(dealt)
+                segment = self._dealt_segment(arrays, places, blocks, stats)
+                index = places[order]
+                bounds = plan.batch_bounds(chunk).tolist()
+                yield [
+                    ({name: a[lo:hi] for name, a in segment.items()}, index[lo:hi] - lo)
+                    for lo, hi in pairwise(bounds)
+                ]
+        finally:
+            decoded.close()
 
-    def _piece_segment(self, piece: dict[str, NDArray[Any]], blocks: Sequence[Block]) -> Segment:
+    def _dealt_segment(
+        self,
+        pieces: Iterable[dict[str, NDArray[Any]]],
+        places: NDArray[np.int64],
+        blocks: Sequence[Block],
+        stats: StatsRecorder,
+    ) -> Segment:
+        """A chunk with row ``i`` written at ``places[i]``, for rows dealt into batches.
+
+        Every decoded value is written once, straight to its place. Rows dealt into
+        batches keep their stored order within each, so the writes go to one
+        sequential run per batch.
+        """
+        segment = empty_segment(
+            len(places), [(b.name, len(b.columns), b.dtype) for b in blocks], self.xp
+        )
+        offset = 0
+        for arrays in pieces:
+            started = time.perf_counter()
+            n = len(next(iter(arrays.values())))
+            rows = places[offset : offset + n]
+            for b in blocks:
+                out = segment[b.name]
+                for j, c in enumerate(b.columns):
+                    column = out[:, j]
+                    column[rows] = arrays[c]  # scatter and cast in one pass
+            offset += n
+            stats.assemble_seconds += time.perf_counter() - started
+        return segment
+
+    def _piece_segment(
+        self,
+        piece: dict[str, NDArray[Any]],
+        blocks: Sequence[Block],
+        stats: StatsRecorder | None = None,
+    ) -> Segment:
+        """One piece as a segment: zero-copy where a block is one column of its dtype."""
+        started = time.perf_counter()
         segment: Segment = {}
         for b in blocks:
             cols = [piece[c] for c in b.columns]
@@ -231,9 +303,28 @@ class CPUBackend:
                 segment[b.name] = cols[0].reshape(-1, 1)  # zero-copy view of the decoded data
                 continue
             out = self.xp.empty((len(cols[0]), len(cols)), b.dtype)
-            interleave(cols, out, 0)
+            interleave(cols, out)
             segment[b.name] = out
+        if stats is not None:
+            stats.assemble_seconds += time.perf_counter() - started
         return segment
 
-    def as_index(self, permutation: NDArray[np.int64]) -> NDArray[np.int64]:
-        return permutation
+
+def _decode(
+    dataset: Dataset,
+    pieces: Sequence[Piece],
+    columns: Sequence[str],
+    fill_null: Mapping[str, float],
+    stats: StatsRecorder,
+) -> Iterator[dict[str, NDArray[Any]]]:
+    """Each piece's columns as numpy arrays (zero-copy where there are no nulls)."""
+    tables = dataset.iter_pieces(pieces, columns)
+    for partition, _, _ in pieces:
+        started = time.perf_counter()
+        table = next(tables)
+        stats.read_seconds += time.perf_counter() - started
+        stats.bytes_read += table.nbytes
+        where = dataset.describe_partition(partition)
+        arrays = {c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns}
+        del table
+        yield arrays

@@ -1,15 +1,16 @@
-"""GPU backend: cudf decodes row groups into GPU memory, cupy casts, permutes and slices.
+"""GPU backend: cudf decodes row groups into GPU memory, cupy casts, gathers and slices.
 
 Selected with ``device="cuda"``, ``"cuda:N"`` or an int (and by default when cudf and
 cupy import and a GPU is visible, see :func:`tabloader.backends.default_device`). The
-plan, the permutations and the batch cutting are the CPU backend's: permutations are
-drawn on the host from the plan and moved to the device, so a seed gives the same rows
-in the same batches on both backends. Only reading and the array namespace differ.
+plan, the shuffled delivery order and the batch cutting are the CPU backend's: the
+order is drawn on the host from the plan and moved to the device, so a seed gives the
+same rows in the same batches, in the same order, on both backends. Only reading and
+the array work differ.
 
 Streams, and the hand-off rule
 ------------------------------
 cudf decodes on its own default stream. This backend casts and lays out chunks on a
-stream of its own in the reader thread, and permutes and concatenates on another in the
+stream of its own in the reader thread, and gathers and concatenates on another in the
 batcher thread; both are non-blocking streams, so that work overlaps the training
 kernels instead of queueing behind them. The rule the framework adapters rely on:
 
@@ -57,8 +58,9 @@ if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
 
     from tabloader.backends import Piece
-    from tabloader.batches import Block, Segment
+    from tabloader.batches import Block, Part, Segment
     from tabloader.dataset import Dataset
+    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -440,15 +442,15 @@ class DeviceArrays:
         with self._on_device(f"allocating {shape} {np.dtype(dtype)}"):
             return self.cupy.empty(shape, dtype=dtype)
 
-    def take(self, array: Any, indices: Any, axis: int = 0) -> Any:
+    def take(self, array: Any, indices: Any, axis: int = 0, out: Any = None) -> Any:
         with self._on_device(f"shuffling a block of {array.shape[0]:,} rows"):
-            out = self.cupy.take(array, indices, axis=axis)
+            out = self.cupy.take(array, indices, axis=axis, out=out)
             self.stream.synchronize()
         return out
 
-    def concatenate(self, arrays: Sequence[Any], axis: int = 0) -> Any:
+    def concatenate(self, arrays: Sequence[Any], axis: int = 0, out: Any = None) -> Any:
         with self._on_device("joining a batch across chunks"):
-            out = self.cupy.concatenate(list(arrays), axis=axis)
+            out = self.cupy.concatenate(list(arrays), axis=axis, out=out)
             self.stream.synchronize()
         return out
 
@@ -478,6 +480,25 @@ class GPUBackend:
             batch_stream = self._cupy.cuda.Stream(non_blocking=True)
         self.xp = DeviceArrays(self._cupy, self.device, batch_stream)
 
+    def read_chunks(
+        self,
+        dataset: Dataset,
+        plan: EpochPlan,
+        blocks: Sequence[Block],
+        fill_null: Mapping[str, float],
+        *,
+        stats: StatsRecorder,
+    ) -> Iterator[list[Part]]:
+        for chunk in range(plan.num_chunks):
+            yield self.load_chunk(
+                dataset,
+                plan.pieces(chunk),
+                blocks,
+                fill_null,
+                order=plan.batch_order(chunk),
+                stats=stats,
+            )
+
     def load_chunk(
         self,
         dataset: Dataset,
@@ -485,9 +506,9 @@ class GPUBackend:
         blocks: Sequence[Block],
         fill_null: Mapping[str, float],
         *,
-        concatenate: bool,
+        order: NDArray[np.int64] | None,
         stats: StatsRecorder,
-    ) -> list[Segment]:
+    ) -> list[Part]:
         cupy = self._cupy
         columns = [c for b in blocks for c in b.columns]
         rows = sum(last - first for _, first, last in pieces)
@@ -506,22 +527,15 @@ class GPUBackend:
             self._read_stream.wait_event(cupy.cuda.Stream.null.record())
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
+            # Shuffled, the chunk is gathered batch by batch in delivery order: on the
+            # device a gather costs little, so there is no need to reorder it up front.
+            concatenate = order is not None
             with self._read_stream:
                 segments = assemble_segments(arrays, blocks, concatenate=concatenate, xp=cupy)
+                index = None if order is None else cupy.asarray(order)
             self._read_stream.synchronize()  # the hand-off rule: the chunk leaves complete
         stats.assemble_seconds += time.perf_counter() - t1
-        return segments
-
-    def as_index(self, permutation: NDArray[np.int64]) -> Any:
-        rows = len(permutation)
-        with (
-            self._cupy.cuda.Device(self.device),
-            self._read_stream,
-            _out_of_memory_as_error(self.device, f"copying a permutation of {rows:,} rows"),
-        ):
-            index = self._cupy.asarray(permutation)
-            self._read_stream.synchronize()
-        return index
+        return [(segment, index) for segment in segments]
 
     def _read_frames(
         self, dataset: Dataset, pieces: Sequence[Piece], columns: list[str]
