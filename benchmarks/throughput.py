@@ -99,6 +99,10 @@ def loader_cases(ctx: Context) -> list[Case]:
         Case("tabloader Loader, no shuffle", make(shuffle=False)),
         Case("tabloader Loader, shuffle", make(shuffle=True)),
         Case(
+            "tabloader Loader, shuffle, stored order within batches",
+            make(shuffle=True, shuffle_within_batch=False),
+        ),
+        Case(
             "tabloader Loader, shuffle, stacked [B, k] blocks",
             make(shuffle=True, layout="stacked"),
         ),
