@@ -73,14 +73,18 @@ def test_delivered_dtypes_are_configurable(dataset_dir):
     assert batch["label"].dtype == np.int8
 
 
-@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(
+    "shuffle", [True, False, {"shuffle": True, "shuffle_within_batch": False}], ids=str
+)
 def test_stacked_layout_delivers_one_block_per_kind(dataset_dir, shuffle):
+    options = shuffle if isinstance(shuffle, dict) else {"shuffle": shuffle}
     loader = tabloader.Loader(
-        dataset_dir([[30, 20]]), **COLS, batch_size=16, layout="stacked", shuffle=shuffle, seed=0
+        dataset_dir([[30, 20]]), **COLS, batch_size=16, layout="stacked", seed=0, **options
     )
     batches = list(loader)
     first = batches[0]
     assert set(first) == {"cats", "conts", "labels"}
+    assert all(a.flags.c_contiguous for b in batches for a in b.values())
     assert first["cats"].shape == (16, 2) and first["cats"].dtype == np.int64
     assert first["conts"].shape == (16, 1) and first["conts"].dtype == np.float32
     assert first["labels"].shape == (16, 1)

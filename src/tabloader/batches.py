@@ -117,16 +117,21 @@ def _cut(part: Part, start: int, stop: int, xp: Any) -> Segment:
     return out
 
 
-def empty_segment(rows: int, shapes: Iterable[tuple[str, int, Any]], xp: Any) -> Segment:
+def empty_segment(
+    rows: int, shapes: Iterable[tuple[str, int, Any]], xp: Any, *, column_major: bool = False
+) -> Segment:
     """A segment of ``(name, columns, dtype)`` blocks carved out of one allocation.
 
     One allocation per segment keeps a pooled allocator's buffers few and large, so they
-    are reused rather than mapped afresh. Every block starts 64-byte aligned.
+    are reused rather than mapped afresh. Every block starts 64-byte aligned. With
+    ``column_major`` each block's columns are contiguous (a Fortran-ordered 2-D array).
 
     Examples:
         >>> segment = empty_segment(3, [("a", 2, "int64"), ("x", 1, "float32")], np)
         >>> {name: (array.shape, str(array.dtype)) for name, array in segment.items()}
         {'a': ((3, 2), 'int64'), 'x': ((3, 1), 'float32')}
+        >>> empty_segment(3, [("a", 2, "int64")], np, column_major=True)["a"].strides
+        (8, 24)
     """
     shapes = [(name, k, np.dtype(dtype)) for name, k, dtype in shapes]
     sizes = [rows * k * dtype.itemsize for _, k, dtype in shapes]
@@ -135,7 +140,8 @@ def empty_segment(rows: int, shapes: Iterable[tuple[str, int, Any]], xp: Any) ->
     segment: Segment = {}
     offset = 0
     for (name, k, dtype), size, span in zip(shapes, sizes, spans, strict=True):
-        segment[name] = memory[offset : offset + size].view(dtype).reshape(rows, k)
+        block = memory[offset : offset + size].view(dtype)
+        segment[name] = block.reshape(k, rows).T if column_major else block.reshape(rows, k)
         offset += span
     return segment
 

@@ -140,18 +140,41 @@ class PooledNumpy:
             shape = list(array.shape)
             shape[axis] = len(indices)
             out = self.empty(tuple(shape), array.dtype)
+        if axis == 0 and array.ndim == 2 and array.shape[1] > 1 and not array.flags.c_contiguous:
+            # Columns stored apart (a dealt stacked block): gather column by column.
+            for j in range(array.shape[1]):
+                out[:, j] = self._gather(array[:, j], indices)
+            return out
         if axis == 0 and array.nbytes <= _STAGE_BYTES:
-            # A random gather from memory not in cache waits on every access; copying
-            # the source into a cached scratch buffer first streams it in at full speed.
-            stage = getattr(self._local, "stage", None)
-            if stage is None or stage.nbytes < array.nbytes:
-                stage = self._local.stage = np.empty(_STAGE_BYTES, np.uint8)
-            source = stage[: array.nbytes].view(array.dtype).reshape(array.shape)
-            np.copyto(source, array)
-            array = source
+            array = self._staged(array)
         # Indices come from a permutation of the rows, so they are in range: "clip" skips
         # the bounds-checking copy numpy makes in its default mode.
         np.take(array, indices, axis=axis, out=out, mode="clip")
+        return out
+
+    def _staged(self, array: NDArray[Any]) -> NDArray[Any]:
+        """``array`` copied into this thread's scratch buffer, which stays in cache.
+
+        A random gather from memory not in cache waits on nearly every access; copying
+        the source first streams it in at full speed.
+        """
+        stage = getattr(self._local, "stage", None)
+        if stage is None:
+            stage = self._local.stage = np.empty(_STAGE_BYTES, np.uint8)
+        source = stage[: array.nbytes].view(array.dtype).reshape(array.shape)
+        np.copyto(source, array)
+        return source
+
+    def _gather(self, column: NDArray[Any], indices: NDArray[np.int64]) -> NDArray[Any]:
+        """``column[indices]`` of a 1-D column, into this thread's second scratch buffer."""
+        if column.nbytes <= _STAGE_BYTES:
+            column = self._staged(column)
+        nbytes = len(indices) * column.dtype.itemsize
+        buffer = getattr(self._local, "gathered", None)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = self._local.gathered = np.empty(nbytes, np.uint8)
+        out = buffer[:nbytes].view(column.dtype)
+        np.take(column, indices, out=out, mode="clip")
         return out
 
     def concatenate(
@@ -235,28 +258,44 @@ class CPUBackend:
                 if order is None:
                     yield [(self._piece_segment(a, blocks, stats), None) for a in arrays]
                     continue
-                if not plan.shuffle_within_batch:  # already dealt into batches
-                    places = inverse_permutation(order)
-                    yield [(self._dealt_segment(arrays, places, blocks, stats), None)]
-                    continue
-                # Deal the rows into their batches first (one sequential pass), then
-                # gather each batch in order from its own window of the dealt chunk: two
-                # passes with good locality beat one random pass over the whole chunk.
-                dealt = deal_into_batches(
-                    inverse_permutation(order),
-                    batch_size=plan.batch_size,
-                    rows_before=plan.rows_before(chunk),
-                )
-                places = inverse_permutation(dealt)
-                segment = self._dealt_segment(arrays, places, blocks, stats)
-                index = places[order]
-                bounds = plan.batch_bounds(chunk).tolist()
-                yield [
-                    ({name: a[lo:hi] for name, a in segment.items()}, index[lo:hi] - lo)
-                    for lo, hi in pairwise(bounds)
-                ]
+                yield self._shuffled_parts(arrays, order, plan, chunk, blocks, stats)
         finally:
             decoded.close()
+
+    def _shuffled_parts(
+        self,
+        pieces: Iterable[dict[str, NDArray[Any]]],
+        order: NDArray[np.int64],
+        plan: EpochPlan,
+        chunk: int,
+        blocks: Sequence[Block],
+        stats: StatsRecorder,
+    ) -> list[Part]:
+        """A chunk's decoded pieces as parts delivering its rows in ``order``.
+
+        The rows are dealt into their batches first (one sequential pass); then each
+        batch is gathered in order from its own window of the dealt chunk. Two passes
+        with good locality beat one random pass over the whole chunk.
+        """
+        if plan.shuffle_within_batch:
+            dealt = deal_into_batches(
+                inverse_permutation(order),
+                batch_size=plan.batch_size,
+                rows_before=plan.rows_before(chunk),
+            )
+            places = inverse_permutation(dealt)
+            segment = self._dealt_segment(pieces, places, blocks, stats)
+            index = places[order]
+        else:  # the order is already dealt into batches
+            segment = self._dealt_segment(pieces, inverse_permutation(order), blocks, stats)
+            if all(len(b.columns) == 1 for b in blocks):
+                return [(segment, None)]  # batches are slices of the chunk
+            index = np.arange(len(order))  # [B, k] blocks are still laid out per batch
+        bounds = plan.batch_bounds(chunk).tolist()
+        return [
+            ({name: a[lo:hi] for name, a in segment.items()}, index[lo:hi] - lo)
+            for lo, hi in pairwise(bounds)
+        ]
 
     def _dealt_segment(
         self,
@@ -271,8 +310,12 @@ class CPUBackend:
         batches keep their stored order within each, so the writes go to one
         sequential run per batch.
         """
+        # Blocks are column-major, so every column is written as one contiguous run.
         segment = empty_segment(
-            len(places), [(b.name, len(b.columns), b.dtype) for b in blocks], self.xp
+            len(places),
+            [(b.name, len(b.columns), b.dtype) for b in blocks],
+            self.xp,
+            column_major=True,
         )
         offset = 0
         for arrays in pieces:
