@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tabloader.cli import layout_warnings, main
+from tabloader.cli import _batches, _loader_options, build_parser, layout_warnings, main
 
 
 def test_inspect_prints_files_row_groups_rows_and_schema(dataset_dir, capsys):
@@ -58,6 +58,18 @@ def test_bench_runs_epochs_and_splits_the_time(dataset_dir, capsys):
     assert "rows/s" in out
     assert "background: read" in out
     assert "input-bound" in out
+
+
+@pytest.mark.parametrize("framework", ["none", "torch", "tensorflow"])
+def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
+    pytest.importorskip({"none": "numpy", "torch": "torch", "tensorflow": "tensorflow"}[framework])
+    paths = dataset_dir([[100]])
+    for extra, within in (([], True), (["--stored-order"], False)):
+        args = build_parser().parse_args(
+            ["bench", *paths, "--cats", "id", "--framework", framework, *extra]
+        )
+        _, loader = _batches(args, _loader_options(args))
+        assert loader.shuffle_within_batch is within
 
 
 def test_errors_are_reported_without_a_traceback(tmp_path, capsys):

@@ -138,6 +138,7 @@ def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterabl
             cont_names=options["conts"],
             label_names=options["labels"],
             shuffle=options["shuffle"],
+            shuffle_within_batch=options["shuffle_within_batch"],
             seed=options["seed"],
         )
 
@@ -159,16 +160,20 @@ class _Repeatable:
         return iter(self.make())
 
 
-def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    options: dict[str, Any] = {
+def _loader_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "cats": _names(args.cats),
         "conts": _names(args.conts),
         "labels": _names(args.labels),
         "batch_size": args.batch_size,
         "shuffle": args.shuffle,
+        "shuffle_within_batch": not args.stored_order,
         "seed": args.seed,
     }
-    iterable, loader = _batches(args, options)
+
+
+def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    iterable, loader = _batches(args, _loader_options(args))
     batches = len(loader)
     started = time.perf_counter()
     for epoch in range(args.epochs):
@@ -213,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=65_536)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--no-shuffle", dest="shuffle", action="store_false")
+    p.add_argument(
+        "--stored-order",
+        action="store_true",
+        help="shuffled batches keep their rows in stored order (shuffle_within_batch=False)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--framework", choices=["none", "torch", "tensorflow"], default="none")
     return parser
