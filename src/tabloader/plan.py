@@ -286,8 +286,13 @@ class EpochPlan:
             worker=self.worker,
             chunk=chunk,
         )
-        if self.shuffle_within_batch:
-            return order
+        return order if self.shuffle_within_batch else self.deal(chunk, order)
+
+    def deal(self, chunk: int, order: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Chunk ``chunk``'s delivery ``order`` with each batch's rows in stored order.
+
+        Every batch holds the same rows as in ``order`` (see :func:`deal_into_batches`).
+        """
         return deal_into_batches(
             inverse_permutation(order),
             batch_size=self.batch_size,

@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabloader.batches import empty_segment
+from tabloader.batches import _ALIGN, empty_segment
 from tabloader.errors import NullValuesError
-from tabloader.plan import deal_into_batches, inverse_permutation
+from tabloader.plan import inverse_permutation
 from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ __all__ = ["BufferPool", "CPUBackend", "PooledNumpy", "column_to_numpy", "null_m
 # Rows per step when interleaving columns into a row-major block: the rows being
 # written stay in cache while each of the columns is copied in.
 _BLOCK_ROWS = 4096
-_ALIGN = 64
 # Largest gather source staged through a scratch buffer first (measured to pay off up
 # to a few MiB, while it stays in cache).
 _STAGE_BYTES = 1 << 22
@@ -278,12 +277,7 @@ class CPUBackend:
         with good locality beat one random pass over the whole chunk.
         """
         if plan.shuffle_within_batch:
-            dealt = deal_into_batches(
-                inverse_permutation(order),
-                batch_size=plan.batch_size,
-                rows_before=plan.rows_before(chunk),
-            )
-            places = inverse_permutation(dealt)
+            places = inverse_permutation(plan.deal(chunk, order))
             segment = self._dealt_segment(pieces, places, blocks, stats)
             index = places[order]
         else:  # the order is already dealt into batches
