@@ -29,7 +29,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tabloader
-from tabloader.backends import DEVICE_ENV, default_device, get_backend
 from tabloader.backends import gpu as gpu_module
 from tabloader.backends.cpu import CPUBackend
 from tabloader.backends.gpu import (
@@ -44,6 +43,7 @@ from tabloader.backends.gpu import (
     plan_reads,
 )
 from tabloader.batches import Layout
+from tabloader.device import DEVICE_ENV, default_device_spec, resolve_device
 from tabloader.errors import InvalidArgumentError, NullValuesError, TabloaderError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -104,7 +104,7 @@ def _cupy_reporting(monkeypatch: pytest.MonkeyPatch, count: Any) -> None:
 def test_asking_for_the_gpu_without_cupy_says_what_to_install(monkeypatch, spec):
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(GPUUnavailableError, match=rf"needs cupy.*{INSTALL_HINT}.*device='cpu'"):
-        get_backend(spec)
+        resolve_device(spec)
     with pytest.raises(GPUUnavailableError) as info:
         tabloader.Loader(_table(), cats=["id"], batch_size=2, device=spec)
     assert isinstance(info.value, ImportError)
@@ -115,7 +115,7 @@ def test_a_broken_cupy_import_is_reported_whatever_it_raises(monkeypatch):
     error = RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
     _refuse_import(monkeypatch, "cupy", error)
     with pytest.raises(GPUUnavailableError) as info:
-        get_backend("cuda")
+        resolve_device("cuda")
     message = str(info.value)
     assert "cupy" in message
     assert "RuntimeError: CUDA driver version is insufficient" in message
@@ -131,10 +131,10 @@ def test_a_missing_or_broken_cudf_is_reported(monkeypatch, error):
     _cupy_reporting(monkeypatch, 1)
     _refuse_import(monkeypatch, "cudf", error)
     with pytest.raises(GPUUnavailableError, match=rf"needs cudf.*{type(error).__name__}.*"):
-        get_backend("cuda")
+        resolve_device("cuda")
     monkeypatch.setitem(sys.modules, "cudf", None)
     with pytest.raises(GPUUnavailableError, match=rf"needs cudf.*{INSTALL_HINT}"):
-        get_backend("cuda:0")
+        resolve_device("cuda:0")
 
 
 def test_a_failing_device_count_is_reported_before_cudf_is_imported(monkeypatch):
@@ -143,14 +143,14 @@ def test_a_failing_device_count_is_reported_before_cudf_is_imported(monkeypatch)
     with pytest.raises(
         GPUUnavailableError, match=r"no usable CUDA GPU.*cudaErrorInsufficientDriver"
     ):
-        get_backend("cuda")
+        resolve_device("cuda")
 
 
 def test_no_visible_gpu_is_reported_with_cuda_visible_devices(monkeypatch):
     _cupy_reporting(monkeypatch, 0)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(GPUUnavailableError, match=r"no CUDA GPU .*CUDA_VISIBLE_DEVICES=''"):
-        get_backend("cuda")
+        resolve_device("cuda")
 
 
 @pytest.mark.parametrize("spec", ["cuda:5", 2, "gpu:7"])
@@ -159,7 +159,7 @@ def test_a_device_index_beyond_the_visible_gpus_is_rejected(monkeypatch, spec):
     with pytest.raises(
         InvalidArgumentError, match=r"does not exist: 2 CUDA GPU\(s\).*cuda:0\.\.cuda:1"
     ):
-        get_backend(spec)
+        resolve_device(spec)
 
 
 # -- choosing the device ---------------------------------------------------------------------
@@ -175,7 +175,7 @@ def _forbid_probe(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_device_cpu_never_probes_for_a_gpu(monkeypatch):
     monkeypatch.delenv(DEVICE_ENV, raising=False)
     _forbid_probe(monkeypatch)
-    assert isinstance(get_backend("cpu"), CPUBackend)
+    assert resolve_device("cpu").kind == "cpu"
     loader = tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cpu")
     assert loader.backend.name == "cpu"
     assert [b["id"].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
@@ -224,7 +224,7 @@ def test_the_default_device_is_the_cpu_when_the_gpu_backend_cannot_run(monkeypat
         _cupy_reporting(monkeypatch, RuntimeError("cudaErrorNoDevice"))
     assert gpu_module.gpu_usable() is False
     assert imported == [None]  # the import was tried, and its failure meant "no"
-    assert default_device() == "cpu"
+    assert default_device_spec() == "cpu"
     loader = tabloader.Loader(_table(), cats=["id"], batch_size=4)
     assert loader.backend.name == "cpu"
     assert isinstance(next(iter(loader))["id"], np.ndarray)
@@ -236,30 +236,30 @@ def test_the_probe_imports_nothing_when_cudf_is_not_installed(monkeypatch):
     monkeypatch.setattr(gpu_module, "import_gpu", lambda device=None: pytest.fail("imported"))
     monkeypatch.setitem(sys.modules, "cudf", None)  # find_spec reports None: not installed
     assert gpu_module.gpu_usable() is False
-    assert default_device() == "cpu"
+    assert default_device_spec() == "cpu"
 
 
 def test_tabloader_device_selects_the_default(monkeypatch):
     _forbid_probe(monkeypatch)
     monkeypatch.setenv(DEVICE_ENV, "cpu")
-    assert default_device() == "cpu"
+    assert default_device_spec() == "cpu"
     assert tabloader.Loader(_table(), cats=["id"], batch_size=4).backend.name == "cpu"
 
     monkeypatch.setenv(DEVICE_ENV, "cuda:1")
     monkeypatch.setitem(sys.modules, "cupy", None)
-    assert default_device() == "cuda:1"
+    assert default_device_spec() == "cuda:1"
     with pytest.raises(GPUUnavailableError, match="needs cupy"):
         tabloader.Loader(_table(), cats=["id"], batch_size=4)
 
     monkeypatch.setenv(DEVICE_ENV, "tpu")
     with pytest.raises(InvalidArgumentError, match="TABLOADER_DEVICE='tpu' is not a device"):
-        default_device()
+        default_device_spec()
 
 
 def test_an_explicit_device_overrides_tabloader_device(monkeypatch):
     monkeypatch.setenv(DEVICE_ENV, "cuda")
     _forbid_probe(monkeypatch)
-    assert isinstance(get_backend("cpu"), CPUBackend)
+    assert resolve_device("cpu").kind == "cpu"
 
 
 _RECORD_GPU_IMPORTS = """
@@ -782,7 +782,7 @@ def test_the_default_device_is_the_current_gpu(monkeypatch):
     import cupy
 
     monkeypatch.delenv(DEVICE_ENV, raising=False)
-    assert default_device() == "cuda"
+    assert default_device_spec() == "cuda"
     loader = tabloader.Loader(_table(), cats=["id"], batch_size=4)
     assert loader.backend.name == f"cuda:{cupy.cuda.runtime.getDevice()}"
     assert isinstance(next(iter(loader))["id"], cupy.ndarray)

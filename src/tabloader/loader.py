@@ -7,7 +7,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -16,6 +15,7 @@ import pyarrow as pa
 from tabloader.backends import get_backend
 from tabloader.batches import Block, Layout, Part, cut_batches
 from tabloader.dataset import Dataset
+from tabloader.device import Device, resolve_device
 from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
@@ -23,6 +23,14 @@ from tabloader.errors import (
     NullValuesError,
     PerformanceWarning,
     TabloaderError,
+)
+from tabloader.options import (
+    column_names,
+    flag,
+    int_at_least,
+    is_number,
+    numeric_dtype,
+    optional_positive,
 )
 from tabloader.plan import EpochPlan, count_batches, plan_epoch, rank_rows, worker_row_range
 from tabloader.reader import Prefetcher
@@ -38,45 +46,6 @@ DEFAULT_CHUNK_BYTES = 128 * 2**20
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
 _TINY_PARTITION_ROWS = 1024
-
-
-def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    names = tuple(value)
-    for name in names:
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"{what} must be column names (str), got {name!r}")
-    return names
-
-
-def _int_at_least(value: object, minimum: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < minimum:
-        kind = "a positive" if minimum == 1 else "a non-negative"
-        raise InvalidArgumentError(f"{what} must be {kind} integer, got {value!r}")
-    return int(value)
-
-
-def _optional_positive(value: object, what: str) -> int | None:
-    return None if value is None else _int_at_least(value, 1, what)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
-
-
-def _dtype(value: Any, what: str, *, integer: bool) -> np.dtype[Any]:
-    try:
-        dtype: np.dtype[Any] = np.dtype(value)
-    except TypeError:
-        raise InvalidArgumentError(f"{what} must be a numpy dtype, got {value!r}") from None
-    allowed = "iu" if integer else "iuf"
-    if dtype.kind not in allowed:
-        kind = "an integer" if integer else "a numeric"
-        raise InvalidArgumentError(f"{what} must be {kind} dtype, got {dtype}")
-    return dtype
 
 
 class Loader:
@@ -172,10 +141,10 @@ class Loader:
         device: str | int | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
-        self.batch_size = _int_at_least(batch_size, 1, "batch_size")
-        self.cats = _names(cats, "cats")
-        self.conts = _names(conts, "conts")
-        self.labels = _names(labels, "labels")
+        self.batch_size = int_at_least(batch_size, 1, "batch_size")
+        self.cats = column_names(cats, "cats")
+        self.conts = column_names(conts, "conts")
+        self.labels = column_names(labels, "labels")
         columns = self.cats + self.conts + self.labels
         if not columns:
             raise InvalidArgumentError(
@@ -188,11 +157,11 @@ class Loader:
             )
         if parts_per_chunk is not None and chunk_rows is not None:
             raise InvalidArgumentError("give parts_per_chunk or chunk_rows, not both")
-        self.parts_per_chunk = _optional_positive(parts_per_chunk, "parts_per_chunk")
-        chunk_rows = _optional_positive(chunk_rows, "chunk_rows")
-        self.prefetch = _int_at_least(prefetch, 1, "prefetch")
-        self.global_size = _int_at_least(global_size, 1, "global_size")
-        self.global_rank = _int_at_least(global_rank, 0, "global_rank")
+        self.parts_per_chunk = optional_positive(parts_per_chunk, "parts_per_chunk")
+        chunk_rows = optional_positive(chunk_rows, "chunk_rows")
+        self.prefetch = int_at_least(prefetch, 1, "prefetch")
+        self.global_size = int_at_least(global_size, 1, "global_size")
+        self.global_rank = int_at_least(global_rank, 0, "global_rank")
         if self.global_rank >= self.global_size:
             raise InvalidArgumentError(
                 f"global_rank must be in [0, {self.global_size}) for global_size="
@@ -201,9 +170,9 @@ class Loader:
         if layout not in ("columns", "stacked"):
             raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
         self.layout = layout
-        self.shuffle = bool(shuffle)
-        self.shuffle_within_batch = bool(shuffle_within_batch)
-        self.drop_last = bool(drop_last)
+        self.shuffle = flag(shuffle, "shuffle")
+        self.shuffle_within_batch = flag(shuffle_within_batch, "shuffle_within_batch")
+        self.drop_last = flag(drop_last, "drop_last")
         if seed is None:
             if self.shuffle and self.global_size > 1:
                 raise InvalidArgumentError(
@@ -212,16 +181,18 @@ class Loader:
                 )
             self.seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         else:
-            self.seed = _int_at_least(seed, 0, "seed")
+            self.seed = int_at_least(seed, 0, "seed")
         if transform is not None and not callable(transform):
             raise InvalidArgumentError(f"transform must be callable, got {transform!r}")
         self.transform = transform
         self.dtypes = {
-            **dict.fromkeys(self.cats, _dtype(cat_dtype, "cat_dtype", integer=True)),
-            **dict.fromkeys(self.conts, _dtype(cont_dtype, "cont_dtype", integer=False)),
-            **dict.fromkeys(self.labels, _dtype(label_dtype, "label_dtype", integer=False)),
+            **dict.fromkeys(self.cats, numeric_dtype(cat_dtype, "cat_dtype", integer=True)),
+            **dict.fromkeys(self.conts, numeric_dtype(cont_dtype, "cont_dtype", integer=False)),
+            **dict.fromkeys(self.labels, numeric_dtype(label_dtype, "label_dtype", integer=False)),
         }
-        self.backend: Backend = get_backend(device)
+        self.device: Device = resolve_device(device)
+        """Where batches live, decided once here; adapters read it and never decide again."""
+        self.backend: Backend = get_backend(self.device)
 
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         types = self.dataset.column_types(columns)
@@ -276,7 +247,7 @@ class Loader:
         else:
             values = dict.fromkeys(types, fill_null)
         for name, value in values.items():
-            if not _is_number(value):
+            if not is_number(value):
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a number, got {value!r}"
                 )
@@ -379,7 +350,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
-        self.epoch = _int_at_least(epoch, 0, "epoch")
+        self.epoch = int_at_least(epoch, 0, "epoch")
 
     def __iter__(self) -> BatchIterator:
         """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one."""
@@ -418,7 +389,7 @@ class Loader:
         return (
             f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"columns={len(self.columns)}, rank={self.global_rank}/{self.global_size}, "
-            f"backend={self.backend.name})"
+            f"device={self.device})"
         )
 
 

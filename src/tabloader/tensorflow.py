@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tabloader.backends import parse_device
 from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.dataset import Dataset
+from tabloader.device import Device, resolve_device
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
 
@@ -210,7 +210,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         dataset = (
             paths_or_dataset if isinstance(paths_or_dataset, Dataset) else Dataset(paths_or_dataset)
         )
-        make_tensors = _TensorMaker(on_gpu=parse_device(device)[0] == "cuda")
+        make_tensors = _TensorMaker()
         loader = Loader(
             dataset,
             batch_size=batch_size,
@@ -228,7 +228,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             device=device,
             transform=make_tensors,
         )
-        make_tensors.set_columns(loader.cats, loader.conts, loader.labels)
+        make_tensors.set_columns(loader.cats, loader.conts, loader.labels, device=loader.device)
         self.buffer_size = buffer_size
         self.loader = loader
         """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
@@ -464,15 +464,19 @@ class _TensorMaker:
     memory from being pinned by tensors that training still holds.
     """
 
-    def __init__(self, *, on_gpu: bool) -> None:
-        self.on_gpu = on_gpu
+    def __init__(self) -> None:
+        self.on_gpu = False
         self.xp: Any = None
         self.features: tuple[str, ...] = ()
         self.labels: tuple[str, ...] = ()
         self.groups: list[tuple[np.dtype[Any], tuple[str, ...]]] = []
 
-    def set_columns(self, cats: Sequence[str], conts: Sequence[str], labels: Sequence[str]) -> None:
-        """The columns batches hold: cats as int64, conts and labels as float32."""
+    def set_columns(
+        self, cats: Sequence[str], conts: Sequence[str], labels: Sequence[str], *, device: Device
+    ) -> None:
+        """The columns batches hold (cats as int64, conts and labels as float32), and
+        the device the loader resolved, where the tensors are built."""
+        self.on_gpu = device.is_cuda
         if self.on_gpu:
             import cupy
 
@@ -620,15 +624,15 @@ def _raw_keys(column: Any) -> list[str]:
 
 def total_memory_bytes(device: str | int | None = None) -> int:
     """Total memory of ``device``: host RAM for the CPU, device memory for a CUDA GPU."""
-    kind, index = parse_device(device)
-    if kind == "cuda":
+    resolved = resolve_device(device)
+    if resolved.is_cuda:
         try:
             import cupy
         except ImportError:
             raise ImportError(
                 "reading GPU memory size needs cupy: pip install 'tabloader[gpu]'"
             ) from None
-        return int(cupy.cuda.Device(index).mem_info[1])
+        return int(cupy.cuda.Device(resolved.index).mem_info[1])
     try:
         psutil = importlib.import_module("psutil")
     except ImportError:

@@ -1,7 +1,7 @@
 """GPU backend: cudf decodes row groups into GPU memory, cupy casts, gathers and slices.
 
 Selected with ``device="cuda"``, ``"cuda:N"`` or an int (and by default when cudf and
-cupy import and a GPU is visible, see :func:`tabloader.backends.default_device`). The
+cupy import and a GPU is visible, see :func:`tabloader.device.default_device_spec`). The
 plan, the shuffled delivery order and the batch cutting are the CPU backend's: the
 order is drawn on the host from the plan and moved to the device, so a seed gives the
 same rows in the same batches, in the same order, on both backends. Only reading and
