@@ -231,9 +231,14 @@ def test_dlloader_refuses_a_batch_size(paths):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
 def test_cuda_device_without_cuda_is_refused(paths):
     with pytest.raises(tabloader.InvalidArgumentError, match="is_available"):
-        make(paths, device="cuda")
-    with pytest.raises(tabloader.InvalidArgumentError, match="CUDA device"):
-        make(paths, backend="gpu")
+        make(paths, device="cuda", backend="cpu")
+
+
+def test_a_gpu_without_cudf_is_refused_with_the_install_hint(paths, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    for options in ({"device": "cuda"}, {"backend": "gpu", "device": None}):
+        with pytest.raises(tabloader.TabloaderError, match=r"pip install 'tabloader\[gpu\]'"):
+            make(paths, **options)
 
 
 def test_bad_devices_and_backends_are_refused(paths):
@@ -245,10 +250,13 @@ def test_bad_devices_and_backends_are_refused(paths):
         make(paths, backend="numpy")
 
 
-def test_default_device_is_cpu_without_cuda(paths):
+def test_the_tensors_go_where_the_loader_resolved_its_device(paths, monkeypatch):
+    monkeypatch.setenv("TABLOADER_DEVICE", "cpu")
     itr = make(paths, device=None)
-    expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert itr.device.type == expected
+    assert str(itr.loader.device) == "cpu"
+    assert itr.device == torch.device("cpu")
+    x_cat, _, _ = next(iter(itr))
+    assert x_cat.device == itr.device
 
 
 def test_rank_without_size_is_refused_outside_torch_distributed(paths):

@@ -50,23 +50,18 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _KINDS = (("cats", torch.int64), ("conts", torch.float32), ("labels", torch.float32))
 
 
-def _resolve_device(device: str | int | torch.device | None) -> torch.device:
-    if device is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    if isinstance(device, bool):
-        raise InvalidArgumentError(
-            f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}"
-        )
+def _staging_target(device: object) -> torch.device:
+    """The CUDA device the CPU backend's batches are copied to, as ``torch`` names it.
+
+    Only for ``backend="cpu"`` with a CUDA ``device``: the core reads on the host and
+    this adapter stages each batch to that GPU.
+    """
     try:
-        resolved = torch.device(device)
+        resolved = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError, ValueError):
         raise InvalidArgumentError(
             f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}"
         ) from None
-    if resolved.type == "cpu":
-        return torch.device("cpu")
     if resolved.type != "cuda":
         raise InvalidArgumentError(
             f"device must be 'cpu' or a CUDA device, got {device!r} ({resolved.type} is not "
@@ -163,7 +158,12 @@ class _CudaStager:
 class _BatchBuilder:
     """The core loader's ``transform``: a stacked batch dict in, ``(x_cat, x_cont, y)`` out."""
 
-    def __init__(self, device: torch.device, stager: _CudaStager | None) -> None:
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.stager: _CudaStager | None = None
+
+    def set_device(self, device: torch.device, stager: _CudaStager | None) -> None:
+        """Where the tensors go: the loader's device, or a GPU the stager copies to."""
         self.device = device
         self.stager = stager
 
@@ -247,16 +247,19 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         prefetch: Chunks decoded ahead.
 
     Where batches go:
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int or a ``torch.device``.
-            Default: the current CUDA device when CUDA is available, else ``"cpu"``.
-            On a CUDA device, each batch is staged in pinned host memory and copied
-            with ``non_blocking=True`` on a side stream from the background thread;
-            the training stream waits for the copy only when it gets the batch.
-        backend: ``"cpu"`` (default) reads and shuffles in host memory with pyarrow and
-            numpy, whatever ``device`` is. ``"gpu"`` reads and shuffles on ``device``
-            (which must be CUDA) with cudf and cupy (``pip install 'tabloader[gpu]'``);
-            the batch arrays then already live on the GPU and become tensors through
-            DLPack, with no copy and no staging.
+        device: ``None`` (default), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int or a
+            ``torch.device``. It is handed to the core :class:`tabloader.Loader`, which
+            resolves it once (``None``: the GPU when cudf and cupy can run there, else
+            the CPU; see :attr:`tabloader.Loader.device`), and the tensors are
+            delivered on the device the loader resolved: on a GPU the batch arrays
+            become tensors through DLPack, with no copy.
+        backend: ``None`` (default) lets ``device`` decide, as above. ``"gpu"`` insists
+            on reading with cudf and cupy (``pip install 'tabloader[gpu]'``).
+            ``"cpu"`` reads and shuffles in host memory whatever ``device`` is; with a
+            CUDA ``device`` each batch is then staged in pinned host memory and copied
+            with ``non_blocking=True`` on a side stream from the background thread,
+            and the training stream waits for the copy only when it gets the batch
+            (for a GPU machine without cudf).
 
     Distributed:
         global_rank, global_size: This process's rank and the number of ranks. When both
@@ -301,7 +304,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         chunk_rows: int | None = None,
         drop_last: bool = False,
         device: str | int | torch.device | None = None,
-        backend: Literal["cpu", "gpu"] = "cpu",
+        backend: Literal["cpu", "gpu"] | None = None,
         global_size: int | None = None,
         global_rank: int | None = None,
         fill_null: float | Mapping[str, float] | None = None,
@@ -325,15 +328,21 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             raise InvalidArgumentError("give seed= or seed_fn=, not both")
         if seed_fn is not None and not callable(seed_fn):
             raise InvalidArgumentError(f"seed_fn must be callable, got {seed_fn!r}")
-        if backend not in ("cpu", "gpu"):
-            raise InvalidArgumentError(f"backend must be 'cpu' or 'gpu', got {backend!r}")
-        self.device = _resolve_device(device)
-        if backend == "gpu" and self.device.type != "cuda":
+        if backend not in (None, "cpu", "gpu"):
+            raise InvalidArgumentError(f"backend must be None, 'cpu' or 'gpu', got {backend!r}")
+        if isinstance(device, bool):
             raise InvalidArgumentError(
-                f"backend='gpu' reads on the GPU and needs a CUDA device, got device="
-                f"{device!r}. Use backend='cpu', or pass device='cuda'"
+                f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}"
             )
         self.backend = backend
+        # Where the core reads is decided once, by the core (device=None: the GPU when
+        # cudf can run, else the CPU). Only backend="cpu" with a CUDA device splits the
+        # two: the core reads on the host and batches are staged to that GPU.
+        self._core_device: Any = "cpu" if backend == "cpu" else device
+        if backend == "gpu" and self._core_device is None:
+            self._core_device = "cuda"
+        staging = backend == "cpu" and device is not None and str(device) != "cpu"
+        self._stage_to = _staging_target(device) if staging else None
         global_rank, global_size = _resolve_ranks(global_rank, global_size)
         self._seed_fn = seed_fn
         self._options: dict[str, Any] = {
@@ -361,14 +370,25 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         self._epoch_set = False
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
-        # Only the GPU backend reads on the device; the CPU backend's batches are copied
-        # to it by the stager.
-        core_device = f"cuda:{self.device.index}" if self.backend == "gpu" else "cpu"
-        stage = self.device.type == "cuda" and self.backend == "cpu"
-        self._builder = _BatchBuilder(self.device, _CudaStager(self.device) if stage else None)
-        return Loader(
-            dataset, **self._options, layout="stacked", device=core_device, transform=self._builder
+        self._builder = _BatchBuilder()
+        loader = Loader(
+            dataset,
+            **self._options,
+            layout="stacked",
+            device=self._core_device,
+            transform=self._builder,
         )
+        if self.backend == "gpu" and not loader.device.is_cuda:
+            raise InvalidArgumentError(
+                f"backend='gpu' reads on the GPU and needs a CUDA device, got device="
+                f"{self._core_device!r}. Use backend='cpu', or pass device='cuda'"
+            )
+        # Rebuilt copies (worker processes) use the device this one resolved.
+        self._core_device = str(loader.device)
+        self.device = self._stage_to or torch.device(str(loader.device))
+        stager = _CudaStager(self.device) if self._stage_to is not None else None
+        self._builder.set_device(self.device, stager)
+        return loader
 
     # -- what the loader delivers -------------------------------------------------
 

@@ -455,14 +455,90 @@ class DeviceArrays:
         return out
 
 
-def _device_column(series: Any, name: str, fill: float | None, where: str) -> Any:
-    """One cudf column as a cupy array (zero-copy), nulls filled or refused as on the CPU."""
+def _optional_import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _open_parquet_ranges(
+    filesystem: Any, path: str, columns: list[str], row_groups: list[int]
+) -> Any:
+    """A file object holding just the footer and the byte ranges a read needs."""
+    import fsspec.parquet
+
+    return fsspec.parquet.open_parquet_file(
+        path, fs=filesystem, columns=columns, row_groups=row_groups, engine="pyarrow"
+    )
+
+
+def _device_column(series: Any, name: str, fill: float | None, where: str, cupy: Any) -> Any:
+    """One cudf column as a cupy array, nulls filled or refused exactly as on the CPU.
+
+    The rule on both backends: nulls are filled, NaN and infinities are delivered as
+    stored. pyarrow's ``fill_null`` touches nulls only, but cudf's ``fillna`` follows
+    pandas and replaces NaN as well, so the NaN of a float column are put back where
+    they were. ``series != series`` is true exactly there: a NaN is unequal to itself,
+    and a comparison with a null is null, read as false.
+    """
     nulls = int(series.null_count)
-    if nulls:
-        if fill is None:
-            raise NullValuesError(null_message(name, nulls, where))
-        series = series.fillna(series.dtype.type(fill))
-    return series.values
+    if not nulls:
+        return series.values
+    if fill is None:
+        raise NullValuesError(null_message(name, nulls, where))
+    values = series.fillna(series.dtype.type(fill)).values
+    if series.dtype.kind == "f":
+        is_nan = (series != series).fillna(False).values
+        values = cupy.where(is_nan, values.dtype.type("nan"), values)
+    return values
+
+
+# -- device memory ---------------------------------------------------------------------------
+
+POOL_ENV = "TABLOADER_GPU_POOL_SIZE"
+"""Initial size in bytes of the memory pool tabloader sets up, or ``off`` for none."""
+DEFAULT_POOL_BYTES = 256 * 2**20
+
+
+def ensure_memory_pool(rmm: Any, device: int) -> bool:
+    """Give ``device`` an rmm pool unless memory there was configured already.
+
+    cudf points cupy at rmm when it is imported, and rmm's default resource calls
+    ``cudaMalloc``/``cudaFree`` for every allocation, which synchronises the device. When
+    the device still has that default resource, a :class:`rmm.mr.PoolMemoryResource`
+    (initial size ``$TABLOADER_GPU_POOL_SIZE`` bytes, 256 MiB by default, growing on
+    demand) wrapped in a statistics adaptor becomes its resource; any other resource
+    (the user's pool, managed memory, an arena) is left as it is. Returns whether a
+    pool was set up.
+    """
+    setting = os.environ.get(POOL_ENV, "").strip().lower()
+    if setting in ("off", "0", "none"):
+        return False
+    try:
+        size = int(setting) if setting else DEFAULT_POOL_BYTES
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{POOL_ENV}={setting!r} must be a number of bytes or 'off'"
+        ) from None
+    current = rmm.mr.get_per_device_resource(device)
+    if type(current) is not rmm.mr.CudaMemoryResource:
+        return False
+    size = -(-size // 256) * 256  # rmm pools grow in multiples of 256 bytes
+    pool = rmm.mr.PoolMemoryResource(current, initial_pool_size=size)
+    rmm.mr.set_per_device_resource(device, rmm.mr.StatisticsResourceAdaptor(pool))
+    return True
+
+
+def device_bytes_in_use(rmm: Any, cupy: Any, device: int) -> int:
+    """Bytes allocated on ``device``: rmm's count when it keeps one, else the driver's."""
+    resource = rmm.mr.get_per_device_resource(device) if rmm is not None else None
+    counts = getattr(resource, "allocation_counts", None)
+    if counts is not None:
+        return int(counts["current_bytes"])
+    with cupy.cuda.Device(device):
+        free, total = cupy.cuda.runtime.memGetInfo()
+    return int(total) - int(free)
 
 
 class GPUBackend:
@@ -475,6 +551,9 @@ class GPUBackend:
     def __init__(self, device: int | None = None) -> None:
         self._cudf, self._cupy, self.device = import_gpu(device)
         self.name = f"cuda:{self.device}"
+        self._rmm = _optional_import("rmm")
+        if self._rmm is not None:
+            ensure_memory_pool(self._rmm, self.device)
         with self._cupy.cuda.Device(self.device):  # a stream belongs to the current device
             self._read_stream = self._cupy.cuda.Stream(non_blocking=True)
             batch_stream = self._cupy.cuda.Stream(non_blocking=True)
@@ -519,7 +598,7 @@ class GPUBackend:
             for partition, frame in self._read_frames(dataset, pieces, columns):
                 where = dataset.describe_partition(partition)
                 arrays.append(
-                    {c: _device_column(frame[c], c, fill_null.get(c), where) for c in columns}
+                    {c: _device_column(frame[c], c, fill_null.get(c), where, cupy) for c in columns}
                 )
             stats.bytes_read += sum(int(a.nbytes) for piece in arrays for a in piece.values())
             # cudf ran on its default stream. An event recorded there orders this
@@ -535,6 +614,7 @@ class GPUBackend:
                 index = None if order is None else cupy.asarray(order)
             self._read_stream.synchronize()  # the hand-off rule: the chunk leaves complete
         stats.assemble_seconds += time.perf_counter() - t1
+        stats.device_bytes = device_bytes_in_use(self._rmm, cupy, self.device)
         return [(segment, index) for segment in segments]
 
     def _read_frames(
@@ -577,20 +657,25 @@ class GPUBackend:
         spans: list[tuple[int, int, int]],
         columns: list[str],
     ) -> Any:
-        options: dict[str, Any] = {"columns": columns, "row_groups": [row_groups]}
-        if source.filesystem is not None:
-            options["filesystem"] = source.filesystem
         where = dataset.describe_partition(spans[0][0])
         if len(spans) > 1:
             where += f" or one of {len(spans) - 1} other row group(s) of that file"
         try:
+            target: Any = source.files[file]
+            if source.filesystem is not None:
+                # Only the footer and the byte ranges of these row groups and columns
+                # cross the network, as on the CPU; cudf would fetch the whole object.
+                target = _open_parquet_ranges(source.filesystem, target, columns, row_groups)
             frame = self._cudf.read_parquet(
-                [source.files[file]], use_pandas_metadata=False, **options
+                [target], columns=columns, row_groups=[row_groups], use_pandas_metadata=False
             )
         except Exception as err:
             if is_out_of_memory(err):
                 raise
             raise read_error(where, err) from err
+        # cudf adds the key=value directories of a hive-partitioned path as columns; the
+        # CPU backend reads the file alone, so deliver exactly the requested columns.
+        frame = frame[columns]
         expected = int(sum(source.rows[p] for p, _, _ in spans))
         if len(frame) != expected:
             raise ReadError(
