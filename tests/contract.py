@@ -48,6 +48,67 @@ class Adapter:
     marks: Sequence[Any] = field(default_factory=tuple)
     ordered: bool = True
 
+    def hold(self, loader: Any) -> list[Any]:
+        """The next epoch's batches as delivered (tensors, device arrays), not yet copied."""
+        held: list[Any] = []
+        self.epoch(_Recording(loader, held))
+        return held
+
+    def to_host(self, loader: Any, item: Any) -> Batch:
+        """One held batch of ``loader``, converted as ``epoch`` converts it."""
+        (batch,) = self.epoch(_Replay(loader, item))
+        return batch
+
+
+class _Recording:
+    """Stands for a loader: delegates everything, and records what iteration delivers."""
+
+    def __init__(self, loader: Any, held: list[Any]) -> None:
+        self._loader = loader
+        self._held = held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Any:
+        for item in self._loader:
+            self._held.append(item)
+            yield item
+
+    def __getitem__(self, index: int) -> Any:
+        item = self._loader[index]
+        self._held.append(item)
+        return item
+
+
+class _Replay:
+    """Stands for a loader whose epoch is one item already delivered."""
+
+    def __init__(self, loader: Any, item: Any) -> None:
+        self._loader = loader
+        self._item = item
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Any:
+        return iter([self._item])
+
+    def __getitem__(self, index: int) -> Any:
+        return self._item
+
+    def on_epoch_begin(self) -> None:
+        pass
+
+    def on_epoch_end(self) -> None:
+        pass
+
 
 def loader_options(**overrides: Any) -> dict[str, Any]:
     options: dict[str, Any] = {

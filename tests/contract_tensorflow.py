@@ -24,7 +24,7 @@ _RENAMED = {
 }
 
 
-def _make(source: Any, **options: Any) -> Any:
+def make(source: Any, **options: Any) -> Any:
     from tabloader.tensorflow import KerasSequenceLoader
 
     return KerasSequenceLoader(source, **{_RENAMED.get(k, k): v for k, v in options.items()})
@@ -48,17 +48,17 @@ def _epoch(loader: Any, order: np.ndarray | None = None) -> list[Batch]:
     return batches
 
 
-def _ordered_epoch(loader: Any) -> list[Batch]:
+def ordered_epoch(loader: Any) -> list[Batch]:
     return _epoch(loader)
 
 
-def _fit_order_epoch(loader: Any) -> list[Batch]:
+def fit_order_epoch(loader: Any) -> list[Batch]:
     # fit() asks for the indices in a random order; batches still come in stream order.
     order = np.random.default_rng(loader.epoch).permutation(len(loader))
     return _epoch(loader, order)
 
 
 ADAPTERS = [
-    Adapter("keras", _make, _ordered_epoch, marks=(pytest.mark.tensorflow,)),
-    Adapter("keras-fit-order", _make, _fit_order_epoch, marks=(pytest.mark.tensorflow,)),
+    Adapter("keras", make, ordered_epoch, marks=(pytest.mark.tensorflow,)),
+    Adapter("keras-fit-order", make, fit_order_epoch, marks=(pytest.mark.tensorflow,)),
 ]

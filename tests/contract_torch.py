@@ -26,11 +26,10 @@ def _make(num_workers: int) -> Callable[..., Any]:
     return make
 
 
-def _epoch(loader: Any) -> list[Batch]:
-    """Run the loader's next epoch; back to ``{column: 1-D numpy array}`` per batch."""
-    dataset = loader.dataset
+def tensors_to_batches(items: Any, dataset: Any) -> list[Batch]:
+    """``(x_cat, x_cont, y)`` host tensors back to ``{column: 1-D numpy array}`` per batch."""
     batches = []
-    for x_cat, x_cont, y in loader:
+    for x_cat, x_cont, y in items:
         if y.ndim == 1:
             y = y[:, None]
         batch: Batch = {}
@@ -40,6 +39,11 @@ def _epoch(loader: Any) -> list[Batch]:
                 batch[name] = np.asarray(tensor[:, j].numpy())
         batches.append(batch)
     return batches
+
+
+def _epoch(loader: Any) -> list[Batch]:
+    """Run the loader's next epoch."""
+    return tensors_to_batches(loader, loader.dataset)
 
 
 ADAPTERS = [

@@ -146,3 +146,23 @@ def test_same_seed_same_batches_other_epoch_other_order(adapter, dataset_dir):
     assert not np.array_equal(a0, a1)
     other = adapter.make(dataset(paths), **loader_options(seed=4, parts_per_chunk=3))
     assert not np.array_equal(a0, ids_of(adapter.epoch(other)))
+
+
+@adapters
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffle", "ordered"])
+def test_batches_held_through_the_epoch_stay_intact(adapter, dataset_dir, shuffle):
+    """A delivered batch stays valid while the user holds it: no buffer is reused under it.
+
+    ``epoch`` copies each batch to the host only after the whole epoch (and the next
+    epoch's start) was delivered, so a batch whose memory the loader reused would show
+    torn or repeated rows.
+    """
+    layout = LAYOUTS["many-small"]
+    total = sum(map(sum, layout))
+    paths = dataset_dir(layout)
+    loader = adapter.make(dataset(paths), **loader_options(shuffle=shuffle, parts_per_chunk=1))
+    held = adapter.hold(loader)
+    adapter.epoch(loader)  # another epoch runs while the first epoch's batches are held
+    batches = [adapter.to_host(loader, b) for b in held]
+    check_rows_intact(batches)
+    np.testing.assert_array_equal(np.sort(ids_of(batches)), np.arange(total))

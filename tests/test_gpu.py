@@ -795,3 +795,224 @@ def test_chunk_rows_for_device_sizes_from_free_memory():
     rows = gpu_module.chunk_rows_for_device(0.1, row_bytes=100, batch_size=1024, device=0)
     assert rows % 1024 == 0
     assert rows * 100 <= 0.1 * free or rows == 1024
+
+
+# -- parity: the CPU and GPU backends deliver bit-identical batches -------------------------------
+
+
+def _write_awkward(directory: Path) -> list[str]:
+    """Two files with nulls (int and float columns), NaN and infinities beside them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for f, (start, rows) in enumerate([(0, 230), (230, 171)]):
+        ids = np.arange(start, start + rows, dtype=np.int64)
+        x = ids / 4.0
+        x[ids % 7 == 1] = np.nan
+        x[ids % 11 == 2] = np.inf
+        x[ids % 13 == 3] = -np.inf
+        table = pa.table(
+            {
+                "id": ids,
+                "cat": pa.array((ids % 100).astype(np.int32), mask=ids % 5 == 0),
+                "x": pa.array(x, mask=ids % 3 == 0),
+                "y": pa.array(np.sqrt(ids).astype(np.float32)),
+                "label": pa.array((ids % 2).astype(np.int8), mask=ids % 17 == 4),
+            }
+        )
+        path = directory / f"part-{f}.parquet"
+        pq.write_table(table, path, row_group_size=60)
+        paths.append(str(path))
+    return paths
+
+
+def _bitwise_equal_epochs(cpu: tabloader.Loader, dev: tabloader.Loader, epochs: int = 2) -> None:
+    import cupy
+
+    assert len(cpu) == len(dev)
+    for _ in range(epochs):
+        cpu_batches, dev_batches = list(cpu), list(dev)
+        assert len(cpu_batches) == len(dev_batches) == len(cpu)
+        for c, d in zip(cpu_batches, dev_batches, strict=True):
+            assert c.keys() == d.keys()
+            for key in c:
+                host = cupy.asnumpy(d[key])
+                assert host.dtype == c[key].dtype and host.shape == c[key].shape, key
+                assert host.tobytes() == c[key].tobytes(), key  # NaN payloads included
+
+
+DTYPE_OPTIONS = [
+    {},
+    {"cat_dtype": "int32", "cont_dtype": "float64", "label_dtype": "float64"},
+    {"cat_dtype": "uint16", "cont_dtype": "float32", "label_dtype": "int8"},
+]
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["columns", "stacked"])
+@pytest.mark.parametrize("drop_last", [False, True], ids=["keep-last", "drop-last"])
+@pytest.mark.parametrize("ranks", [1, 3])
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffle", "ordered"])
+def test_cpu_and_gpu_agree_bit_for_bit_on_nulls_nan_and_infinities(
+    tmp_path, layout, drop_last, ranks, shuffle
+):
+    paths = _write_awkward(tmp_path)
+    dtypes = DTYPE_OPTIONS[(ranks + drop_last + (layout == "stacked")) % len(DTYPE_OPTIONS)]
+    for rank in range(ranks):
+        options = {
+            "cats": ["id", "cat"],
+            "conts": ["x", "y"],
+            "labels": ["label"],
+            "batch_size": 32,
+            "seed": 5,
+            "shuffle": shuffle,
+            "drop_last": drop_last,
+            "layout": layout,
+            "global_rank": rank,
+            "global_size": ranks,
+            "parts_per_chunk": 2,
+            "fill_null": {"cat": 7, "x": -1.5, "label": 0},
+            **dtypes,
+        }
+        _bitwise_equal_epochs(
+            tabloader.Loader(paths, device="cpu", **options),
+            tabloader.Loader(paths, device="cuda", **options),
+        )
+
+
+@gpu
+def test_nan_and_infinities_are_delivered_as_stored_and_only_nulls_are_filled(tmp_path):
+    import cupy
+
+    paths = _write_awkward(tmp_path)
+    loader = tabloader.Loader(
+        paths, conts=["x"], cats=["id"], batch_size=512, device="cuda", fill_null={"x": -1.5}
+    )
+    (batch,) = list(loader)
+    ids, x = cupy.asnumpy(batch["id"]), cupy.asnumpy(batch["x"])
+    expected = (ids / 4.0).astype(np.float32)
+    expected[ids % 7 == 1] = np.nan
+    expected[ids % 11 == 2] = np.inf
+    expected[ids % 13 == 3] = -np.inf
+    expected[ids % 3 == 0] = -1.5
+    np.testing.assert_array_equal(x, expected)  # NaN where NaN was stored, nowhere else
+
+
+@gpu
+def test_hive_partition_directories_add_no_column_on_either_backend(tmp_path):
+    directory = tmp_path / "year=2024" / "month=05"
+    directory.mkdir(parents=True)
+    pq.write_table(_table(50), directory / "part.parquet", row_group_size=20)
+    for device in ("cpu", "cuda"):
+        loader = tabloader.Loader(
+            str(tmp_path), cats=["id"], conts=["x"], batch_size=64, device=device
+        )
+        (batch,) = list(loader)
+        assert sorted(batch) == ["id", "x"], device
+
+
+# -- device memory: a pool, bounded by the chunk buffer --------------------------------------
+
+
+@gpu
+def test_a_pool_is_set_up_once_and_spares_cudamalloc_per_batch(dataset_dir, monkeypatch):
+    import rmm
+
+    if not getattr(rmm, "__emulated__", False):
+        pytest.skip("counts cudaMalloc calls of the emulated device's default resource")
+    monkeypatch.delenv(gpu_module.POOL_ENV, raising=False)
+    rmm.reinitialize()  # back to the default: cudaMalloc/cudaFree for every allocation
+    loader = tabloader.Loader(
+        tabloader.Dataset(dataset_dir([[64] * 6])),
+        cats=["id", "cat"],
+        conts=["x"],
+        batch_size=16,
+        shuffle=True,
+        seed=0,
+        device="cuda",
+        parts_per_chunk=2,
+    )
+    resource = rmm.mr.get_per_device_resource(0)
+    assert type(resource).__name__ == "StatisticsResourceAdaptor"
+    before = rmm.mr.CudaMemoryResource.allocations
+    for _ in range(3):
+        batches = list(loader)
+        assert len(batches) == len(loader) == 24
+    assert rmm.mr.CudaMemoryResource.allocations == before  # served from the pool
+    # A second loader keeps the pool already there.
+    tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cuda")
+    assert rmm.mr.get_per_device_resource(0) is resource
+
+
+@gpu
+def test_a_users_own_memory_resource_is_kept(monkeypatch):
+    import rmm
+
+    monkeypatch.delenv(gpu_module.POOL_ENV, raising=False)
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=2**20)
+    mine = rmm.mr.get_per_device_resource(0)
+    tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cuda")
+    assert rmm.mr.get_per_device_resource(0) is mine
+
+
+@gpu
+def test_a_bad_pool_size_setting_is_named(monkeypatch):
+    import rmm
+
+    rmm.reinitialize()
+    monkeypatch.setenv(gpu_module.POOL_ENV, "lots")
+    with pytest.raises(InvalidArgumentError, match="TABLOADER_GPU_POOL_SIZE='lots'"):
+        tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cuda")
+
+
+@gpu
+def test_device_memory_in_use_is_flat_across_epochs(dataset_dir):
+    loader = tabloader.Loader(
+        tabloader.Dataset(dataset_dir([[200] * 8])),
+        cats=["id", "cat"],
+        conts=["x"],
+        labels=["label"],
+        batch_size=64,
+        shuffle=True,
+        seed=0,
+        device="cuda",
+        parts_per_chunk=2,
+    )
+    seen = []
+    for _ in range(6):
+        for _batch in loader:
+            pass
+        seen.append(loader.stats().device_bytes)
+    assert seen[0] > 0
+    assert max(seen[1:]) <= seen[1] * 1.1, seen
+
+
+@gpu
+def test_batches_are_made_on_the_legacy_default_stream():
+    """Memory a consumer dropped is reused only after its work on the default stream."""
+    import cupy
+
+    loader = tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cuda")
+    assert loader.backend.xp.stream is cupy.cuda.Stream.null
+
+
+# -- the self-test --------------------------------------------------------------------------------
+
+
+@gpu
+def test_selftest_passes_on_the_gpu_and_labels_an_emulated_device():
+    import io
+
+    import cudf
+
+    from tabloader.selftest import run_selftest
+
+    out = io.StringIO()
+    code = run_selftest("cuda", rows=4_000, out=out)
+    report = out.getvalue()
+    assert code == 0, report
+    assert "PASS  CPU/GPU parity" in report
+    assert "PASS  every row exactly once" in report
+    assert "PASS  memory flat over epochs" in report
+    if getattr(cudf, "__emulated__", False):
+        assert "emulated device: results are not GPU results" in report
+        assert "not a GPU figure" in report

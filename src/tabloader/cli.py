@@ -225,11 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--framework", choices=["none", "torch", "tensorflow"], default="none")
+    p = commands.add_parser(
+        "selftest", help="check the install on generated data: parity, adapters, memory, speed"
+    )
+    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
+    p.add_argument("--rows", type=int, default=200_000, help="rows of generated data")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "selftest":
+        from tabloader.selftest import run_selftest
+
+        return run_selftest(args.device, rows=args.rows)
     if len(args.path) == 1:
         args.path = args.path[0]
     try:

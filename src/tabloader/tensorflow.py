@@ -126,7 +126,10 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         global_size, global_rank: Number of ranks and this rank (default 1 and 0). Every
             rank gets disjoint rows and the same number of batches; pass the same seed.
         drop_last: Drop each epoch's last batch if it is short.
-        device: ``None``/``"cpu"``, or a CUDA device for the GPU backend.
+        device: ``None`` (the GPU when cudf and cupy can run, else the CPU),
+            ``"cpu"``, or a CUDA device for the GPU backend. The core loader resolves
+            it once (:attr:`tabloader.Loader.device`) and tensors are built there.
+        fill_null: Replacement for nulls, as in :class:`tabloader.Loader`.
 
     Epochs: each batch index of ``range(len(loader))`` is served once per epoch, with
     the epoch's batches in the order the background reader delivers them, whatever the
@@ -172,6 +175,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         global_size: int | None = None,
         global_rank: int | None = None,
         drop_last: bool = False,
+        fill_null: float | Mapping[str, float] | None = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
@@ -223,6 +227,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             parts_per_chunk=parts_per_chunk,
             chunk_rows=chunk_rows,
             drop_last=drop_last,
+            fill_null=fill_null,
             global_rank=0 if global_rank is None else global_rank,
             global_size=1 if global_size is None else global_size,
             device=device,
@@ -770,7 +775,7 @@ def _reject(unsupported: Mapping[str, Any]) -> None:
         f"KerasSequenceLoader() got unexpected keyword argument(s) {sorted(unsupported)}; "
         "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
         "cont_names, engine, shuffle, shuffle_within_batch, seed, seed_fn, buffer_size, "
-        "device, parts_per_chunk, global_size, global_rank, drop_last"
+        "device, parts_per_chunk, global_size, global_rank, drop_last, fill_null"
     )
 
 

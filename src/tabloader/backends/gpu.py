@@ -7,19 +7,27 @@ order is drawn on the host from the plan and moved to the device, so a seed give
 same rows in the same batches, in the same order, on both backends. Only reading and
 the array work differ.
 
-Streams, and the hand-off rule
-------------------------------
-cudf decodes on its own default stream. This backend casts and lays out chunks on a
-stream of its own in the reader thread, and gathers and concatenates on another in the
-batcher thread; both are non-blocking streams, so that work overlaps the training
-kernels instead of queueing behind them. The rule the framework adapters rely on:
+Streams, and the hand-off rules
+-------------------------------
+Everything here runs on the device's legacy default stream, where cudf decodes too.
+Two rules follow, and the framework adapters rely on both:
 
     **Every array this backend hands out is complete.** A chunk leaves the reader thread
-    only after its stream is synchronised, and every ``take``/``concatenate`` of the
+    only after the stream is synchronised, and every ``take``/``concatenate`` of the
     batcher synchronises before it returns, so batch arrays have no pending work on any
-    stream. A consumer may read them from any stream, and ``torch.from_dlpack(array)`` or
+    stream. ``torch.from_dlpack(array)`` or
     ``tf.experimental.dlpack.from_dlpack(array.__dlpack__())`` may run in the loader's
     ``transform`` (the batcher thread) without further synchronisation.
+
+    **A batch's memory is reused only after the consumer's work on it.** Delivered
+    arrays are never written again; once the consumer drops them their memory returns
+    to the pool, and the pool hands it out again only to work queued on the legacy
+    default stream, which CUDA orders after all work already queued on the framework's
+    default stream. (A side stream of the loader's own would let a new batch overwrite
+    memory that a training kernel still reads, since DLPack orders nothing between the
+    consumer's stream and the producer's next write.) Consumers that train on streams
+    of their own, or with per-thread default streams, must make the legacy default
+    stream wait for them before dropping a batch (see ``docs/gpu.md``).
 
 :func:`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
 :func:`device_scope` makes that GPU current in the calling thread, and
@@ -186,6 +194,8 @@ def batch_device(batch: Mapping[str, Any] | Any) -> int | None:
     """
     arrays = list(batch.values()) if isinstance(batch, Mapping) else [batch]
     for array in arrays:
+        if type(array).__module__.split(".")[0] == "cupy":
+            return int(array.device.id)  # cupy arrays live on a GPU, whatever DLPack says
         kind, index = array.__dlpack_device__()
         return int(index) if int(kind) in (_KDL_CUDA, _KDL_CUDA_MANAGED) else None
     return None
@@ -554,10 +564,9 @@ class GPUBackend:
         self._rmm = _optional_import("rmm")
         if self._rmm is not None:
             ensure_memory_pool(self._rmm, self.device)
-        with self._cupy.cuda.Device(self.device):  # a stream belongs to the current device
-            self._read_stream = self._cupy.cuda.Stream(non_blocking=True)
-            batch_stream = self._cupy.cuda.Stream(non_blocking=True)
-        self.xp = DeviceArrays(self._cupy, self.device, batch_stream)
+        # The legacy default stream: see "Streams, and the hand-off rules" above.
+        self._stream = self._cupy.cuda.Stream.null
+        self.xp = DeviceArrays(self._cupy, self.device, self._stream)
 
     def read_chunks(
         self,
@@ -601,18 +610,15 @@ class GPUBackend:
                     {c: _device_column(frame[c], c, fill_null.get(c), where, cupy) for c in columns}
                 )
             stats.bytes_read += sum(int(a.nbytes) for piece in arrays for a in piece.values())
-            # cudf ran on its default stream. An event recorded there orders this
-            # backend's stream after it without blocking the host or the training kernels.
-            self._read_stream.wait_event(cupy.cuda.Stream.null.record())
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
             # Shuffled, the chunk is gathered batch by batch in delivery order: on the
             # device a gather costs little, so there is no need to reorder it up front.
             concatenate = order is not None
-            with self._read_stream:
+            with self._stream:
                 segments = assemble_segments(arrays, blocks, concatenate=concatenate, xp=cupy)
                 index = None if order is None else cupy.asarray(order)
-            self._read_stream.synchronize()  # the hand-off rule: the chunk leaves complete
+            self._stream.synchronize()  # the hand-off rule: the chunk leaves complete
         stats.assemble_seconds += time.perf_counter() - t1
         stats.device_bytes = device_bytes_in_use(self._rmm, cupy, self.device)
         return [(segment, index) for segment in segments]

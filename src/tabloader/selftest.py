@@ -1,0 +1,407 @@
+"""``tabloader selftest``: prove an install works, on the CPU or on a GPU, in one command.
+
+It prints the environment (library versions, and on a GPU the driver and CUDA runtime),
+then PASS, FAIL or SKIP for each check, on generated data that holds nulls, NaN and
+infinities:
+
+- every row exactly once per epoch, with the requested dtypes;
+- on a GPU: the CPU and GPU backends deliver bit-identical batches for a seed, shuffled
+  and in order, in both layouts;
+- the PyTorch and Keras adapters, when installed: the same values, dtypes, and tensors
+  on the loader's device;
+- memory flat over several epochs (device memory on a GPU, resident memory on the CPU);
+- throughput as a ratio to the decode limit of the same row groups (cudf's own read on
+  a GPU, pyarrow's on the CPU); the GPU goal is 0.8.
+
+The exit code is 0 when nothing failed, 1 when a check failed, and 2 when the device
+asked for cannot be used here. When cudf or cupy is the emulated stand-in used in
+tabloader's own tests, the report says "emulated device" and its speed is not a GPU
+figure.
+
+Examples:
+    >>> from tabloader.selftest import run_selftest
+    >>> import io
+    >>> out = io.StringIO()
+    >>> run_selftest("cpu", rows=2_000, out=out, frameworks=())
+    0
+    >>> "PASS  every row exactly once" in out.getvalue()
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import tabloader
+from tabloader.device import Device, resolve_device
+from tabloader.errors import TabloaderError
+
+__all__ = ["GPU_THROUGHPUT_GOAL", "main", "run_selftest"]
+
+GPU_THROUGHPUT_GOAL = 0.8
+"""Least rows/s of a shuffled GPU epoch, as a share of cudf's read of the same row groups."""
+_CATS, _CONTS, _LABELS = ["id", "item"], ["x", "y"], ["label"]
+
+
+@dataclass
+class _Check:
+    name: str
+    status: str  # PASS, FAIL, SKIP or INFO
+    detail: str = ""
+
+
+def _write_data(directory: Path, rows: int) -> list[str]:
+    """Two files of several row groups; ``id`` is unique, the rest derive from it."""
+    paths = []
+    per_file = rows // 2
+    for f in range(2):
+        ids = np.arange(f * per_file, (f + 1) * per_file, dtype=np.int64)
+        x = (ids / 8.0).astype(np.float64)
+        x[ids % 97 == 3] = np.nan
+        x[ids % 89 == 5] = np.inf
+        x[ids % 83 == 7] = -np.inf
+        table = pa.table(
+            {
+                "id": ids,
+                "item": pa.array(ids % 1000, mask=ids % 13 == 0),  # nulls in an int column
+                "x": pa.array(x, mask=ids % 11 == 0),  # nulls beside NaN and infinities
+                "y": (ids % 7).astype(np.float32),
+                "label": (ids % 2).astype(np.int8),
+            }
+        )
+        path = directory / f"part-{f}.parquet"
+        pq.write_table(table, path, row_group_size=max(per_file // 4, 1))
+        paths.append(str(path))
+    return paths
+
+
+def _host(array: Any) -> np.ndarray:
+    if isinstance(array, np.ndarray):
+        return array
+    get = getattr(array, "get", None)  # cupy
+    if callable(get):
+        return np.asarray(get())
+    return np.asarray(array.cpu().numpy() if hasattr(array, "cpu") else array)
+
+
+def _epoch(loader: tabloader.Loader) -> list[dict[str, np.ndarray]]:
+    return [{k: _host(v) for k, v in batch.items()} for batch in loader]
+
+
+def _options(**extra: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "cats": _CATS,
+        "conts": _CONTS,
+        "labels": _LABELS,
+        "batch_size": 256,
+        "seed": 3,
+        "fill_null": {"item": 0, "x": -1.0},
+        "parts_per_chunk": 2,
+    }
+    options.update(extra)
+    return options
+
+
+def _same_batches(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> str:
+    """'' when identical (bit for bit, NaN included), else what differs."""
+    if len(a) != len(b):
+        return f"{len(a)} batches against {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x.keys() != y.keys():
+            return f"batch {i} has keys {sorted(x)} against {sorted(y)}"
+        for key in x:
+            if x[key].dtype != y[key].dtype or x[key].shape != y[key].shape:
+                got, other = x[key], y[key]
+                return (
+                    f"batch {i} column {key}: {got.dtype}{got.shape} against "
+                    f"{other.dtype}{other.shape}"
+                )
+            if x[key].tobytes() != y[key].tobytes():
+                return f"batch {i} column {key} differs"
+    return ""
+
+
+def _check_rows(paths: list[str], device: Device, rows: int) -> _Check:
+    loader = tabloader.Loader(paths, device=str(device), shuffle=True, **_options())
+    batches = _epoch(loader)
+    ids = np.sort(np.concatenate([b["id"] for b in batches]))
+    if not np.array_equal(ids, np.arange(rows)):
+        return _Check("every row exactly once", "FAIL", f"{len(ids)} ids delivered of {rows}")
+    dtypes = {k: str(v.dtype) for k, v in batches[0].items()}
+    expected = {"id": "int64", "item": "int64", "x": "float32", "y": "float32"}
+    expected["label"] = "float32"
+    if dtypes != expected:
+        return _Check("every row exactly once", "FAIL", f"dtypes {dtypes}")
+    x = np.concatenate([b["x"] for b in batches])
+    kept = f"{int(np.isnan(x).sum())} NaN and {int(np.isinf(x).sum())} infinities kept"
+    return _Check("every row exactly once", "PASS", f"{rows:,} rows on {device}, {kept}")
+
+
+def _check_parity(paths: list[str], device: Device) -> _Check:
+    cases: list[dict[str, Any]] = [
+        {"shuffle": True},
+        {"shuffle": False},
+        {"shuffle": True, "layout": "stacked"},
+        {"shuffle": True, "drop_last": True, "global_rank": 1, "global_size": 3},
+    ]
+    for case in cases:
+        cpu = _epoch(tabloader.Loader(paths, device="cpu", **_options(**case)))
+        gpu = _epoch(tabloader.Loader(paths, device=str(device), **_options(**case)))
+        differs = _same_batches(cpu, gpu)
+        if differs:
+            return _Check("CPU/GPU parity", "FAIL", f"{case}: {differs}")
+    return _Check("CPU/GPU parity", "PASS", f"bit-identical batches in {len(cases)} setups")
+
+
+def _check_torch(paths: list[str], device: Device) -> _Check:
+    try:
+        from tabloader.torch import DLDataLoader, TorchAsyncItr
+    except ImportError:
+        return _Check("PyTorch adapter", "SKIP", "PyTorch is not installed")
+    options = _options(shuffle=True)
+    cpu = _epoch(tabloader.Loader(paths, device="cpu", layout="stacked", **options))
+    itr = TorchAsyncItr(paths, device=str(device), **options)
+    got = []
+    for x_cat, x_cont, y in DLDataLoader(itr, batch_size=None, collate_fn=lambda b: b):
+        where = {str(t.device) for t in (x_cat, x_cont, y)}
+        if where != {str(itr.device)}:
+            return _Check("PyTorch adapter", "FAIL", f"tensors on {where}, expected {itr.device}")
+        got.append({"cats": _host(x_cat), "conts": _host(x_cont), "labels": _host(y)[:, None]})
+    differs = _same_batches(cpu, got)
+    if differs:
+        return _Check("PyTorch adapter", "FAIL", differs)
+    return _Check("PyTorch adapter", "PASS", f"tensors on {itr.device}, same values as the CPU")
+
+
+def _check_keras(paths: list[str], device: Device) -> _Check:
+    try:
+        from tabloader.tensorflow import KerasSequenceLoader
+    except ImportError:
+        return _Check("Keras adapter", "SKIP", "TensorFlow is not installed")
+    options = _options(shuffle=True)
+    cpu = _epoch(tabloader.Loader(paths, device="cpu", **options))
+    keras_loader = KerasSequenceLoader(
+        paths,
+        batch_size=options["batch_size"],
+        cat_names=_CATS,
+        cont_names=_CONTS,
+        label_names=_LABELS,
+        shuffle=True,
+        seed=options["seed"],
+        fill_null=options["fill_null"],
+        parts_per_chunk=options["parts_per_chunk"],
+        device=str(device),
+    )
+    got = []
+    for features, labels in keras_loader:
+        batch = {name: np.asarray(t) for name, t in features.items()}
+        batch["label"] = np.asarray(labels)
+        got.append(batch)
+    differs = _same_batches([{k: b[k] for k in sorted(b)} for b in cpu], got)
+    if differs:
+        return _Check("Keras adapter", "FAIL", differs)
+    return _Check("Keras adapter", "PASS", "same values and dtypes as the CPU")
+
+
+def _memory_in_use(device: Device, loader: tabloader.Loader) -> int:
+    if device.is_cuda:
+        return loader.stats().device_bytes
+    try:
+        with open("/proc/self/statm") as statm:  # resident pages now, not the peak
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _check_memory(paths: list[str], device: Device, epochs: int = 6) -> _Check:
+    loader = tabloader.Loader(paths, device=str(device), shuffle=True, **_options())
+    seen = []
+    for _ in range(epochs):
+        for _batch in loader:
+            pass
+        seen.append(_memory_in_use(device, loader))
+    what = "device memory" if device.is_cuda else "resident memory"
+    first, last = seen[1], seen[-1]  # epoch 0 fills the pools
+    detail = f"{what} after epochs 2..{epochs}: {first / 2**20:.1f} -> {last / 2**20:.1f} MiB"
+    if last > first * 1.1 + 2**20:
+        return _Check("memory flat over epochs", "FAIL", detail)
+    return _Check("memory flat over epochs", "PASS", detail)
+
+
+def _decode_limit(paths: list[str], device: Device) -> Callable[[], int]:
+    columns = _CATS + _CONTS + _LABELS
+
+    def cpu_read() -> int:
+        rows = 0
+        for path in paths:
+            handle = pq.ParquetFile(path)
+            for group in range(handle.num_row_groups):
+                table = handle.read_row_group(group, columns=columns)
+                for column in table.columns:
+                    column.to_numpy()
+                rows += table.num_rows
+        return rows
+
+    if not device.is_cuda:
+        return cpu_read
+    import cudf
+    import cupy
+
+    def gpu_read() -> int:
+        rows = 0
+        with cupy.cuda.Device(device.index):
+            for path in paths:
+                groups = pq.ParquetFile(path).num_row_groups
+                for group in range(groups):
+                    frame = cudf.read_parquet(path, columns=columns, row_groups=[[group]])
+                    rows += len(frame)
+            cupy.cuda.Device(device.index).synchronize()
+        return rows
+
+    return gpu_read
+
+
+def _check_throughput(paths: list[str], device: Device, emulated: bool) -> _Check:
+    limit = _decode_limit(paths, device)
+    batch_size = max(256, min(65_536, loader_rows(paths) // 16))
+    loader = tabloader.Loader(
+        paths, device=str(device), shuffle=True, **_options(batch_size=batch_size)
+    )
+
+    def epoch() -> int:
+        return sum(len(b["id"]) for b in loader)
+
+    rates = {}
+    for name, run in (("limit", limit), ("loader", epoch)):
+        run()  # warm: page cache, pools, kernels
+        started = time.perf_counter()
+        rows = run()
+        rates[name] = rows / (time.perf_counter() - started)
+    ratio = rates["loader"] / rates["limit"]
+    detail = (
+        f"{ratio:.2f}x the decode limit ({rates['loader']:,.0f} against "
+        f"{rates['limit']:,.0f} rows/s)"
+    )
+    if emulated:
+        return _Check("throughput", "INFO", detail + "; emulated device: not a GPU figure")
+    if not device.is_cuda:
+        return _Check("throughput", "INFO", detail)
+    status = "PASS" if ratio >= GPU_THROUGHPUT_GOAL else "FAIL"
+    return _Check("throughput", status, detail + f"; goal {GPU_THROUGHPUT_GOAL}x")
+
+
+def loader_rows(paths: list[str]) -> int:
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+
+
+def _is_emulated(name: str) -> bool:
+    module = sys.modules.get(name)
+    return bool(getattr(module, "__emulated__", False))
+
+
+def _environment(device: Device) -> list[str]:
+    lines = [
+        f"tabloader {tabloader.__version__}, Python {platform.python_version()} "
+        f"on {platform.platform()}",
+        f"numpy {np.__version__}, pyarrow {pa.__version__}",
+    ]
+    versions = []
+    for name in ("torch", "tensorflow", "cudf", "cupy", "rmm"):
+        if not device.is_cuda and name in ("cudf", "cupy", "rmm"):
+            continue
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            versions.append(f"{name} not installed")
+            continue
+        label = " (emulated)" if getattr(module, "__emulated__", False) else ""
+        versions.append(f"{name} {getattr(module, '__version__', '?')}{label}")
+    lines.append(", ".join(versions))
+    if device.is_cuda:
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        name = runtime.getDeviceProperties(device.index)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        lines.append(
+            f"{device}: {name}, driver {runtime.driverGetVersion()}, "
+            f"CUDA runtime {runtime.runtimeGetVersion()}"
+        )
+    return lines
+
+
+def run_selftest(
+    device: str | None = None,
+    *,
+    rows: int = 200_000,
+    out: TextIO = sys.stdout,
+    frameworks: Iterable[str] = ("torch", "tensorflow"),
+) -> int:
+    """Run the checks on ``device`` (None: the CPU); returns the exit code (0, 1 or 2)."""
+    try:
+        resolved = resolve_device(device or "cpu")
+    except TabloaderError as error:
+        out.write(f"no usable {device} here: {error}\n")
+        return 2
+    emulated = resolved.is_cuda and (_is_emulated("cudf") or _is_emulated("cupy"))
+    title = f"tabloader selftest on {resolved}"
+    if emulated:
+        title += " (emulated device: results are not GPU results)"
+    out.write(title + "\n")
+    for line in _environment(resolved):
+        out.write(f"  {line}\n")
+    checks: list[_Check] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = _write_data(Path(tmp), rows)
+        steps: list[tuple[str, Callable[[], _Check]]] = [
+            ("every row exactly once", lambda: _check_rows(paths, resolved, rows))
+        ]
+        if resolved.is_cuda:
+            steps.append(("CPU/GPU parity", lambda: _check_parity(paths, resolved)))
+        if "torch" in frameworks:
+            steps.append(("PyTorch adapter", lambda: _check_torch(paths, resolved)))
+        if "tensorflow" in frameworks:
+            steps.append(("Keras adapter", lambda: _check_keras(paths, resolved)))
+        steps.append(("memory flat over epochs", lambda: _check_memory(paths, resolved)))
+        steps.append(("throughput", lambda: _check_throughput(paths, resolved, emulated)))
+        for name, step in steps:
+            try:
+                check = step()
+            except Exception as error:  # a crash is a failed check, reported like one
+                check = _Check(name, "FAIL", f"{type(error).__name__}: {error}")
+            checks.append(check)
+            out.write(f"{check.status:<5} {check.name}: {check.detail}\n")
+            out.flush()
+    failed = [c.name for c in checks if c.status == "FAIL"]
+    out.write(f"{len(failed)} failed, {sum(c.status == 'PASS' for c in checks)} passed\n")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``tabloader selftest [--device cuda] [--rows N]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tabloader selftest", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--rows", type=int, default=200_000, help="rows of generated data")
+    args = parser.parse_args(argv)
+    return run_selftest(args.device, rows=args.rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
