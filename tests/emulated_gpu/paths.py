@@ -27,10 +27,12 @@ def _stack_modules() -> dict[str, ModuleType]:
 
 
 @contextlib.contextmanager
-def emulated_modules(paths: list[str] | None = None) -> Iterator[tuple[ModuleType, ...]]:
-    """Import the emulated ``(cupy, cudf, rmm)`` with ``paths`` (default FULL) first on
-    sys.path; on exit remove them from sys.modules and restore sys.path and any cupy,
-    cudf or rmm modules that were loaded before.
+def emulated_modules(
+    paths: list[str] | None = None, names: tuple[str, ...] = PACKAGES
+) -> Iterator[tuple[ModuleType, ...]]:
+    """Import the emulated ``names`` (default ``(cupy, cudf, rmm)``) with ``paths``
+    (default FULL) first on sys.path, and yield them in that order; on exit remove cupy,
+    cudf and rmm from sys.modules and restore sys.path and the modules loaded before.
 
     Importing cudf installs rmm's allocator in cupy, as the real cudf does; modules that
     bound ``cupy`` while inside keep the emulated one, so use it only inside the block.
@@ -42,7 +44,7 @@ def emulated_modules(paths: list[str] | None = None) -> Iterator[tuple[ModuleTyp
     sys.path[:0] = FULL if paths is None else paths
     importlib.invalidate_caches()
     try:
-        yield tuple(importlib.import_module(name) for name in PACKAGES)
+        yield tuple(importlib.import_module(name) for name in names)
     finally:
         for name in _stack_modules():
             del sys.modules[name]

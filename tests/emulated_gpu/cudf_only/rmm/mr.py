@@ -55,9 +55,13 @@ class CudaMemoryResource(DeviceMemoryResource):
     allocations = 0
     deallocations = 0
 
+    def __init__(self) -> None:
+        # bound now: a buffer may be freed after the cupy module is gone (at exit)
+        self._runtime = _runtime()
+
     def allocate(self, nbytes: int, stream: Any = None) -> int:
         try:
-            ptr = int(_runtime().malloc(int(nbytes)))
+            ptr = int(self._runtime.malloc(int(nbytes)))
         except Exception as err:
             if "memory" not in str(err).lower():
                 raise
@@ -67,7 +71,7 @@ class CudaMemoryResource(DeviceMemoryResource):
         return ptr
 
     def deallocate(self, ptr: int, nbytes: int, stream: Any = None) -> None:
-        _runtime().free(ptr)
+        self._runtime.free(ptr)
         with _lock:
             CudaMemoryResource.deallocations += 1
 
