@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from rmm.allocators.cupy import rmm_cupy_allocator
 
 __emulated__ = True
-__version__ = "26.10.00-emulated"
+__version__ = "26.10-emulated"
 
 __all__ = ["DataFrame", "Series", "from_pandas", "read_parquet"]
 

@@ -12,7 +12,7 @@ from . import mr
 from .mr import DeviceBuffer
 
 __emulated__ = True
-__version__ = "26.10.00-emulated"
+__version__ = "26.10-emulated"
 
 __all__ = [
     "DeviceBuffer",

@@ -347,12 +347,14 @@ def _launch(*arrays: Any) -> None:
     current = _runtime.getDevice()
     for a in arrays:
         if isinstance(a, np.ndarray):
-            # cupy's kernels refuse host arrays (cupy/_core/_kernel.pyx _preprocess_args:
-            # "Unsupported type"): a host array must be copied with cupy.asarray first.
+            # cupy's kernels refuse host arrays (cupy/_core/_kernel.pyx _preprocess_arg
+            # raises TypeError "Unsupported type"): copy them with cupy.asarray first.
             raise TypeError(f"Unsupported type {type(a)} (move host arrays with cupy.asarray)")
         if isinstance(a, ndarray) and a._memptr.device_id != current:
-            # cupy refuses arrays of another device unless peer access is enabled
-            # (cupy/_core/_kernel.pyx _check_peer_access); peer access is never emulated.
+            # cupy refuses an array of another device when peer access is unavailable
+            # (cupy/_core/_kernel.pyx _check_peer_access, this message) and otherwise reads
+            # it across devices, unordered with that device's stream. Always refused here
+            # (stricter): peer access is never emulated.
             raise ValueError(
                 f"The device where the array resides ({a._memptr.device_id}) is different "
                 f"from the current device ({current}). Peer access is unavailable between "

@@ -16,7 +16,8 @@ from . import runtime
 
 __emulated__ = True
 
-# cupy rounds every pool allocation up to 512 bytes (cupy/cuda/memory.pyx, ALLOCATION_UNIT_SIZE).
+# cupy's pool rounds every allocation up to 512 bytes, the alignment of cudaMalloc
+# (cupy/cuda/memory.pyx, _allocation_unit_size and _round_size).
 _UNIT = 512
 
 
