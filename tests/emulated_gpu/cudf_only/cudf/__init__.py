@@ -337,6 +337,8 @@ def _open(source: Any, filesystem: Any) -> Any:
     if not isinstance(source, (str, os.PathLike)):
         return source  # a file-like object
     if filesystem is None or _is_local(filesystem):
+        # a local fsspec filesystem is read by path (cudf/utils/ioutils.py
+        # _is_local_filesystem: isinstance(fs, LocalFileSystem))
         return os.fspath(source)
     # A remote file is transferred whole into host memory before decoding
     # (cudf/utils/ioutils.py _fsspec_data_transfer: fs.open(path).read() when the file

@@ -253,7 +253,8 @@ class ndarray:
         key, advanced = _index(key)
         if not advanced:  # basic indexing: a view; a trailing ... keeps 0-d results arrays
             key = key if isinstance(key, tuple) else (key,)
-            return ndarray._view(self._host[(*key, Ellipsis)], self._memptr)
+            key = key if any(k is Ellipsis for k in key) else (*key, Ellipsis)
+            return ndarray._view(self._host[key], self._memptr)
         _launch(self)
         # cupy wraps out-of-bounds indices around (core.pyx __getitem__ docstring); numpy,
         # and so this emulation, raises IndexError: stricter, an out-of-bounds index is a bug.
