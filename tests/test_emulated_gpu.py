@@ -273,6 +273,13 @@ def test_a_pool_serves_allocations_without_cuda_malloc(gpu):
         held.append(cupy.empty(4 * MIB, dtype=cupy.uint8))
 
 
+def test_running_out_of_memory_under_rmm_is_rmms_memory_error(gpu, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPU_MEMORY", str(2 * MIB))
+    cupy, _cudf, _rmm = gpu
+    with pytest.raises(MemoryError, match=r"std::bad_alloc: out_of_memory"):
+        cupy.empty(3 * MIB, dtype=cupy.uint8)
+
+
 def test_resources_are_per_device_and_statistics_count(gpu, monkeypatch):
     monkeypatch.setenv("TABLOADER_EMULATED_GPUS", "2")
     cupy, _cudf, rmm = gpu
