@@ -17,6 +17,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # checks need host arrays, so its default is the CPU (GPU tests pass device="cuda").
 os.environ.setdefault("TABLOADER_DEVICE", "cpu")
 
+# The emulated GPU stack (cupy, cudf, rmm stand-ins) must never be imported by collection:
+# it would shadow the real packages for the whole session. Tests import it on purpose
+# through emulated_gpu.paths.
+collect_ignore = ["emulated_gpu"]
+
 
 def _importable(module: str) -> bool:
     try:

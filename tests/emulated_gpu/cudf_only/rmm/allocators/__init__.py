@@ -1,0 +1,3 @@
+"""Allocator hooks that route other libraries' allocations through rmm."""
+
+__emulated__ = True

@@ -1,0 +1,577 @@
+"""Emulated cupy: numpy arrays dressed as device arrays, for hosts without a GPU.
+
+Arrays live in host memory allocated through ``cupy.cuda.alloc`` (the default pool, or
+whatever ``cupy.cuda.set_allocator`` installed, e.g. rmm's allocator once cudf is
+imported), so allocation counts and memory limits behave as on a device. Every way in
+which real cupy would silently copy device data to the host, or synchronise the host
+with the device, is refused with a TypeError; the docstring of each refusal says whether
+real cupy refuses too, or whether the emulation is stricter on purpose. Results are never
+GPU figures.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import cuda
+from .cuda import memory as _memory
+from .cuda import runtime as _runtime
+
+__emulated__ = True
+__version__ = "13.6.0-emulated"
+
+# dtype names, as cupy re-exports numpy's
+bool_, int8, int16, int32, int64 = np.bool_, np.int8, np.int16, np.int32, np.int64
+uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
+float16, float32, float64 = np.float16, np.float32, np.float64
+dtype, nan, inf, newaxis = np.dtype, np.nan, np.inf, np.newaxis
+
+
+def _host_copy_refused(what: str) -> TypeError:
+    return TypeError(
+        f"{what} would copy a device array to the host and synchronise (emulated cupy "
+        "refuses it, stricter than cupy, to expose hidden device-to-host copies). "
+        "Use .get() or cupy.asnumpy() where the copy is intended"
+    )
+
+
+class _Window:
+    """Exposes device memory to numpy; every numpy view of it keeps the allocation alive."""
+
+    def __init__(self, memptr: _memory.MemoryPointer, nbytes: int) -> None:
+        self.memptr = memptr
+        self.__array_interface__ = {
+            "data": (memptr.ptr, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+class ndarray:
+    """A device array: ``_host`` is a numpy view of device memory held by ``_memptr``."""
+
+    __array_priority__ = 100
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        shape: Any,
+        dtype: Any = float,
+        memptr: _memory.MemoryPointer | None = None,
+        strides: Any = None,
+        order: str = "C",
+    ) -> None:
+        shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(shape)
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if memptr is None:
+            memptr = _memory.alloc(nbytes)
+        if nbytes == 0:  # nothing to address (allocators may return a null pointer)
+            self._set(np.empty(shape, dt, order=order), memptr)
+            return
+        raw = np.asarray(_Window(memptr, nbytes))
+        if strides is None:
+            host = raw[:nbytes].view(dt).reshape(shape, order=order)
+        else:
+            host = np.lib.stride_tricks.as_strided(raw.view(dt), shape, strides)
+        self._set(host, memptr)
+
+    def _set(self, host: np.ndarray, memptr: _memory.MemoryPointer) -> None:
+        self._host, self._memptr = host, memptr
+
+    @classmethod
+    def _view(cls, host: np.ndarray, memptr: _memory.MemoryPointer) -> ndarray:
+        out = cls.__new__(cls)
+        out._set(host, memptr)
+        return out
+
+    # -- attributes ------------------------------------------------------------------
+    shape = property(lambda self: self._host.shape)
+    dtype = property(lambda self: self._host.dtype)
+    ndim = property(lambda self: self._host.ndim)
+    size = property(lambda self: self._host.size)
+    nbytes = property(lambda self: self._host.nbytes)
+    itemsize = property(lambda self: self._host.itemsize)
+    strides = property(lambda self: self._host.strides)
+    flags = property(lambda self: self._host.flags)
+    base = property(lambda self: None)
+
+    @property
+    def device(self) -> cuda.Device:
+        return cuda.Device(self._memptr.device_id)
+
+    @property
+    def data(self) -> _memory.MemoryPointer:
+        """The pointer to the first element (``a.data.ptr``), inside the allocation."""
+        mem = self._memptr.mem
+        return _memory.MemoryPointer(mem, self._host.__array_interface__["data"][0] - mem.ptr)
+
+    @property
+    def T(self) -> ndarray:
+        return self._derive(self._host.T)
+
+    def _derive(self, host: np.ndarray) -> ndarray:
+        """A numpy result of this array's host view: a view if it shares the memory."""
+        if isinstance(host, np.ndarray) and np.may_share_memory(host, self._host):
+            return ndarray._view(host, self._memptr)
+        return _to_device(np.asarray(host))
+
+    # -- refusing implicit host conversion ----------------------------------------------
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # cupy refuses it too, with this message (cupy/_core/core.pyx, ndarray.__array__).
+        raise TypeError(
+            "Implicit conversion to a NumPy array is not allowed. "
+            "Please use `.get()` to construct a NumPy array explicitly."
+        )
+
+    def __iter__(self) -> Any:
+        # cupy iterates, one indexing kernel per element (core.pyx __iter__): refused here.
+        raise _host_copy_refused("iterating over a device array")
+
+    def tolist(self) -> Any:
+        raise _host_copy_refused("tolist()")  # cupy: self.get().tolist()
+
+    def item(self) -> Any:
+        raise _host_copy_refused("item()")  # cupy copies the element to the host
+
+    def __float__(self) -> float:
+        raise _host_copy_refused("float()")  # cupy: float(self.get()), a sync
+
+    def __int__(self) -> int:
+        raise _host_copy_refused("int()")  # cupy: int(self.get()), a sync
+
+    def __complex__(self) -> complex:
+        raise _host_copy_refused("complex()")
+
+    def __index__(self) -> int:
+        raise _host_copy_refused("using a device array as an index")
+
+    def __bool__(self) -> bool:
+        raise _host_copy_refused("bool() (an if/while/and/or on a device array)")
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        # cupy dispatches np.<func> to cupy.<func> (core.pyx __array_function__). Refused
+        # here (stricter): device code should call its array module explicitly, and code
+        # that calls numpy is host code that was handed a device array by mistake.
+        raise TypeError(
+            f"numpy.{func.__name__} was called with a device array (emulated cupy refuses "
+            "numpy functions on cupy arrays): call the cupy function, or .get() first"
+        )
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # cupy runs numpy ufuncs on device arrays and numbers, and raises TypeError for
+        # numpy arrays among the inputs (core.pyx __array_ufunc__): so does this.
+        if method != "__call__" or kwargs:
+            raise TypeError(f"emulated cupy supports only plain calls of ufuncs, not {method}")
+        return _ufunc(ufunc, *inputs)
+
+    def __repr__(self) -> str:  # cupy prints through .get() too
+        return repr(self._host)
+
+    def __str__(self) -> str:
+        return str(self._host)
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of unsized object")
+        return len(self._host)
+
+    # -- explicit transfers -----------------------------------------------------------
+    def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True):
+        """A host copy (cupy.ndarray.get)."""
+        if out is not None:
+            out[...] = self._host
+            return out
+        return np.array(self._host, order=order, copy=True)
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Copy a host array of the same dtype and shape in (cupy.ndarray.set)."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.dtype != self.dtype or arr.shape != self.shape:
+            raise ValueError(f"set() needs {self.dtype} {self.shape}, got {arr.dtype} {arr.shape}")
+        self._host[...] = arr
+
+    # -- DLPack and the CUDA array interface ------------------------------------------
+    def __dlpack_device__(self) -> tuple[int, int]:
+        # The one place the emulation cannot be faithful: the memory is host memory, so it
+        # is exported as kDLCPU (1, 0); real cupy reports (kDLCUDA=2, device id).
+        return self._host.__dlpack_device__()
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        # numpy's exporter takes no stream (host memory); max_version etc. pass through.
+        return self._host.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        host = self._host
+        return {
+            "shape": host.shape,
+            "typestr": host.dtype.str,
+            "descr": host.dtype.descr,
+            "data": (host.__array_interface__["data"][0], False),
+            "strides": None if host.flags.c_contiguous else host.strides,
+            "version": 3,
+        }
+
+    # -- shape and dtype ----------------------------------------------------------------
+    def reshape(self, *shape: Any, order: str = "C") -> ndarray:
+        shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return self._derive(self._host.reshape(shape, order=order))
+
+    def ravel(self, order: str = "C") -> ndarray:
+        return self._derive(self._host.ravel(order=order))
+
+    def view(self, dtype: Any = None) -> ndarray:
+        return ndarray._view(
+            self._host.view() if dtype is None else self._host.view(dtype), self._memptr
+        )
+
+    def astype(self, dtype: Any, order: str = "K", copy: bool = True) -> ndarray:
+        if not copy and np.dtype(dtype) == self.dtype:
+            return self
+        _launch(self)
+        return _to_device(self._host.astype(dtype, order=order))
+
+    def copy(self, order: str = "C") -> ndarray:
+        _launch(self)
+        return _to_device(np.array(self._host, order=order, copy=True))
+
+    def fill(self, value: Any) -> None:
+        self[...] = value
+
+    def take(self, indices: Any, axis: int | None = None, out: Any = None) -> ndarray:
+        return take(self, indices, axis=axis, out=out)
+
+    # -- indexing -----------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> ndarray:
+        key, advanced = _index(key)
+        if not advanced:  # basic indexing: a view; a trailing ... keeps 0-d results arrays
+            key = key if isinstance(key, tuple) else (key,)
+            key = key if any(k is Ellipsis for k in key) else (*key, Ellipsis)
+            return ndarray._view(self._host[key], self._memptr)
+        _launch(self)
+        # cupy wraps out-of-bounds indices around (core.pyx __getitem__ docstring); numpy,
+        # and so this emulation, raises IndexError: stricter, an out-of-bounds index is a bug.
+        return _to_device(np.asarray(self._host[key]))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        key, _ = _index(key)
+        if isinstance(value, ndarray):
+            _launch(self, value)
+            value = value._host
+        elif isinstance(value, np.ndarray):
+            if value.ndim:
+                # cupy sends a non-array value to fill(), which refuses numpy arrays with
+                # this ValueError (core.pyx ndarray.fill); a 0-d array is used as a scalar.
+                raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+            value = value.item()
+        elif not isinstance(value, (numbers.Number, np.generic)):
+            raise TypeError(f"Unsupported type {type(value)}")
+        else:
+            _launch(self)
+        self._host[key] = value
+
+    # -- arithmetic and comparisons ----------------------------------------------------
+    def __neg__(self) -> ndarray:
+        return _ufunc(np.negative, self)
+
+    def __abs__(self) -> ndarray:
+        return _ufunc(np.absolute, self)
+
+    def __invert__(self) -> ndarray:
+        return _ufunc(np.invert, self)
+
+    def sum(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> ndarray:
+        return _reduce(np.sum, self, axis=axis, dtype=dtype, keepdims=keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> ndarray:
+        return _reduce(np.max, self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> ndarray:
+        return _reduce(np.min, self, axis=axis, keepdims=keepdims)
+
+    def any(self, axis: Any = None, keepdims: bool = False) -> ndarray:
+        return _reduce(np.any, self, axis=axis, keepdims=keepdims)
+
+    def all(self, axis: Any = None, keepdims: bool = False) -> ndarray:
+        return _reduce(np.all, self, axis=axis, keepdims=keepdims)
+
+    def argsort(self, axis: int = -1) -> ndarray:
+        return argsort(self, axis=axis)
+
+    def cumsum(self, axis: Any = None, dtype: Any = None) -> ndarray:
+        return cumsum(self, axis=axis, dtype=dtype)
+
+
+def _binary(ufunc: Any, swap: bool = False) -> Any:
+    if swap:
+        return lambda self, other: _ufunc(ufunc, other, self)
+    return lambda self, other: _ufunc(ufunc, self, other)
+
+
+for _name, _func in {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "truediv": np.true_divide,
+    "floordiv": np.floor_divide,
+    "mod": np.remainder,
+    "pow": np.power,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+}.items():
+    setattr(ndarray, f"__{_name}__", _binary(_func))
+    setattr(ndarray, f"__r{_name}__", _binary(_func, swap=True))
+for _name, _func in {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+}.items():
+    setattr(ndarray, f"__{_name}__", _binary(_func))
+
+
+# -- kernels: checks, then numpy on the host views, results in new device memory ---------
+
+
+def _launch(*arrays: Any) -> None:
+    """The checks of a kernel launch: device arrays only, all on the current device."""
+    current = _runtime.getDevice()
+    for a in arrays:
+        if isinstance(a, np.ndarray):
+            # cupy's kernels refuse host arrays (cupy/_core/_kernel.pyx _preprocess_arg
+            # raises TypeError "Unsupported type"): copy them with cupy.asarray first.
+            raise TypeError(f"Unsupported type {type(a)} (move host arrays with cupy.asarray)")
+        if isinstance(a, ndarray) and a._memptr.device_id != current:
+            # cupy refuses an array of another device when peer access is unavailable
+            # (cupy/_core/_kernel.pyx _check_peer_access, this message) and otherwise reads
+            # it across devices, unordered with that device's stream. Always refused here
+            # (stricter): peer access is never emulated.
+            raise ValueError(
+                f"The device where the array resides ({a._memptr.device_id}) is different "
+                f"from the current device ({current}). Peer access is unavailable between "
+                "these devices."
+            )
+
+
+def _operand(x: Any) -> Any:
+    if isinstance(x, ndarray):
+        return x._host
+    if isinstance(x, (numbers.Number, np.generic)):
+        return x
+    if isinstance(x, np.ndarray) and x.ndim == 0:
+        return x.item()
+    raise TypeError(f"Unsupported type {type(x)}")
+
+
+def _to_device(host: np.ndarray) -> ndarray:
+    """A new device array (allocated through the allocator) holding ``host``'s values."""
+    host = np.asarray(host)
+    out = ndarray(host.shape, host.dtype)
+    out._host[...] = host
+    return out
+
+
+def _ufunc(ufunc: Any, *inputs: Any) -> ndarray:
+    _launch(*inputs)
+    return _to_device(ufunc(*(_operand(x) for x in inputs)))
+
+
+def _reduce(func: Any, a: ndarray, **kwargs: Any) -> ndarray:
+    _launch(a)
+    return _to_device(
+        np.asarray(func(a._host, **{k: v for k, v in kwargs.items() if v is not None}))
+    )
+
+
+def _index(key: Any) -> tuple[Any, bool]:
+    """A numpy index for a device array's host view, and whether it is advanced indexing."""
+    parts = key if isinstance(key, tuple) else (key,)
+    out, advanced = [], False
+    for part in parts:
+        if isinstance(part, ndarray):
+            _launch(part)
+            part, advanced = part._host, True
+        elif isinstance(part, (np.ndarray, list)):
+            # cupy copies host index arrays to the device implicitly; refused (stricter):
+            # move the index once with cupy.asarray instead of on every indexing.
+            raise TypeError(
+                "emulated cupy refuses host arrays and lists as indices: use cupy.asarray"
+            )
+        out.append(part)
+    return (tuple(out) if isinstance(key, tuple) else out[0]), advanced
+
+
+def _check_out(out: Any, shape: tuple[int, ...]) -> None:
+    if not isinstance(out, ndarray):
+        raise TypeError(f"out must be a cupy.ndarray, got {type(out)}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out has shape {out.shape}, the result has {tuple(shape)}")
+
+
+def _write(result: np.ndarray, out: Any) -> ndarray:
+    if out is None:
+        return _to_device(result)
+    _check_out(out, result.shape)
+    _launch(out)
+    out._host[...] = result
+    return out
+
+
+# -- creation -----------------------------------------------------------------------------
+
+
+def empty(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
+    return ndarray(shape, dtype, order=order)
+
+
+def zeros(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
+    out = empty(shape, dtype, order)
+    out._host[...] = 0
+    return out
+
+
+def ones(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
+    out = empty(shape, dtype, order)
+    out._host[...] = 1
+    return out
+
+
+def full(shape: Any, fill_value: Any, dtype: Any = None, order: str = "C") -> ndarray:
+    dt = np.asarray(_operand(fill_value)).dtype if dtype is None else dtype
+    out = empty(shape, dt, order)
+    out._host[...] = _operand(fill_value)
+    return out
+
+
+def empty_like(a: ndarray, dtype: Any = None) -> ndarray:
+    return empty(a.shape, a.dtype if dtype is None else dtype)
+
+
+def zeros_like(a: ndarray, dtype: Any = None) -> ndarray:
+    return zeros(a.shape, a.dtype if dtype is None else dtype)
+
+
+def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> ndarray:
+    return _to_device(np.arange(start, stop, step, dtype=dtype))
+
+
+def asarray(a: Any, dtype: Any = None, order: str | None = None) -> ndarray:
+    """A device array of ``a``: a device array as is, anything else copied host-to-device."""
+    if isinstance(a, ndarray):
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    return _to_device(np.asarray(a, dtype=dtype, order=order))  # the explicit host->device copy
+
+
+def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K") -> ndarray:
+    if isinstance(obj, ndarray) and not copy:
+        return asarray(obj, dtype)
+    if isinstance(obj, ndarray):
+        _launch(obj)
+        return _to_device(obj._host.astype(obj.dtype if dtype is None else dtype))
+    return _to_device(np.array(obj, dtype=dtype, order=order))
+
+
+def ascontiguousarray(a: ndarray, dtype: Any = None) -> ndarray:
+    _launch(a)
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    if a.flags.c_contiguous and (dtype is None or np.dtype(dtype) == a.dtype):
+        return a
+    return _to_device(np.ascontiguousarray(a._host, dtype=dtype))
+
+
+def asnumpy(a: Any, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True):
+    """The explicit device-to-host copy (host arrays are returned as numpy arrays)."""
+    if isinstance(a, ndarray):
+        return a.get(order=order, out=out)
+    return np.asarray(a, order=order)
+
+
+def get_array_module(*args: Any) -> Any:
+    import sys
+
+    return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else np
+
+
+def get_default_memory_pool() -> _memory.MemoryPool:
+    return _memory._default_pool
+
+
+# -- array functions ----------------------------------------------------------------------
+
+
+def take(a: ndarray, indices: Any, axis: int | None = None, out: Any = None) -> ndarray:
+    _launch(a, indices)
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    idx = indices._host if isinstance(indices, ndarray) else _operand(indices)
+    # numpy raises IndexError where cupy wraps out-of-bounds indices around: stricter.
+    return _write(np.take(a._host, idx, axis=axis), out)
+
+
+def concatenate(arrays: Sequence[Any], axis: int = 0, out: Any = None, dtype: Any = None):
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("Cannot concatenate from empty tuple")
+    for a in arrays:
+        if not isinstance(a, ndarray):
+            # cupy's message (cupy/_core/_routines_manipulation.pyx, concatenate_method)
+            raise TypeError("Only cupy arrays can be concatenated")
+        if a.ndim == 0:
+            raise TypeError("zero-dimensional arrays cannot be concatenated")
+    _launch(*arrays)
+    return _write(np.concatenate([a._host for a in arrays], axis=axis, dtype=dtype), out)
+
+
+def stack(arrays: Sequence[Any], axis: int = 0, out: Any = None) -> ndarray:
+    arrays = list(arrays)
+    if not all(isinstance(a, ndarray) for a in arrays):
+        raise TypeError("Only cupy arrays can be stacked")
+    _launch(*arrays)
+    return _write(np.stack([a._host for a in arrays], axis=axis), out)
+
+
+def _unary(func: Any) -> Any:
+    def run(a: ndarray, *args: Any, **kwargs: Any) -> ndarray:
+        _launch(a, *args, *kwargs.values())
+        if not isinstance(a, ndarray):
+            raise TypeError(f"Unsupported type {type(a)}")
+        args = tuple(x._host if isinstance(x, ndarray) else x for x in args)
+        return _to_device(np.asarray(func(a._host, *args, **kwargs)))
+
+    run.__name__ = func.__name__
+    return run
+
+
+isnan, isinf, isfinite = _unary(np.isnan), _unary(np.isinf), _unary(np.isfinite)
+cumsum, diff, argsort = _unary(np.cumsum), _unary(np.diff), _unary(np.argsort)
+repeat, sort, unique = _unary(np.repeat), _unary(np.sort), _unary(np.unique)
+
+
+def where(condition: ndarray, x: Any = None, y: Any = None) -> Any:
+    if x is None and y is None:
+        _launch(condition)
+        return tuple(_to_device(i) for i in np.nonzero(condition._host))
+    _launch(condition, x, y)
+    return _to_device(np.where(condition._host, _operand(x), _operand(y)))
+
+
+def searchsorted(a: ndarray, v: Any, side: str = "left", sorter: Any = None) -> ndarray:
+    _launch(a, v, sorter)
+    s = None if sorter is None else sorter._host
+    return _to_device(np.asarray(np.searchsorted(a._host, _operand(v), side=side, sorter=s)))
+
+
+def array_equal(a1: ndarray, a2: ndarray, equal_nan: bool = False) -> ndarray:
+    _launch(a1, a2)
+    return _to_device(np.asarray(np.array_equal(a1._host, a2._host, equal_nan=equal_nan)))

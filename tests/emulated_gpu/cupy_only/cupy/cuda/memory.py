@@ -1,0 +1,170 @@
+"""Emulated ``cupy.cuda.memory``: memory objects, the default pool and the allocator hook.
+
+An allocation is an object owning an address from :func:`runtime.malloc`; a
+``weakref.finalize`` on it gives the address back when the last array using it is gone,
+so the byte counts are the bytes live arrays hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from . import runtime
+
+__emulated__ = True
+
+# cupy's pool rounds every allocation up to 512 bytes, the alignment of cudaMalloc
+# (cupy/cuda/memory.pyx, _allocation_unit_size and _round_size).
+_UNIT = 512
+
+
+class OutOfMemoryError(MemoryError):
+    """Like cupy's: a MemoryError saying how much was asked for and how much is held."""
+
+    def __init__(self, size: int, total: int, limit: int = 0) -> None:
+        super().__init__(
+            f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)."
+        )
+
+
+class BaseMemory:
+    ptr: int = 0
+    size: int = 0
+    device_id: int = 0
+
+    @property
+    def device(self) -> Any:
+        from . import Device
+
+        return Device(self.device_id)
+
+
+class Memory(BaseMemory):
+    """Device memory allocated directly with cudaMalloc, freed when this object is collected."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self.device_id = runtime.getDevice()
+        self.ptr = runtime.malloc(self.size)
+        weakref.finalize(self, runtime.free, self.ptr)
+
+
+class UnownedMemory(BaseMemory):
+    """Memory owned by another object (an rmm buffer), kept alive as long as this is."""
+
+    def __init__(self, ptr: int, size: int, owner: object, device_id: int | None = None) -> None:
+        self.ptr, self.size, self._owner = int(ptr), int(size), owner
+        # rmm passes -1 ("the device of the pointer"), which is the current device here
+        unknown = device_id is None or int(device_id) < 0
+        self.device_id = runtime.getDevice() if unknown else int(device_id)
+
+
+class MemoryPointer:
+    """An address inside a memory object; arrays hold one, which holds the memory."""
+
+    def __init__(self, mem: BaseMemory, offset: int) -> None:
+        self.mem, self.offset = mem, int(offset)
+        self.ptr = mem.ptr + self.offset
+        self.device_id = mem.device_id
+
+    @property
+    def device(self) -> Any:
+        return self.mem.device
+
+
+class _PooledMemory(BaseMemory):
+    def __init__(self, pool: MemoryPool, ptr: int, size: int, device: int) -> None:
+        self.ptr, self.size, self.device_id = ptr, size, device
+        weakref.finalize(self, pool._give_back, ptr, size, device)
+
+
+class MemoryPool:
+    """cupy's default pool: freed blocks are cached and reused for the same rounded size.
+
+    ``used_bytes`` is what arrays hold, ``free_bytes`` what the cache holds, ``total_bytes``
+    their sum (all for the current device), as in cupy's MemoryPool.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[int, dict[int, list[int]]] = {}
+        self._used: dict[int, int] = {}
+
+    def malloc(self, size: int) -> MemoryPointer:
+        device = runtime.getDevice()
+        rounded = -(-int(size) // _UNIT) * _UNIT
+        with self._lock:
+            cached = self._cache.setdefault(device, {}).get(rounded)
+            ptr = cached.pop() if cached else None
+        if ptr is None:
+            try:
+                ptr = runtime.malloc(rounded)
+            except runtime.CUDARuntimeError:
+                self.free_all_blocks()  # cupy retries once after releasing its cache
+                try:
+                    ptr = runtime.malloc(rounded)
+                except runtime.CUDARuntimeError:
+                    raise OutOfMemoryError(rounded, runtime._allocated(device)) from None
+        with self._lock:
+            self._used[device] = self._used.get(device, 0) + rounded
+        return MemoryPointer(_PooledMemory(self, ptr, rounded, device), 0)
+
+    def _give_back(self, ptr: int, size: int, device: int) -> None:
+        with self._lock:
+            self._used[device] -= size
+            self._cache.setdefault(device, {}).setdefault(size, []).append(ptr)
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._used.get(runtime.getDevice(), 0)
+
+    def free_bytes(self) -> int:
+        with self._lock:
+            cache = self._cache.get(runtime.getDevice(), {})
+            return sum(size * len(ptrs) for size, ptrs in cache.items())
+
+    def total_bytes(self) -> int:
+        return self.used_bytes() + self.free_bytes()
+
+    def n_free_blocks(self) -> int:
+        with self._lock:
+            return sum(len(p) for p in self._cache.get(runtime.getDevice(), {}).values())
+
+    def free_all_blocks(self, stream: object = None) -> None:
+        with self._lock:
+            cache = self._cache.pop(runtime.getDevice(), {})
+        for ptrs in cache.values():
+            for ptr in ptrs:
+                runtime.free(ptr)
+
+
+_default_pool = MemoryPool()
+_allocator: Callable[[int], MemoryPointer] = _default_pool.malloc
+
+
+def set_allocator(allocator: Callable[[int], MemoryPointer] | None = None) -> None:
+    """Route every later allocation through ``allocator(nbytes) -> MemoryPointer``.
+
+    ``None`` allocates with cudaMalloc directly (no pool), as in cupy.
+    """
+    global _allocator
+    _allocator = allocator if allocator is not None else _malloc
+
+
+def get_allocator() -> Callable[[int], MemoryPointer]:
+    return _allocator
+
+
+def _malloc(size: int) -> MemoryPointer:
+    try:
+        return MemoryPointer(Memory(size), 0)
+    except runtime.CUDARuntimeError:
+        raise OutOfMemoryError(size, runtime._allocated(runtime.getDevice())) from None
+
+
+def alloc(size: int) -> MemoryPointer:
+    """Allocate through the current allocator, as every array creation does."""
+    return _allocator(int(size))

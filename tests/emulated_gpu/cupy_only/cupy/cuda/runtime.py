@@ -1,0 +1,112 @@
+"""Emulated ``cupy.cuda.runtime``: devices, device memory and the current device per thread.
+
+"Device memory" is host memory from numpy. ``malloc``/``free`` count the bytes of each
+emulated GPU, so ``memGetInfo`` reports what is really allocated, and allocations beyond
+``TABLOADER_EMULATED_GPU_MEMORY`` bytes (default 16 GiB) fail as out of memory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+__emulated__ = True
+
+_GIB = 2**30
+
+
+class CUDARuntimeError(RuntimeError):
+    """Raised like ``cupy_backends.cuda.api.runtime.CUDARuntimeError`` (message 'cudaError...')."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        super().__init__(f"{status}: {message}")
+
+
+def _device_count() -> int:
+    return int(os.environ.get("TABLOADER_EMULATED_GPUS", "1"))
+
+
+def _capacity() -> int:
+    return int(os.environ.get("TABLOADER_EMULATED_GPU_MEMORY", str(16 * _GIB)))
+
+
+_local = threading.local()
+_lock = threading.Lock()
+_buffers: dict[int, tuple[np.ndarray, int, int]] = {}  # ptr -> (host buffer, bytes, device)
+_used: dict[int, int] = {}  # device -> bytes allocated by malloc and not yet freed
+
+
+def getDeviceCount() -> int:
+    # A host without a GPU makes the real call raise cudaErrorNoDevice, not return 0.
+    count = _device_count()
+    if count < 1:
+        raise CUDARuntimeError("cudaErrorNoDevice", "no CUDA-capable device is detected")
+    return count
+
+
+def _check(device: int) -> int:
+    device = int(device)
+    if not 0 <= device < getDeviceCount():
+        raise CUDARuntimeError("cudaErrorInvalidDevice", "invalid device ordinal")
+    return device
+
+
+def getDevice() -> int:
+    # CUDA keeps the current device per host thread; every new thread starts on device 0.
+    return getattr(_local, "device", 0)
+
+
+def setDevice(device: int) -> None:
+    _local.device = _check(device)
+
+
+def memGetInfo() -> tuple[int, int]:
+    """``(free, total)`` bytes of the current device: total minus what is allocated."""
+    total = _capacity()
+    with _lock:
+        used = _used.get(getDevice(), 0)
+    return max(total - used, 0), total
+
+
+def getDeviceProperties(device: int) -> dict[str, object]:
+    _check(device)
+    return {"name": b"Emulated GPU", "totalGlobalMem": _capacity(), "major": 8, "minor": 0}
+
+
+def driverGetVersion() -> int:
+    return 12040
+
+
+def runtimeGetVersion() -> int:
+    return 12040
+
+
+def malloc(size: int) -> int:
+    """Allocate ``size`` bytes on the current device; returns the address (cudaMalloc)."""
+    device = getDevice()
+    size = int(size)
+    with _lock:
+        if _used.get(device, 0) + size > _capacity():
+            raise CUDARuntimeError("cudaErrorMemoryAllocation", "out of memory")
+        # 256 spare bytes align the block like cudaMalloc does; untouched pages of a large
+        # numpy buffer are not backed by RAM until written.
+        buffer = np.empty(size + 256, dtype=np.uint8)
+        ptr = buffer.ctypes.data + (-buffer.ctypes.data) % 256
+        _buffers[ptr] = (buffer, size, device)
+        _used[device] = _used.get(device, 0) + size
+    return ptr
+
+
+def free(ptr: int) -> None:
+    """Release an address returned by :func:`malloc` (cudaFree)."""
+    with _lock:
+        _buffer, size, device = _buffers.pop(int(ptr))
+        _used[device] -= size
+
+
+def _allocated(device: int) -> int:
+    with _lock:
+        return _used.get(device, 0)

@@ -1,0 +1,384 @@
+"""The emulated GPU stack (tests/emulated_gpu): each emulated rule of cupy, rmm and cudf.
+
+The stand-ins are imported through ``emulated_modules``, which removes them again, so
+they never shadow real packages for the rest of the session.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from emulated_gpu.paths import CUDF_ONLY, FULL, ROOT, emulated_modules
+
+MIB = 2**20
+
+
+@pytest.fixture
+def gpu():
+    """``(cupy, cudf, rmm)``, emulated; importing cudf installed rmm's cupy allocator."""
+    with emulated_modules() as modules:
+        yield modules
+
+
+@pytest.fixture
+def cupy_alone():
+    """The emulated cupy without cudf: its own default memory pool allocates."""
+    with emulated_modules(names=("cupy",)) as (cupy,):
+        yield cupy
+
+
+# -- layout and isolation ----------------------------------------------------------------------
+
+
+def test_the_stack_imports_from_pythonpath_and_says_it_is_emulated():
+    code = "import cudf, cupy, rmm; print(cudf.__emulated__, cupy.__emulated__, rmm.__emulated__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(FULL)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]
+
+
+def test_cudf_only_holds_cudf_and_rmm_and_cupy_only_holds_cupy():
+    assert sorted(p.name for p in Path(CUDF_ONLY[0]).iterdir() if p.is_dir()) == ["cudf", "rmm"]
+    assert [p.name for p in Path(FULL[0]).iterdir() if p.is_dir()] == ["cupy"]
+    assert (ROOT / "README.md").is_file()
+
+
+def test_the_helper_leaves_no_emulated_module_behind():
+    before = {m for m in sys.modules if m.split(".")[0] in {"cupy", "cudf", "rmm"}}
+    path = list(sys.path)
+    with emulated_modules() as (cupy, cudf, rmm):
+        assert cupy.__emulated__ and cudf.__emulated__ and rmm.__emulated__
+    assert {m for m in sys.modules if m.split(".")[0] in {"cupy", "cudf", "rmm"}} == before
+    assert sys.path == path
+
+
+# -- cupy: no implicit host conversion ----------------------------------------------------------
+
+
+def test_numpy_conversion_of_a_device_array_is_refused_with_cupys_message(cupy_alone):
+    a = cupy_alone.arange(4)
+    with pytest.raises(TypeError, match=r"Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(a)
+    np.testing.assert_array_equal(a.get(), [0, 1, 2, 3])
+    np.testing.assert_array_equal(cupy_alone.asnumpy(a), [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [float, int, bool, list, lambda a: a.tolist(), lambda a: a.item(), lambda a: [1, 2][a]],
+    ids=["float", "int", "bool", "iter", "tolist", "item", "index"],
+)
+def test_implicit_syncs_are_refused(cupy_alone, convert):
+    with pytest.raises(TypeError, match="would copy a device array to the host"):
+        convert(cupy_alone.arange(3).sum() if convert is not list else cupy_alone.arange(3))
+
+
+def test_numpy_functions_on_device_arrays_are_refused(cupy_alone):
+    a = cupy_alone.arange(3)
+    with pytest.raises(TypeError, match=r"numpy.concatenate was called with a device array"):
+        np.concatenate([a, a])
+    with pytest.raises(TypeError, match="Unsupported type"):
+        np.arange(3) + a  # a numpy array among a ufunc's inputs, as in cupy
+    np.testing.assert_array_equal((np.float32(2) * a).get(), [0, 2, 4])  # scalars are fine
+
+
+def test_kernels_refuse_host_arrays(cupy_alone):
+    cp = cupy_alone
+    a = cp.arange(6)
+    with pytest.raises(TypeError, match="Only cupy arrays can be concatenated"):
+        cp.concatenate([a, np.arange(2)])
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cp.take(a, np.array([0, 1]))
+    with pytest.raises(TypeError, match="Unsupported type"):
+        a + np.arange(6)
+    with pytest.raises(TypeError, match="host arrays and lists as indices"):
+        a[np.array([0, 1])]
+    with pytest.raises(ValueError, match=r"non-scalar numpy\.ndarray cannot be used for fill"):
+        a[:2] = np.array([7, 8])
+    a[:2] = cp.asarray(np.array([7, 8]))  # the explicit host-to-device copy
+    a[2] = np.int64(9)
+    np.testing.assert_array_equal(a.get(), [7, 8, 9, 3, 4, 5])
+
+
+# -- cupy: arrays, views and functions ---------------------------------------------------------
+
+
+def test_slices_are_views_and_gathers_are_copies(cupy_alone):
+    cp = cupy_alone
+    block = cp.arange(12, dtype=cp.float32).reshape(4, 3)
+    column = block[:, 1]
+    assert not column.flags.c_contiguous
+    assert column.data.ptr == block.data.ptr + 4
+    block[2, 1] = 100
+    np.testing.assert_array_equal(column.get(), [1, 4, 100, 10])
+    gathered = block[cp.asarray([3, 0])]
+    block[3, 0] = -1
+    np.testing.assert_array_equal(gathered.get(), [[9, 10, 11], [0, 1, 2]])
+    scalar = block[1, 1]
+    assert isinstance(scalar, cp.ndarray) and scalar.shape == ()
+    contiguous = cp.ascontiguousarray(column)
+    assert contiguous.flags.c_contiguous and contiguous.data.ptr != column.data.ptr
+
+
+def test_functions_write_into_out(cupy_alone):
+    cp = cupy_alone
+    a = cp.arange(10, dtype=cp.int64) * 10
+    out = cp.empty(3, dtype=cp.int64)
+    assert cp.take(a, cp.asarray([9, 0, 4]), out=out) is out
+    np.testing.assert_array_equal(out.get(), [90, 0, 40])
+    joined = cp.empty(5, dtype=cp.int64)
+    assert cp.concatenate([a[:2], a[7:]], out=joined) is joined
+    np.testing.assert_array_equal(joined.get(), [0, 10, 70, 80, 90])
+    with pytest.raises(IndexError):  # cupy would wrap the index around; a bug either way
+        cp.take(a, cp.asarray([10]))
+
+
+def test_dlpack_hands_torch_the_same_memory(cupy_alone):
+    torch = pytest.importorskip("torch")
+    a = cupy_alone.arange(6, dtype=cupy_alone.float32).reshape(2, 3)
+    assert a.__dlpack_device__() == (1, 0)  # host memory: kDLCPU, where cupy says kDLCUDA
+    tensor = torch.from_dlpack(a)
+    assert tensor.data_ptr() == a.data.ptr == a.__cuda_array_interface__["data"][0]
+    tensor[0, 0] = 42
+    assert a[0, 0].get() == 42
+
+
+# -- cupy: devices, memory ---------------------------------------------------------------------
+
+
+def test_mem_get_info_tracks_live_bytes_through_the_default_pool(cupy_alone):
+    cp = cupy_alone
+    pool = cp.get_default_memory_pool()
+    free0, total = cp.cuda.runtime.memGetInfo()
+    assert total == 16 * 2**30
+    a = cp.empty(MIB, dtype=cp.uint8)
+    assert pool.used_bytes() == MIB
+    assert cp.cuda.runtime.memGetInfo()[0] == free0 - MIB
+    del a
+    gc.collect()
+    assert pool.used_bytes() == 0 and pool.free_bytes() == MIB  # cached, as cupy's pool does
+    b = cp.empty(MIB, dtype=cp.uint8)  # served from the cache
+    assert cp.cuda.runtime.memGetInfo()[0] == free0 - MIB
+    del b
+    gc.collect()
+    pool.free_all_blocks()
+    assert cp.cuda.runtime.memGetInfo()[0] == free0
+
+
+def test_live_arrays_never_share_memory(cupy_alone):
+    cp = cupy_alone
+    arrays = [cp.full(1000, i, dtype=cp.int32) for i in range(20)]
+    del arrays[::2]
+    gc.collect()
+    arrays += [cp.full(1000, 100 + i, dtype=cp.int32) for i in range(10)]
+    starts = sorted(a.data.ptr for a in arrays)
+    assert all(b - a >= 4000 for a, b in itertools.pairwise(starts))
+    assert [int(a[0].get()) for a in arrays] == [*range(1, 20, 2), *range(100, 110)]
+
+
+def test_the_memory_size_is_a_limit(cupy_alone, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPU_MEMORY", str(4 * MIB))
+    cp = cupy_alone
+    keep = cp.empty(3 * MIB, dtype=cp.uint8)
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError) as info:
+        cp.empty(2 * MIB, dtype=cp.uint8)
+    assert isinstance(info.value, MemoryError)
+    assert cp.cuda.Device(0).mem_info == (MIB, 4 * MIB)
+    assert cp.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"] == 4 * MIB
+    del keep
+
+
+def test_the_current_device_is_per_thread(cupy_alone, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPUS", "2")
+    cp = cupy_alone
+    assert cp.cuda.runtime.getDeviceCount() == 2
+    seen = []
+    with cp.cuda.Device(1):
+        on_one = cp.arange(3)
+        thread = threading.Thread(target=lambda: seen.append(cp.cuda.runtime.getDevice()))
+        thread.start()
+        thread.join()
+        assert cp.cuda.runtime.getDevice() == 1
+    assert seen == [0]  # a new thread starts on device 0
+    assert on_one.device.id == 1 and cp.cuda.runtime.getDevice() == 0
+    with pytest.raises(ValueError, match=r"array resides \(1\).*current device \(0\)"):
+        on_one + 1
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="cudaErrorInvalidDevice"):
+        cp.cuda.Device(2).use()
+
+
+def test_no_device_makes_the_device_count_fail(cupy_alone, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPUS", "0")
+    with pytest.raises(cupy_alone.cuda.CUDARuntimeError, match="cudaErrorNoDevice"):
+        cupy_alone.cuda.runtime.getDeviceCount()
+
+
+def test_streams_and_events(cupy_alone):
+    cp = cupy_alone
+    assert cp.cuda.get_current_stream() is cp.cuda.Stream.null
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        assert cp.cuda.get_current_stream() is stream
+        event = cp.cuda.Stream.null.record()
+        stream.wait_event(event)
+    assert event.query() and cp.cuda.get_current_stream() is cp.cuda.Stream.null
+
+
+# -- rmm ------------------------------------------------------------------------------------------
+
+
+def test_importing_cudf_routes_cupy_allocations_through_rmm(gpu):
+    cupy, _cudf, rmm = gpu
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    assert cupy.cuda.get_allocator() is rmm_cupy_allocator
+    cuda = rmm.mr.CudaMemoryResource
+    before = (cuda.allocations, cuda.deallocations)
+    a = cupy.arange(1000)
+    assert (cuda.allocations, cuda.deallocations) == (before[0] + 1, before[1])
+    del a
+    gc.collect()
+    assert (cuda.allocations, cuda.deallocations) == (before[0] + 1, before[1] + 1)
+
+
+def test_a_pool_serves_allocations_without_cuda_malloc(gpu):
+    cupy, _cudf, rmm = gpu
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=4 * MIB, maximum_pool_size=8 * MIB)
+    pool = rmm.mr.get_current_device_resource()
+    assert isinstance(pool, rmm.mr.PoolMemoryResource) and pool.pool_size() == 4 * MIB
+    assert cupy.cuda.runtime.memGetInfo()[1] - cupy.cuda.runtime.memGetInfo()[0] >= 4 * MIB
+    cuda = rmm.mr.CudaMemoryResource
+    before = (cuda.allocations, cuda.deallocations)
+    for _ in range(20):
+        batch = cupy.arange(MIB // 8)  # 1 MiB, freed before the next one
+        del batch
+    assert (cuda.allocations, cuda.deallocations) == before
+    held = [cupy.empty(MIB, dtype=cupy.uint8) for _ in range(5)]  # grows the pool once
+    assert cuda.allocations == before[0] + 1 and pool.pool_size() == 8 * MIB
+    with pytest.raises(MemoryError, match="out_of_memory"):
+        held.append(cupy.empty(4 * MIB, dtype=cupy.uint8))
+
+
+def test_running_out_of_memory_under_rmm_is_rmms_memory_error(gpu, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPU_MEMORY", str(2 * MIB))
+    cupy, _cudf, _rmm = gpu
+    with pytest.raises(MemoryError, match=r"std::bad_alloc: out_of_memory"):
+        cupy.empty(3 * MIB, dtype=cupy.uint8)
+
+
+def test_resources_are_per_device_and_statistics_count(gpu, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPUS", "2")
+    cupy, _cudf, rmm = gpu
+    stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaMemoryResource())
+    rmm.mr.set_per_device_resource(1, stats)
+    a = cupy.arange(10)  # device 0: not counted
+    with cupy.cuda.Device(1):
+        assert rmm.mr.get_current_device_resource() is stats
+        b = cupy.empty(1000, dtype=cupy.uint8)
+        counts = stats.allocation_counts
+    assert counts["current_bytes"] == 1000 and counts["current_count"] == 1
+    del b
+    gc.collect()
+    counts = stats.allocation_counts
+    assert (counts["current_bytes"], counts["peak_bytes"], counts["total_count"]) == (0, 1000, 1)
+    assert a.device.id == 0
+
+
+# -- cudf -----------------------------------------------------------------------------------------
+
+
+def _nan_and_null_file(path: Path) -> str:
+    x = pa.array([0.5, None, float("nan"), 1.5] * 3, type=pa.float64())
+    table = pa.table({"id": np.arange(12, dtype=np.int64), "x": x, "label": np.arange(12) % 2})
+    pq.write_table(table, path, row_group_size=4)
+    return str(path)
+
+
+def test_read_parquet_keeps_nan_and_null_apart(gpu, tmp_path):
+    cupy, cudf, _rmm = gpu
+    frame = cudf.read_parquet(_nan_and_null_file(tmp_path / "f.parquet"))
+    x = frame["x"]
+    assert x.null_count == 3 and x.has_nulls  # the three NaN are values
+    np.testing.assert_array_equal(x.isnull().values.get(), [False, True, True, False] * 3)
+    with pytest.raises(ValueError, match="Column must have no nulls"):
+        _ = x.values
+    assert isinstance(frame["id"].values, cupy.ndarray)
+
+
+def test_fillna_replaces_nan_as_well_as_null(gpu, tmp_path):
+    _cupy, cudf, _rmm = gpu
+    x = cudf.read_parquet(_nan_and_null_file(tmp_path / "f.parquet"))["x"]
+    filled = x.fillna(x.dtype.type(-1.0))
+    assert filled.null_count == 0
+    np.testing.assert_array_equal(filled.values.get(), [0.5, -1, -1, 1.5] * 3)
+    only_nan = x.iloc[2:4]  # no null in it: still a NaN
+    assert only_nan.null_count == 0
+    np.testing.assert_array_equal(only_nan.values.get(), [np.nan, 1.5])
+
+
+def test_read_parquet_honours_columns_and_row_groups_and_adds_hive_keys(gpu, tmp_path):
+    _cupy, cudf, _rmm = gpu
+    (tmp_path / "day=7").mkdir()
+    first = _nan_and_null_file(tmp_path / "day=7" / "a.parquet")
+    second = _nan_and_null_file(tmp_path / "b.parquet")
+    frame = cudf.read_parquet(
+        [first, second],
+        columns=["label", "id"],
+        row_groups=[[2, 0], [1]],
+        use_pandas_metadata=False,
+    )
+    assert list(frame.columns) == ["label", "id", "day"]  # a key=value directory: a column
+    np.testing.assert_array_equal(frame["id"].values.get(), [8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7])
+    assert str(frame["day"].dtype) == "category" and frame["day"].null_count == 4
+    assert len(frame.iloc[3:9]) == 6 and len(frame[["id"]].columns) == 1
+
+
+def test_read_parquet_through_a_filesystem_reads_the_whole_object(gpu, tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    _cupy, cudf, _rmm = gpu
+    path = _nan_and_null_file(tmp_path / "f.parquet")
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/remote/f.parquet", Path(path).read_bytes())
+    frame = cudf.read_parquet(
+        ["/remote/f.parquet"], columns=["id"], row_groups=[[1]], filesystem=fs
+    )
+    np.testing.assert_array_equal(frame["id"].values.get(), [4, 5, 6, 7])
+    assert cudf._emulation_stats["remote_bytes"] == Path(path).stat().st_size
+    with open(path, "rb") as handle:  # file-like objects too
+        assert len(cudf.read_parquet(handle, columns=["x"])) == 12
+
+
+def test_frames_from_arrow_and_pandas(gpu):
+    _cupy, cudf, _rmm = gpu
+    table = pa.table({"a": pa.array([1, None, 3]), "b": pa.array([1.0, float("nan"), None])})
+    frame = cudf.DataFrame.from_arrow(table)
+    assert [frame[c].null_count for c in ("a", "b")] == [1, 1]
+    back = frame.to_arrow()
+    assert back["a"].equals(table["a"])
+    assert back["b"].is_null().to_pylist() == [False, False, True]
+    assert np.isnan(back["b"].to_numpy(zero_copy_only=False)[1])
+    assert frame["a"].fillna(frame["a"].dtype.type(0)).values.get().tolist() == [1, 0, 3]
+    np.testing.assert_array_equal(frame["b"].to_cupy(na_value=0.0).get(), [1.0, np.nan, 0.0])
+    assert cudf.from_pandas(table.to_pandas())["b"].null_count == 2  # NaN as null by default
+
+
+def test_list_columns_expose_leaves_and_lengths(gpu):
+    _cupy, cudf, _rmm = gpu
+    frame = cudf.DataFrame.from_arrow(pa.table({"l": pa.array([[1, 2], [], [3, 4, 5]])}))
+    lists = frame["l"].iloc[1:3]
+    np.testing.assert_array_equal(lists.list.leaves.values.get(), [3, 4, 5])
+    np.testing.assert_array_equal(lists.list.len().values.get(), [0, 3])
