@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +59,28 @@ _REQUIREMENTS: dict[str, Callable[[], tuple[bool, str]]] = {
     "gpu": _gpu_available,
 }
 _checked: dict[str, tuple[bool, str]] = {}
+
+
+def _emulated_gpu() -> bool:
+    cudf = sys.modules.get("cudf")
+    return bool(getattr(cudf, "__emulated__", False))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if _importable("cudf") and _emulated_gpu():
+        return (
+            "GPU tests run on the emulated device (tests/emulated_gpu): they check the GPU "
+            "code paths, and nothing measured here is a GPU result"
+        )
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if "cudf" in sys.modules and _emulated_gpu():
+        ran = len(terminalreporter.stats.get("passed", []))
+        terminalreporter.write_line(
+            f"GPU-marked tests ran on the emulated device ({ran} passed in all): not GPU results"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

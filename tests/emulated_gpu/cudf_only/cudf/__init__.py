@@ -188,6 +188,32 @@ class Series:
         data = cupy.where(fill, self._data.dtype.type(value), self._data)
         return Series(data, name=self.name)
 
+    # -- comparisons ---------------------------------------------------------------------------
+    def _compare(self, other: Any, op: Any) -> Series:
+        """Element-wise comparison with nulls propagated: a null operand gives a null
+        result, and NaN compares as IEEE 754 says (unequal to everything, itself
+        included), as libcudf's binary operations do (cudf "Working with missing data":
+        "null values propagate through arithmetic and comparison operations")."""
+        if self._data is None:
+            raise NotImplementedError("the emulated cudf compares numeric columns only")
+        if isinstance(other, Series):
+            values, valid = other._data, other._valid
+        else:
+            values, valid = other, None
+        out = Series(op(self._data, values), name=self.name)
+        masks = [m for m in (self._valid, valid) if m is not None]
+        if masks:
+            out._valid = masks[0] if len(masks) == 1 else masks[0] & masks[1]
+        return out
+
+    def __eq__(self, other: object) -> Series:  # type: ignore[override]
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other: object) -> Series:  # type: ignore[override]
+        return self._compare(other, lambda a, b: a != b)
+
+    __hash__ = None  # type: ignore[assignment]
+
     # -- device and host views ------------------------------------------------------------------
     @property
     def values(self) -> Any:
