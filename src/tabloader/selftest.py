@@ -177,9 +177,9 @@ def _check_torch(paths: list[str], device: Device) -> _Check:
     expected = str(itr.device)
     if device.is_cuda:  # where DLPack puts the loader's memory (the host, when emulated)
         import cupy
-        import torch
+        import torch.utils.dlpack
 
-        expected = str(torch.from_dlpack(cupy.zeros(1)).device)
+        expected = str(torch.utils.dlpack.from_dlpack(cupy.zeros(1)).device)
     got = []
     for x_cat, x_cont, y in DLDataLoader(itr, batch_size=None, collate_fn=lambda b: b):
         where = {str(t.device) for t in (x_cat, x_cont, y)}
