@@ -7,10 +7,11 @@ and ``benchmarks/`` are linked in) and holds small synthetic datasets:
 ``data/train/*.parquet`` and ``data/valid/*.parquet``, with Criteo-like columns
 (``label``, ``I1..I13``, ``C1..C26``).
 
-A block preceded by ``<!-- requires: torch -->`` (or tensorflow, dask, gpu, torchrun,
-horovod, several names separated by spaces) is skipped where that is missing, like the
+A block preceded by ``<!-- requires: torch -->`` (or tensorflow, dask, gpu, torch-cuda,
+torchrun, horovod, several names separated by spaces) is skipped where that is missing, like the
 tests marked so; the page says in words what the block needs. ``requires: install``
-marks ``pip install`` commands, which tests never run (the CI install step runs their
+marks ``pip install`` commands, and ``requires: fresh-process`` set-up that must come
+first in a process (allocators); tests never run those (the CI install step runs their
 equivalent from this checkout).
 """
 
@@ -38,13 +39,17 @@ FENCE = re.compile(
 
 
 def _available(requirement: str) -> bool:
-    if requirement == "install":
+    if requirement in ("install", "fresh-process"):
         return False
-    if requirement == "gpu":
-        try:
-            import cupy
+    if requirement == "gpu":  # the GPU backend can run: cudf and cupy, and a GPU
+        from tabloader.backends.gpu import gpu_usable
 
-            return bool(cupy.cuda.runtime.getDeviceCount())
+        return gpu_usable()
+    if requirement == "torch-cuda":  # PyTorch built with CUDA, and a GPU
+        try:
+            import torch
+
+            return bool(torch.cuda.is_available())
         except Exception:
             return False
     if requirement == "torchrun":
