@@ -1016,3 +1016,48 @@ def test_selftest_passes_on_the_gpu_and_labels_an_emulated_device():
     if getattr(cudf, "__emulated__", False):
         assert "emulated device: results are not GPU results" in report
         assert "not a GPU figure" in report
+
+
+# -- cuda:N everywhere: the adapters build on the loader's GPU, not on GPU 0 ------------------
+
+
+@gpu
+@pytest.mark.tensorflow
+def test_keras_tensors_are_built_on_the_second_gpu(dataset_dir):
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    _second_gpu()
+    paths = dataset_dir([[100, 50], [70]])
+    loader = KerasSequenceLoader(
+        paths,
+        batch_size=32,
+        cat_names=["id"],
+        cont_names=["x"],
+        label_names=["label"],
+        shuffle=True,
+        seed=0,
+        device="cuda:1",
+    )
+    assert str(loader.loader.device) == "cuda:1"
+    ids = [np.asarray(features["id"]) for features, _ in loader]
+    np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(220))
+
+
+@gpu
+@pytest.mark.torch
+def test_torch_batches_from_the_second_gpu_with_a_kind_left_empty(dataset_dir):
+    from contract_gpu import dlpack_torch_device
+    from tabloader.torch import TorchAsyncItr
+
+    _second_gpu()
+    itr = TorchAsyncItr(
+        dataset_dir([[100, 50]]), cats=["id"], labels=["label"], batch_size=32, device="cuda:1"
+    )
+    assert str(itr.loader.device) == "cuda:1"
+    ids = []
+    for x_cat, x_cont, y in itr:
+        assert x_cont.shape == (x_cat.shape[0], 0)
+        assert x_cat.device == x_cont.device == y.device
+        assert x_cat.device.type == dlpack_torch_device().type
+        ids.append(x_cat[:, 0].cpu().numpy())
+    np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(150))

@@ -26,6 +26,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -471,6 +472,7 @@ class _TensorMaker:
 
     def __init__(self) -> None:
         self.on_gpu = False
+        self.device = Device("cpu")
         self.xp: Any = None
         self.features: tuple[str, ...] = ()
         self.labels: tuple[str, ...] = ()
@@ -482,6 +484,7 @@ class _TensorMaker:
         """The columns batches hold (cats as int64, conts and labels as float32), and
         the device the loader resolved, where the tensors are built."""
         self.on_gpu = device.is_cuda
+        self.device = device
         if self.on_gpu:
             import cupy
 
@@ -496,19 +499,25 @@ class _TensorMaker:
             if names
         ]
 
+    def _on_device(self) -> Any:
+        if not self.on_gpu:
+            return contextlib.nullcontext()
+        return self.xp.cuda.Device(self.device.index)
+
     def __call__(self, batch: Mapping[str, Any]) -> Any:
         rows = int(next(iter(batch.values())).shape[0])
         tensors: dict[str, Any] = {}
-        for dtype, names in self.groups:
-            block = aligned_rows(self.xp, len(names), rows, dtype)
-            for j, name in enumerate(names):
-                block[j, :rows] = batch[name]
-            for j, name in enumerate(names):
-                tensors[name] = tf.experimental.dlpack.from_dlpack(block[j, :rows].__dlpack__())
-        if self.on_gpu:
-            import cupy
-
-            cupy.cuda.get_current_stream().synchronize()  # TensorFlow reads on its own stream
+        # New threads start on GPU 0: allocate on the loader's GPU (cuda:N), not there.
+        with self._on_device():
+            for dtype, names in self.groups:
+                block = aligned_rows(self.xp, len(names), rows, dtype)
+                for j, name in enumerate(names):
+                    block[j, :rows] = batch[name]
+                for j, name in enumerate(names):
+                    column = block[j, :rows].__dlpack__()
+                    tensors[name] = tf.experimental.dlpack.from_dlpack(column)
+            if self.on_gpu:
+                self.xp.cuda.get_current_stream().synchronize()  # TensorFlow reads on its own
         features = {name: tensors[name] for name in self.features}
         if not self.labels:
             return features

@@ -169,13 +169,13 @@ class _BatchBuilder:
 
     def __call__(self, batch: dict[str, Any]) -> Any:
         rows = int(next(iter(batch.values())).shape[0])
-        tensors = []
-        for kind, dtype in _KINDS:
-            block = batch.get(kind)
-            if block is None:  # no columns of this kind: nothing to allocate or copy
-                tensors.append(torch.empty((rows, 0), dtype=dtype, device=self.device))
-            else:
-                tensors.append(_as_tensor(block))
+        made = {kind: _as_tensor(batch[kind]) for kind, _ in _KINDS if kind in batch}
+        # A kind with no columns is an empty tensor where the others are.
+        where = next(iter(made.values())).device if made else self.device
+        tensors = [
+            made[kind] if kind in made else torch.empty((rows, 0), dtype=dtype, device=where)
+            for kind, dtype in _KINDS
+        ]
         x_cat, x_cont, y = tensors
         if y.shape[1] == 1:
             y = y[:, 0]
