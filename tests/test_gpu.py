@@ -1061,3 +1061,24 @@ def test_torch_batches_from_the_second_gpu_with_a_kind_left_empty(dataset_dir):
         assert x_cat.device.type == dlpack_torch_device().type
         ids.append(x_cat[:, 0].cpu().numpy())
     np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(150))
+
+
+@gpu
+@pytest.mark.dask
+def test_a_dask_frame_on_the_gpu_matches_the_cpu():
+    import dask.dataframe as dd
+
+    frame = dd.from_pandas(_table(500).to_pandas(), npartitions=4)
+    options = {
+        "cats": ["id"],
+        "conts": ["x"],
+        "labels": ["label"],
+        "batch_size": 64,
+        "shuffle": True,
+        "seed": 2,
+    }
+    dataset = tabloader.Dataset(frame)
+    _bitwise_equal_epochs(
+        tabloader.Loader(dataset, device="cpu", **options),
+        tabloader.Loader(dataset, device="cuda", **options),
+    )
