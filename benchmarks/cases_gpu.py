@@ -13,24 +13,27 @@ GPU backend can run here (cudf and cupy import, a GPU is visible). Otherwise:
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import tabloader
-from common import Case, Context
+
+try:
+    from common import Case, Context
+except ImportError:  # imported as part of a package
+    from benchmarks.common import Case, Context
 
 
 def cases(ctx: Context) -> list[Case]:
     if ctx.device != "cuda":
         return []
-    from tabloader.backends.gpu import gpu_usable, import_gpu
+    from tabloader.backends.gpu import gpu_usable
 
     if not gpu_usable():
         return []
-    cudf, cupy, device = import_gpu()
-    dataset = tabloader.Dataset(ctx.files)
-    columns = [*ctx.cats, *ctx.conts, *ctx.labels]
     options: dict[str, Any] = {
         "cats": ctx.cats,
         "conts": ctx.conts,
@@ -39,34 +42,49 @@ def cases(ctx: Context) -> list[Case]:
         "seed": 0,
     }
 
-    def decode() -> int:
-        rows = 0
-        with cupy.cuda.Device(device):
-            for path in dataset.files:
-                frame = cudf.read_parquet([path], columns=columns, use_pandas_metadata=False)
-                rows += len(frame)
-                del frame
-            cupy.cuda.runtime.deviceSynchronize()
-        return rows
+    def decode() -> Callable[[], int]:
+        from tabloader.backends.gpu import import_gpu
+
+        cudf, cupy, device = import_gpu()
+        columns = [*ctx.cats, *ctx.conts, *ctx.labels]
+
+        def run() -> int:
+            rows = 0
+            with cupy.cuda.Device(device):
+                for path in ctx.files:
+                    frame = cudf.read_parquet([path], columns=columns, use_pandas_metadata=False)
+                    rows += len(frame)
+                    del frame
+                cupy.cuda.runtime.deviceSynchronize()
+            return rows
+
+        return run
+
+    def gpu_loader(shuffle: bool) -> Callable[[], Callable[[], int]]:
+        def make() -> Callable[[], int]:
+            from tabloader.backends.gpu import import_gpu
+
+            device = import_gpu()[2]
+            loader = tabloader.Loader(ctx.files, shuffle=shuffle, device=device, **options)
+            return _epoch(loader)
+
+        return make
 
     found = [Case("cudf.read_parquet (same row groups, same columns)", decode, group="limit")]
-    for shuffle in (True, False):
-        loader = tabloader.Loader(dataset, shuffle=shuffle, device=device, **options)
-        found.append(
-            Case(
-                f"Loader(device='cuda:{device}') ({'shuffle' if shuffle else 'no shuffle'})",
-                _epoch(loader),
-                note="cupy batches, complete when handed over",
-                setup=_first_batch(loader),
-            )
+    found.extend(
+        Case(
+            f"Loader(device='cuda') ({'shuffle' if shuffle else 'no shuffle'})",
+            gpu_loader(shuffle),
+            note="cupy batches, complete when handed over",
         )
-    baseline = _pinned_torch_case(dataset, options, device)
-    if baseline is not None:
-        found.append(baseline)
+        for shuffle in (True, False)
+    )
+    if importlib.util.find_spec("torch") is not None:
+        found.append(_pinned_torch_case(ctx, options))
     return found
 
 
-def _epoch(loader: tabloader.Loader) -> Any:
+def _epoch(loader: tabloader.Loader) -> Callable[[], int]:
     def run() -> int:
         rows = 0
         for batch in loader:
@@ -76,43 +94,35 @@ def _epoch(loader: tabloader.Loader) -> Any:
     return run
 
 
-def _first_batch(loader: tabloader.Loader) -> Any:
-    def setup() -> None:  # CUDA context, cudf and cupy kernels warmed before timing
-        with loader.iter_epoch(0) as batches:
-            next(batches)
-
-    return setup
-
-
-def _pinned_torch_case(
-    dataset: tabloader.Dataset, options: dict[str, Any], device: int
-) -> Case | None:
-    try:
+def _pinned_torch_case(ctx: Context, options: dict[str, Any]) -> Case:
+    def make() -> Callable[[], int]:
         import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    target = torch.device("cuda", device)
 
-    def pin(batch: dict[str, np.ndarray]) -> dict[str, Any]:  # in the loader's thread
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory() for k, v in batch.items()}
+        from tabloader.backends.gpu import import_gpu
 
-    loader = tabloader.Loader(
-        dataset, shuffle=True, device="cpu", layout="stacked", transform=pin, **options
-    )
+        target = torch.device("cuda", import_gpu()[2])
 
-    def run() -> int:
-        rows = 0
-        for batch in loader:
-            moved = {k: t.to(target, non_blocking=True) for k, t in batch.items()}
-            rows += int(next(iter(moved.values())).shape[0])
-        torch.cuda.synchronize(target)
-        return rows
+        def pin(batch: dict[str, np.ndarray]) -> dict[str, Any]:  # in the loader's thread
+            return {
+                k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory() for k, v in batch.items()
+            }
+
+        loader = tabloader.Loader(
+            ctx.files, shuffle=True, device="cpu", layout="stacked", transform=pin, **options
+        )
+
+        def run() -> int:
+            rows = 0
+            for batch in loader:
+                moved = {k: t.to(target, non_blocking=True) for k, t in batch.items()}
+                rows += int(next(iter(moved.values())).shape[0])
+            torch.cuda.synchronize(target)
+            return rows
+
+        return run
 
     return Case(
         "CPU Loader + pinned torch .to('cuda', non_blocking=True) (shuffle)",
-        run,
+        make,
         group="baseline",
-        setup=_first_batch(loader),
     )

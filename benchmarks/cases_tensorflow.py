@@ -5,18 +5,18 @@
   every item is a ready ``(features, labels)`` pair of ``tf.Tensor``. Rows counted.
 - The textbook alternative: the files loaded with pandas, then
   ``tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(...).batch(...)``.
-  The pandas load runs once, in ``setup`` (its time is written into the case's note,
-  not into the timed pass), as a training script would load once and iterate every
-  epoch. Its shuffle buffer holds ``SHUFFLE_BUFFER`` rows (a whole-dataset buffer costs
-  several kB per row in tf.data), and a pass stops after ``ROW_BUDGET`` rows: tf.data
-  pays per row, so the rate does not depend on how many rows are measured.
+  The pandas load runs once, untimed (reported as the case's setup), as a training
+  script would load once and iterate every epoch. Its shuffle buffer holds
+  ``SHUFFLE_BUFFER`` rows (a whole-dataset buffer costs several kB per row in tf.data),
+  and a pass stops after ``ROW_BUDGET`` rows: tf.data pays per row, so the rate does
+  not depend on how many rows are measured.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
-import time
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,55 +30,53 @@ ROW_BUDGET = 1 << 18
 
 
 def cases(ctx: Context) -> list[Case]:
-    try:
-        import tensorflow  # noqa: F401
-
-        from tabloader.tensorflow import KerasSequenceLoader
-    except ImportError:
+    if importlib.util.find_spec("tensorflow") is None:
         return []
 
     def keras_case(shuffle: bool) -> Case:
-        loader = KerasSequenceLoader(
-            ctx.files,
-            batch_size=ctx.batch_size,
-            cat_names=ctx.cats,
-            cont_names=ctx.conts,
-            label_names=ctx.labels,
-            shuffle=shuffle,
-            seed=0,
-            device=None if ctx.device == "cpu" else ctx.device,
-        )
+        def make() -> Callable[[], int]:
+            from tabloader.tensorflow import KerasSequenceLoader
 
-        def run() -> int:
-            rows = 0
-            loader.on_epoch_begin()
-            for i in range(len(loader)):
-                features, _ = loader[i]
-                rows += int(next(iter(features.values())).shape[0])
-            loader.on_epoch_end()
-            return rows
+            loader = KerasSequenceLoader(
+                ctx.files,
+                batch_size=ctx.batch_size,
+                cat_names=ctx.cats,
+                cont_names=ctx.conts,
+                label_names=ctx.labels,
+                shuffle=shuffle,
+                seed=0,
+                device=None if ctx.device == "cpu" else ctx.device,
+            )
+
+            def run() -> int:
+                rows = 0
+                loader.on_epoch_begin()
+                for i in range(len(loader)):
+                    features, _ = loader[i]
+                    rows += int(next(iter(features.values())).shape[0])
+                loader.on_epoch_end()
+                return rows
+
+            return run
 
         kind = "shuffle" if shuffle else "no shuffle"
         return Case(
-            name=f"KerasSequenceLoader ({kind})",
-            run=run,
+            name=f"KerasSequenceLoader, {kind}",
+            make=make,
             note="loader[i] over an epoch; items are dicts of tf.Tensor",
         )
 
-    return [keras_case(True), keras_case(False), _tf_data_case(ctx)]
+    found = [keras_case(True), keras_case(False)]
+    if ctx.device == "cpu":
+        found.append(_tf_data_case(ctx))
+    return found
 
 
 def _tf_data_case(ctx: Context) -> Case:
-    import pandas as pd
-    import tensorflow as tf
+    def make() -> Callable[[], int]:
+        import pandas as pd
+        import tensorflow as tf
 
-    data: dict[str, Any] = {}
-    case = Case(
-        name="pandas + tf.data from_tensor_slices (shuffle)", run=lambda: 0, group="baseline"
-    )
-
-    def setup() -> None:
-        started = time.perf_counter()
         columns = ctx.cats + ctx.conts + ctx.labels
         frame = pd.concat(
             [pd.read_parquet(f, columns=columns) for f in ctx.files], ignore_index=True
@@ -86,23 +84,27 @@ def _tf_data_case(ctx: Context) -> Case:
         features = {c: frame[c].to_numpy(np.int64) for c in ctx.cats}
         features.update({c: frame[c].to_numpy(np.float32) for c in ctx.conts})
         labels = {c: frame[c].to_numpy(np.float32) for c in ctx.labels}
-        data["xy"] = (features, labels[ctx.labels[0]] if len(ctx.labels) == 1 else labels)
-        seconds = time.perf_counter() - started
-        case.note = (
-            f"pandas load {seconds:.1f}s once, untimed; shuffle buffer {SHUFFLE_BUFFER} rows; "
-            f"passes stop after {ROW_BUDGET} rows"
-        )
+        del frame
+        xy = (features, labels[ctx.labels[0]] if len(ctx.labels) == 1 else labels)
 
-    def run() -> int:
-        if "xy" not in data:
-            setup()
-        dataset = tf.data.Dataset.from_tensor_slices(data["xy"])
-        dataset = dataset.shuffle(min(SHUFFLE_BUFFER, ctx.rows)).batch(ctx.batch_size)
-        rows = 0
-        for _, labels in dataset.take(math.ceil(min(ROW_BUDGET, ctx.rows) / ctx.batch_size)):
-            rows += int(tf.nest.flatten(labels)[0].shape[0])
-        return rows
+        def run() -> int:
+            dataset = tf.data.Dataset.from_tensor_slices(xy)
+            dataset = dataset.shuffle(min(SHUFFLE_BUFFER, ctx.rows)).batch(ctx.batch_size)
+            rows = 0
+            steps = math.ceil(min(ROW_BUDGET, ctx.rows) / ctx.batch_size)
+            for _, batch_labels in dataset.take(steps):
+                rows += int(tf.nest.flatten(batch_labels)[0].shape[0])
+            return rows
 
-    case.run = run
-    case.setup = setup
-    return case
+        return run
+
+    return Case(
+        name="pandas + tf.data from_tensor_slices, shuffle",
+        make=make,
+        group="baseline",
+        note=(
+            f"load untimed (setup); shuffle buffer {SHUFFLE_BUFFER} rows; stops after "
+            f"{ROW_BUDGET} rows"
+        ),
+        every_size=False,
+    )

@@ -11,12 +11,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from common import Case, Context
+try:
+    from common import Case, Context
+except ImportError:  # imported as part of a package
+    from benchmarks.common import Case, Context
 
 BASELINE_ROWS = 200_000
 """Rows after which a per-row baseline pass stops."""
@@ -27,34 +31,37 @@ def _identity(batch: Any) -> Any:
 
 
 def adapter_cases(ctx: Context) -> list[Case]:
-    import tabloader
-    from tabloader.torch import DLDataLoader, TorchAsyncItr
+    def make(shuffle: bool) -> Callable[[], Callable[[], int]]:
+        def build() -> Callable[[], int]:
+            import tabloader
+            from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-    def make(shuffle: bool) -> Callable[[], int]:
-        dataset = TorchAsyncItr(
-            tabloader.Dataset(ctx.files),
-            cats=ctx.cats,
-            conts=ctx.conts,
-            labels=ctx.labels,
-            batch_size=ctx.batch_size,
-            shuffle=shuffle,
-            seed=0,
-            device=ctx.device,
-            backend="gpu" if ctx.device != "cpu" else "cpu",
-        )
-        loader = DLDataLoader(dataset, batch_size=None, collate_fn=_identity, num_workers=0)
+            dataset = TorchAsyncItr(
+                tabloader.Dataset(ctx.files),
+                cats=ctx.cats,
+                conts=ctx.conts,
+                labels=ctx.labels,
+                batch_size=ctx.batch_size,
+                shuffle=shuffle,
+                seed=0,
+                device=ctx.device,
+                backend="gpu" if ctx.device != "cpu" else "cpu",
+            )
+            loader = DLDataLoader(dataset, batch_size=None, collate_fn=_identity, num_workers=0)
 
-        def run() -> int:
-            rows = 0
-            for _, _, y in loader:
-                rows += len(y)
-            return rows
+            def run() -> int:
+                rows = 0
+                for _, _, y in loader:
+                    rows += len(y)
+                return rows
 
-        return run
+            return run
+
+        return build
 
     return [
-        Case("TorchAsyncItr + DLDataLoader, no shuffle", make(False)),
         Case("TorchAsyncItr + DLDataLoader, shuffle", make(True)),
+        Case("TorchAsyncItr + DLDataLoader, no shuffle", make(False)),
     ]
 
 
@@ -90,37 +97,35 @@ class RowDataset:
 
 
 def baseline_cases(ctx: Context) -> list[Case]:
-    import torch.utils.data
+    def make(workers: int) -> Callable[[], Callable[[], int]]:
+        def build() -> Callable[[], int]:
+            import torch.utils.data
 
-    loaded: list[RowDataset] = []
+            rows_dataset = RowDataset(ctx)
 
-    def setup() -> None:
-        if not loaded:
-            loaded.append(RowDataset(ctx))
+            def run() -> int:
+                loader = torch.utils.data.DataLoader(
+                    rows_dataset, batch_size=ctx.batch_size, shuffle=True, num_workers=workers
+                )
+                rows = 0
+                for _, _, y in loader:
+                    rows += len(y)
+                    if rows >= BASELINE_ROWS:
+                        break
+                return rows
 
-    def make(workers: int) -> Callable[[], int]:
-        def run() -> int:
-            setup()
-            loader = torch.utils.data.DataLoader(
-                loaded[0], batch_size=ctx.batch_size, shuffle=True, num_workers=workers
-            )
-            rows = 0
-            for _, _, y in loader:
-                rows += len(y)
-                if rows >= BASELINE_ROWS:
-                    break
-            return rows
+            return run
 
-        return run
+        return build
 
-    note = f"stops after {BASELINE_ROWS:,} rows; load excluded; holds the dataset in memory"
+    note = f"stops after {BASELINE_ROWS:,} rows; load untimed (setup); holds the dataset"
     return [
         Case(
             f"per-row torch Dataset + DataLoader, {w} workers",
             make(w),
             group="baseline",
             note=note,
-            setup=setup,
+            every_size=False,
         )
         for w in (0, 2)
     ]
@@ -128,9 +133,7 @@ def baseline_cases(ctx: Context) -> list[Case]:
 
 def cases(ctx: Context) -> list[Case]:
     """The PyTorch cases, or none when PyTorch is not installed."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         return []
     found = adapter_cases(ctx)
     if ctx.device == "cpu":

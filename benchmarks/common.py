@@ -1,17 +1,22 @@
 """What benchmark cases receive and return (shared by throughput.py and the cases_*.py files).
 
-A case module (``cases_torch.py``, ``cases_tensorflow.py``, ``cases_gpu.py``) exposes
-``cases(ctx: Context) -> list[Case]``; it returns ``[]`` when its framework or device is
-missing. Each :class:`Case` runs one full pass when called and returns the number of rows
-it delivered; ``throughput.py`` times the calls, interleaving all cases over several
-rounds so that the machine's noise hits them alike, and reports rows/s and the ratio to
-the parquet decode limit measured in the same rounds.
+The case registry is generic: ``throughput.py`` imports every module named in
+``CASE_MODULES`` that exists (``cases_core.py``, ``cases_torch.py``, ``cases_tensorflow.py``,
+``cases_gpu.py``, ``cases_cache.py``, ...). A case module exposes
+``cases(ctx: Context) -> list[Case]`` and returns ``[]`` when its framework or device is
+missing. ``cases()`` must be cheap and import nothing heavy: the parent process only reads
+the names, and every case runs in a fresh process of its own, where
+``throughput.py --child NAME`` calls the case's :attr:`Case.make` and times the epochs.
+To add cases, add a module and its name to ``CASE_MODULES``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+CASE_MODULES = ("cases_core", "cases_torch", "cases_tensorflow", "cases_gpu", "cases_cache")
+"""Case modules, in report order; missing ones are skipped."""
 
 
 @dataclass(frozen=True)
@@ -31,11 +36,16 @@ class Context:
 @dataclass
 class Case:
     name: str
-    """Shown in the report, e.g. ``"TorchAsyncItr + DLDataLoader (shuffle)"``."""
-    run: Callable[[], int]
-    """One pass; returns the rows delivered (a baseline may stop early on a row budget)."""
+    """Shown in the report and used to run the case: ``throughput.py --child NAME``."""
+    make: Callable[[], Callable[[], int]]
+    """Called once in the case's own process: builds the loader (or loads the data) and
+    returns one pass, a callable that returns the rows it delivered (a baseline may stop
+    early on a row budget). Its time is reported as the case's setup, not as an epoch."""
     group: str = "tabloader"
-    """``"limit"``, ``"tabloader"`` or ``"baseline"``: how the report groups the rows."""
+    """``"limit"`` (the parquet decode limit every ratio refers to), ``"ceiling"`` (a
+    reference beyond which no loader can go), ``"tabloader"`` or ``"baseline"``."""
     note: str = ""
-    setup: Callable[[], None] | None = field(default=None)
-    """Optional warm-up, called once before the timed rounds."""
+    every_size: bool = True
+    """False: run at the smallest dataset size only (a baseline stopping on a row budget,
+    whose rate does not depend on the size of the data)."""
+

@@ -1,7 +1,8 @@
-"""The benchmark scripts run end to end on a small dataset and report what they promise."""
+"""The benchmark script runs end to end on tiny datasets and reports what it promises."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,40 +17,53 @@ def throughput(monkeypatch):
     import throughput
 
     yield throughput
-    sys.modules.pop("throughput", None)
+    for name in ("throughput", "common", "plot"):
+        sys.modules.pop(name, None)
 
 
 @pytest.mark.slow
-def test_throughput_reports_every_case_against_the_limit(throughput, tmp_path):
-    out = tmp_path / "report.json"
+def test_every_case_runs_in_its_own_process_against_the_limit(throughput, tmp_path):
+    out, table, doc = tmp_path / "report.json", tmp_path / "report.md", tmp_path / "doc.md"
+    doc.write_text(f"# Before\n\n{throughput.DOC_BEGIN}\nold\n{throughput.DOC_END}\n\nAfter\n")
     report = throughput.main(
         [
-            "--rows",
-            "40000",
-            "--files",
-            "2",
-            "--row-group-size",
-            "5000",
-            "--batch-size",
-            "4096",
-            "--rounds",
-            "1",
-            "--data",
-            str(tmp_path / "data"),
-            "--json",
-            str(out),
+            *("--sizes", "20000,40000"),
+            *("--rows-per-file", "10000"),
+            *("--row-group-size", "2500"),
+            *("--batch-size", "2048"),
+            *("--epochs", "2"),
+            *("--soak-epochs", "4"),
+            # the core cases, and one of each adapter's when its framework is installed
+            *("--cases", "^Loader|ceiling|pandas \\+ permute|^TorchAsyncItr.*, shuffle"),
+            *("--data", str(tmp_path / "data")),
+            *("--json", str(out)),
+            *("--table", str(table)),
+            *("--doc", str(doc)),
         ]
     )
-    results = {r["name"]: r for r in report["results"]}
-    assert report["results"][0]["group"] == "limit"
-    assert report["results"][0]["ratio_to_limit"] == 1.0
-    for name in ("tabloader Loader, no shuffle", "tabloader Loader, shuffle"):
-        assert results[name]["rows_per_second"] > 0
-    assert any(r["group"] == "baseline" for r in report["results"])
-    memory = report["memory"]
-    assert memory["large"]["rows"] == 4 * memory["small"]["rows"]
-    assert memory["large"]["peak"] > memory["large"]["baseline"]
-    assert out.exists()
+    assert json.loads(out.read_text())["config"]["sizes"] == "20000,40000"
+    assert [s["rows"] for s in report["sizes"]] == [20000, 40000]
+    assert [s["files"] for s in report["sizes"]] == [2, 4]
+    for section in report["sizes"]:
+        results = {r["name"]: r for r in section["results"]}
+        limit = section["results"][0]
+        assert limit["group"] == "limit" and limit["first_ratio"] == 1.0
+        assert len(limit["runs"]) == 2  # before and after the cases
+        for name in ("Loader, shuffle", "Loader, no shuffle", "Loader, shuffle, stacked [B, k]"):
+            result = results[name]
+            (run,) = result["runs"]
+            assert run["rows"] == [section["rows"]] * 2  # whole epochs, each timed
+            assert result["first_ratio"] > 0 and result["later_ratio"] > 0
+            assert result["peak_rss"] >= max(run["rss_after_epoch"]) > 0
+        assert results["numpy.copyto of the decoded arrays (copy ceiling)"]["group"] == "ceiling"
+    machine = report["machine"]
+    assert machine["cpus"] >= 1 and len(machine["load_before"]) == 3
+    assert len(report["soak"]["rss_after_epoch"]) == 4
+    text = table.read_text()
+    assert "| Loader, shuffle |" in text and "load average" in text
+    assert "RSS over 4 epochs" in text
+    assert doc.read_text().startswith("# Before") and "| Loader, shuffle |" in doc.read_text()
+    assert "old" not in doc.read_text() and doc.read_text().endswith("After\n")
 
     pytest.importorskip("matplotlib")
     import plot
@@ -57,3 +71,12 @@ def test_throughput_reports_every_case_against_the_limit(throughput, tmp_path):
     png = tmp_path / "report.png"
     plot.main([str(out), str(png)])
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_case_names_are_unique_and_modules_cheap_to_list(throughput, tmp_path):
+    ctx = throughput.Context(["x.parquet"], ["c"], ["x"], ["y"], 8, 8)
+    before = set(sys.modules)
+    names = [c.name for c in throughput.collect_cases(ctx)]
+    assert len(names) == len(set(names)) and "Loader, shuffle" in names
+    heavy = {"torch", "tensorflow", "pandas", "cudf"} & (set(sys.modules) - before)
+    assert not heavy, f"listing cases imported {heavy}"

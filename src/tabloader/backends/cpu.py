@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 import weakref
@@ -14,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabloader.batches import _ALIGN, empty_segment
+from tabloader.batches import empty_segment
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
 from tabloader.reader import Prefetcher
@@ -38,15 +39,46 @@ _BLOCK_ROWS = 4096
 _STAGE_BYTES = 1 << 22
 
 
+def _size_class(nbytes: int) -> int:
+    """``nbytes`` rounded up to one of four sizes per doubling (at most 25% more).
+
+    Chunks and carried rows vary in size from one chunk to the next; rounding makes
+    buffers of nearly equal requests interchangeable.
+
+    Examples:
+        >>> [_size_class(n) >> 20 for n in (128 << 20, 129 << 20, 159 << 20, 161 << 20)]
+        [128, 160, 160, 192]
+    """
+    step = 1 << max(nbytes.bit_length() - 3, 12)
+    return -(-nbytes // step) * step
+
+
+def _map_memory(nbytes: int) -> mmap.mmap:
+    """Fresh, page-aligned, private anonymous memory, its pages mapped in at once.
+
+    ``MAP_POPULATE`` maps every page in one system call instead of one page fault per
+    page on first touch. The memory is not marked for transparent huge pages (numpy
+    marks its large arrays), so the kernel never stalls compacting memory to find them:
+    both were the cost of a loader's first epoch.
+    """
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(-1, nbytes, flags=flags)
+
+
 class BufferPool:
     """Large host arrays whose memory is reused once no array refers to it any more.
 
-    A chunk's blocks are hundreds of megabytes. Fresh memory from the allocator is
-    mapped in page by page on first touch, which costs as much as the shuffle itself;
-    reusing the memory of blocks already consumed avoids that. A buffer is lent out as
-    a numpy array over a memoryview that only that array (and its views, and tensors
-    made from them) keep alive, so a weak reference to the memoryview says exactly when
-    the buffer is free again. Arrays are 64-byte aligned.
+    A chunk's blocks are hundreds of megabytes. Fresh memory costs as much to map in
+    as the shuffle itself; reusing the memory of blocks already consumed avoids that.
+    A buffer is lent out as a numpy array over a memoryview that only that array (and
+    its views, and tensors made from them) keep alive, so a weak reference to the
+    memoryview says exactly when the buffer is free again.
+
+    What the pool keeps is bounded by what the loader holds at once, not by the data:
+    requests are rounded up to size classes (so buffers are interchangeable), and idle
+    buffers, least recently used first, are released whenever keeping them would take
+    the pool beyond ``slack`` times the most it ever had lent out at once. Arrays are
+    64-byte aligned (page aligned, in fact).
 
     Examples:
         >>> pool = BufferPool()
@@ -62,11 +94,16 @@ class BufferPool:
     """Smaller arrays come from numpy directly."""
     max_buffers = 16
     """Buffers kept at most; idle ones beyond this are released."""
+    slack = 1.25
+    """Pooled bytes kept at most, as a multiple of the most bytes ever lent at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._buffers: list[tuple[NDArray[np.uint8], int]] = []  # (memory, aligned offset)
+        self._buffers: list[mmap.mmap] = []
         self._leases: list[weakref.ref[memoryview] | None] = []
+        self._used: list[int] = []  # when each buffer was last lent (a counter)
+        self._clock = 0
+        self._peak_lent = 0
 
     def _idle(self, i: int) -> bool:
         lease = self._leases[i]
@@ -74,7 +111,12 @@ class BufferPool:
 
     def idle_bytes(self) -> int:
         with self._lock:
-            return sum(len(b) for i, (b, _) in enumerate(self._buffers) if self._idle(i))
+            return sum(len(b) for i, b in enumerate(self._buffers) if self._idle(i))
+
+    def pooled_bytes(self) -> int:
+        """Bytes the pool holds, lent or idle."""
+        with self._lock:
+            return sum(len(b) for b in self._buffers)
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
         dtype = np.dtype(dtype)
@@ -82,33 +124,47 @@ class BufferPool:
         nbytes = count * dtype.itemsize
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
+        size = _size_class(nbytes)
         with self._lock:
+            idle = [self._idle(i) for i in range(len(self._buffers))]
             # The smallest idle buffer that fits without wasting more than half of it.
             fits = [
-                (len(memory) - offset, i)
-                for i, (memory, offset) in enumerate(self._buffers)
-                if nbytes <= len(memory) - offset <= 2 * nbytes and self._idle(i)
+                (len(memory), i)
+                for i, memory in enumerate(self._buffers)
+                if size <= len(memory) <= 2 * size and idle[i]
             ]
             best = min(fits)[1] if fits else -1
             if best < 0:
-                self._release_idle(keep=self.max_buffers - 1)
-                memory = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-                offset = -memory.ctypes.data % _ALIGN
-                self._buffers.append((memory, offset))
+                lent = sum(len(b) for b, free in zip(self._buffers, idle, strict=True) if not free)
+                self._peak_lent = max(self._peak_lent, lent + size)
+                self._release_idle(idle, room=size)
+                self._buffers.append(_map_memory(size))
                 self._leases.append(None)
+                self._used.append(0)
                 best = len(self._buffers) - 1
-            memory, offset = self._buffers[best]
-            view = memoryview(memory)[offset : offset + nbytes]  # type: ignore[arg-type]
+            self._clock += 1
+            self._used[best] = self._clock
+            view = memoryview(self._buffers[best])[:nbytes]
             flat = np.frombuffer(view, dtype=dtype)
             self._leases[best] = weakref.ref(flat.base)  # type: ignore[arg-type]
         return flat.reshape(shape)
 
-    def _release_idle(self, keep: int) -> None:
-        idle = [i for i in range(len(self._buffers)) if self._idle(i)]
-        excess = len(self._buffers) - keep
-        for i in sorted(idle[: max(excess, 0)], reverse=True):
-            del self._buffers[i]
-            del self._leases[i]
+    def _release_idle(self, idle: list[bool], room: int) -> None:
+        """Release idle buffers, least recently used first, to make ``room`` bytes."""
+        budget = self.slack * self._peak_lent - room
+        total = sum(len(b) for b in self._buffers)
+        count = len(self._buffers)
+        drop = set()
+        for i in sorted((i for i, free in enumerate(idle) if free), key=self._used.__getitem__):
+            if total <= budget and count < self.max_buffers:
+                break
+            total -= len(self._buffers[i])
+            count -= 1
+            drop.add(i)
+        keep = [i for i in range(len(self._buffers)) if i not in drop]
+        self._buffers = [self._buffers[i] for i in keep]
+        self._leases = [self._leases[i] for i in keep]
+        self._used = [self._used[i] for i in keep]
 
 
 class PooledNumpy:
