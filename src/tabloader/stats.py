@@ -27,6 +27,10 @@ class LoaderStats:
         wait_seconds: Time the consumer spent waiting for the next batch.
         consume_seconds: Time the consumer spent iterating (from asking for the first
             batch to the end of the epoch, or to leaving the loop).
+        from_cache: Whether the last epoch started was served from the decoded cache
+            (no file read at all).
+        cache_epochs: Epochs served from the decoded cache.
+        cache_bytes: Bytes of decoded rows the cache holds (0 until it is complete).
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -45,6 +49,9 @@ class LoaderStats:
     batch_seconds: float = 0.0
     wait_seconds: float = 0.0
     consume_seconds: float = 0.0
+    from_cache: bool = False
+    cache_epochs: int = 0
+    cache_bytes: int = 0
 
     @property
     def input_bound_fraction(self) -> float:
@@ -81,6 +88,9 @@ class StatsRecorder:
     batch_seconds: float
     wait_seconds: float
     consume_seconds: float
+    from_cache: bool
+    cache_epochs: int
+    cache_bytes: int
 
     def snapshot(self) -> LoaderStats:
         return LoaderStats(**{f.name: getattr(self, f.name) for f in fields(LoaderStats)})
