@@ -39,6 +39,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,7 +47,7 @@ import numpy as np
 
 from tabloader.backends.cpu import column_to_numpy
 from tabloader.errors import CacheWarning, InvalidArgumentError
-from tabloader.plan import fixed_share
+from tabloader.plan import fixed_share, inverse_permutation
 from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
@@ -485,27 +486,38 @@ class DecodedCache:
     # -- serving --------------------------------------------------------------------
 
     def chunk_parts(
-        self, arrays: Mapping[str, NDArray[Any]], plan: EpochPlan, chunk: int
-    ) -> list[Part]:
+        self, arrays: Mapping[str, NDArray[Any]], plan: EpochPlan, chunk: int, xp: Any
+    ) -> Iterator[list[Part]]:
         """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``.
 
-        Without shuffling, every piece is a zero-copy view of the cache; with shuffling,
-        one part gathers the chunk's rows in the plan's order straight from the cache.
+        Without shuffling, the chunk's pieces are zero-copy views of the cache. With
+        shuffling, the rows are dealt into their batches as for streaming (see
+        :meth:`~tabloader.plan.EpochPlan.deal`): each batch's rows are gathered from the
+        cache in stored order (increasing addresses, which memory serves fast) into a
+        window of their own, one window at a time (so memory holds a few batches, not a
+        chunk), and the batcher then puts each window in the plan's order.
         """
         pieces = plan.pieces(chunk)
         order = plan.batch_order(chunk)
         if order is None:
-            return [
-                (
-                    {name: a[self._base[p] + s : self._base[p] + e] for name, a in arrays.items()},
-                    None,
-                )
-                for p, s, e in pieces
+            first = [int(self._base[p]) + s for p, s, _ in pieces]
+            yield [
+                ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
+                for lo, (_, s, e) in zip(first, pieces, strict=True)
             ]
+            return
         rows = np.concatenate(
             [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
         )
-        return [(dict(arrays), rows[order])]
+        if plan.shuffle_within_batch:
+            dealt = plan.deal(chunk, order)
+            index: NDArray[np.int64] | None = inverse_permutation(dealt)[order]
+        else:  # the order is already dealt: stored order within each batch
+            dealt, index = order, None
+        for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
+            window = rows[dealt[lo:hi]]
+            segment = {name: xp.take(a, window, axis=0) for name, a in arrays.items()}
+            yield [(segment, None if index is None else index[lo:hi] - lo)]
 
 
 class _CacheBackend:
@@ -531,7 +543,7 @@ class _CacheBackend:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
             for chunk in range(plan.num_chunks):
-                yield cache.chunk_parts(served, plan, chunk)
+                yield from cache.chunk_parts(served, plan, chunk, self.xp)
             return
         arrays, temp = cache._new_arrays()
         published = False
@@ -551,7 +563,7 @@ class _CacheBackend:
                     started = time.perf_counter()
                     cache._write(arrays, int(cache._base[p]) + a, piece)
                     stats.assemble_seconds += time.perf_counter() - started
-                yield cache.chunk_parts(served, plan, chunk)
+                yield from cache.chunk_parts(served, plan, chunk, self.xp)
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
                 missing, _decode(dataset, missing, columns, fill_null, stats), strict=True
