@@ -3,12 +3,14 @@
     python benchmarks/cache_speed.py                          # 4M synthetic Criteo-like rows
     python benchmarks/cache_speed.py --rows 1000000 --cache memory --json out.json
 
-Every measurement runs in a fresh process (``--one NAME`` runs one), so none inherits
-another's warm memory pools:
+Every method runs in a fresh process (``--one NAME`` runs one), so none inherits
+another's warm memory pools, and that process also times the decode limit just before
+and just after the method: on a shared machine the noise then hits both alike, and
+each ratio is taken against its own process's limit. The whole set runs ``--rounds``
+times; the report gives the median ratio of each figure over the rounds.
 
 - ``decode``: pyarrow decoding every row group of the files to numpy (the limit of any
-  loader that reads parquet each epoch); measured before and after the loaders, the
-  ratios use the median of its passes;
+  loader that reads parquet each epoch);
 - ``copy``: ``numpy.copyto`` of the same decoded columns into arrays of the same shape
   (the ceiling for a loader that reads decoded rows from memory);
 - ``stream, shuffle``: ``Loader(shuffle=True)`` without a cache, its first epoch (the
@@ -129,14 +131,19 @@ def measure_loader(
     return times
 
 
-def run_one(name: str, args: argparse.Namespace, files: list[str]) -> list[float]:
-    if name == "decode":
-        return measure_decode(files, args.passes)
+def run_one(name: str, args: argparse.Namespace, files: list[str]) -> dict[str, list[float]]:
+    """Seconds per pass of the decode limit (before and after) and of method ``name``."""
+    before = measure_decode(files, 2)
+    method = run_method(name, args, files)
+    return {"decode": before + measure_decode(files, 2), "method": method}
+
+
+def run_method(name: str, args: argparse.Namespace, files: list[str]) -> list[float]:
     if name == "copy":
         return measure_copy(files, args.passes)
     if name == "stream, shuffle":
         return measure_loader(files, args.batch_size, 2, True)
-    kind, _, shuffle = name.partition(", ")
+    shuffle = name.partition(", ")[2]
     cache_dir = tempfile.mkdtemp(prefix="tabloader-cache-bench-", dir=args.cache_dir)
     try:
         return measure_loader(
@@ -151,14 +158,14 @@ def run_one(name: str, args: argparse.Namespace, files: list[str]) -> list[float
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def in_fresh_process(name: str, argv: list[str]) -> list[float]:
+def in_fresh_process(name: str, argv: list[str]) -> dict[str, list[float]]:
     result = subprocess.run(
         [sys.executable, __file__, *argv, "--one", name],
         check=True,
         capture_output=True,
         text=True,
     )
-    return list(json.loads(result.stdout.strip().splitlines()[-1]))
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--row-group-size", type=int, default=131_072)
     parser.add_argument("--batch-size", type=int, default=65_536)
     parser.add_argument("--passes", type=int, default=3, help="timed passes per method")
+    parser.add_argument("--rounds", type=int, default=3, help="times the whole set runs")
     parser.add_argument("--cache", choices=["disk", "memory"], default="disk")
     parser.add_argument("--cache-dir", default=None, help="where the disk caches are written")
     parser.add_argument("--data", type=Path, default=HERE / "data")
@@ -181,15 +189,49 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     child_argv = list(argv if argv is not None else sys.argv[1:])
     load_before = os.getloadavg()
-    names = ["decode", "copy", "stream, shuffle"] + [f"cache, {s}" for s in SHUFFLES] + ["decode"]
-    seconds: dict[str, list[float]] = {}
-    for name in names:
-        print(f"  {name} ...", flush=True)
-        seconds.setdefault(name, []).extend(in_fresh_process(name, child_argv))
+    names = ["copy", "stream, shuffle"] + [f"cache, {s}" for s in SHUFFLES]
+    runs: list[dict[str, dict[str, list[float]]]] = []
+    for r in range(args.rounds):
+        runs.append({})
+        for name in names:
+            print(f"  round {r + 1}/{args.rounds}: {name} ...", flush=True)
+            runs[-1][name] = in_fresh_process(name, child_argv)
     load_after = os.getloadavg()
 
     rows = args.rows
-    decode = rows / statistics.median(seconds["decode"])
+    # Per round: each figure's rows/s over its own process's decode rows/s.
+    figures: dict[str, list[float]] = {}
+    limits: list[float] = []
+
+    def add(label: str, decode_seconds: list[float], seconds: float) -> None:
+        figures.setdefault(label, []).append(statistics.median(decode_seconds) / seconds)
+
+    for run in runs:
+        for name, measured in run.items():
+            decode, method = measured["decode"], measured["method"]
+            limits.append(rows / statistics.median(decode))
+            if name == "copy":
+                add("numpy.copyto (the ceiling)", decode, statistics.median(method))
+            elif name == "stream, shuffle":
+                add("stream, shuffle: epoch 0", decode, method[0])
+                add("stream, shuffle: epoch 1", decode, method[1])
+            else:
+                add(f"{name}: epoch 0 (writes)", decode, method[0])
+                add(f"{name}: epochs 1+", decode, statistics.median(method[1:]))
+                figures.setdefault(f"{name}: epoch 0 / streaming epoch 0", []).append(
+                    method[0] / run["stream, shuffle"]["method"][0]
+                )
+    goals = {f"{name}: epochs 1+": f">= {goal}" for name, goal in GOALS.items()}
+    goals.update({f"cache, {s}: epoch 0 / streaming epoch 0": "<= 1.3" for s in SHUFFLES})
+    lines = [
+        f"{'figure (x the decode limit, or a ratio)':48} {'median':>7}  {'rounds':18} goal",
+        f"{'pyarrow decode (the limit), rows/s':48} {statistics.median(limits):7,.0f}",
+    ]
+    for label, values in figures.items():
+        each = " ".join(f"{v:.2f}" for v in values)
+        lines.append(
+            f"{label:48} {statistics.median(values):7.2f}  {each:18} {goals.get(label, '')}"
+        )
     report: dict[str, object] = {
         "rows": rows,
         "batch_size": args.batch_size,
@@ -197,36 +239,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": load_after,
-        "decode_rows_per_second": decode,
-        "seconds": seconds,
+        "decode_rows_per_second": limits,
+        "figures": figures,
+        "runs": runs,
     }
-    lines = [f"{'method':34} {'rows/s':>12} {'x decode':>9}  goal"]
-
-    def line(label: str, secs: float, goal: str = "") -> float:
-        ratio = rows / secs / decode
-        lines.append(f"{label:34} {rows / secs:12,.0f} {ratio:9.2f}  {goal}")
-        return ratio
-
-    ratios: dict[str, float] = {}
-    ratios["decode"] = line("pyarrow decode (the limit)", statistics.median(seconds["decode"]))
-    ratios["copy"] = line("numpy.copyto (the ceiling)", statistics.median(seconds["copy"]))
-    stream = seconds["stream, shuffle"]
-    ratios["stream first"] = line("stream, shuffle: epoch 0", stream[0])
-    ratios["stream later"] = line("stream, shuffle: epoch 1", stream[1])
-    for name in (f"cache, {s}" for s in SHUFFLES):
-        first, later = seconds[name][0], statistics.median(seconds[name][1:])
-        ratios[f"{name} first"] = line(
-            f"{name}: epoch 0 (writes)",
-            first,
-            f"{first / stream[0]:.2f}x streaming epoch 0 (goal <= 1.3)",
-        )
-        ratios[f"{name} later"] = line(
-            f"{name}: epochs 1+", later, f">= {GOALS[name]}"
-        )
-    report["ratios"] = ratios
     print(f"{rows:,} rows, batch {args.batch_size:,}, cache={args.cache}, {os.cpu_count()} CPUs")
     print("\n".join(lines))
-    print(f"load average before {load_before}, after {load_after}")
+    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1))
     return report
