@@ -978,12 +978,13 @@ def test_device_memory_in_use_is_flat_across_epochs(dataset_dir):
         parts_per_chunk=2,
     )
     seen = []
-    for _ in range(6):
+    for _ in range(8):
         for _batch in loader:
             pass
         seen.append(loader.stats().device_bytes)
     assert seen[0] > 0
-    assert max(seen[1:]) <= seen[1] * 1.1, seen
+    # What is alive when a chunk is read varies a little; it must not grow.
+    assert max(seen[3:]) <= max(seen[:3]) * 1.1, seen
 
 
 @gpu

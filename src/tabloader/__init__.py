@@ -14,6 +14,7 @@ Examples:
 
 from tabloader.dataset import Dataset
 from tabloader.errors import (
+    CacheWarning,
     ColumnNotFoundError,
     ColumnTypeError,
     EmptyDatasetError,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchIterator",
+    "CacheWarning",
     "ColumnNotFoundError",
     "ColumnTypeError",
     "Dataset",

@@ -15,6 +15,7 @@ builtin exception that fits, so ``except FileNotFoundError`` keeps working::
 from __future__ import annotations
 
 __all__ = [
+    "CacheWarning",
     "ColumnNotFoundError",
     "ColumnTypeError",
     "EmptyDatasetError",
@@ -74,3 +75,10 @@ class ReadError(TabloaderError, OSError):
 
 class PerformanceWarning(UserWarning):
     """A setup that works but will load slowly (tiny row groups, more ranks than partitions)."""
+
+
+class CacheWarning(PerformanceWarning):
+    """The decoded cache cannot be used (too big for ``cache_max_bytes``, the disk or memory).
+
+    The loader then streams from the files every epoch, which is correct but slower.
+    """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -14,6 +15,7 @@ import pyarrow as pa
 
 from tabloader.backends import get_backend
 from tabloader.batches import Block, Layout, Part, cut_batches
+from tabloader.cache import CacheMode, DecodedCache
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
@@ -32,7 +34,14 @@ from tabloader.options import (
     numeric_dtype,
     optional_positive,
 )
-from tabloader.plan import EpochPlan, count_batches, plan_epoch, rank_rows, worker_row_range
+from tabloader.plan import (
+    EpochPlan,
+    count_batches,
+    plan_cached_epoch,
+    plan_epoch,
+    rank_rows,
+    worker_row_range,
+)
 from tabloader.reader import Prefetcher
 from tabloader.stats import LoaderStats, StatsRecorder
 
@@ -77,8 +86,9 @@ class Loader:
             iterator yields. The place to build framework tensors.
 
     How to shuffle:
-        shuffle: Visit partitions in a new random order every epoch and permute rows
-            within each chunk.
+        shuffle: ``True``: visit partitions in a new random order every epoch and permute
+            rows within each chunk. ``"global"``: permute all of the rank's rows every
+            epoch (needs ``cache``). Default ``False``: stored order.
         shuffle_within_batch: With ``False``, a shuffled batch delivers its rows in
             stored order. Which rows share a batch is exactly as random; only the order
             inside the batch, which a loss summed over the batch does not see, is not.
@@ -92,10 +102,24 @@ class Loader:
             row groups; memory holds about ``prefetch + 2`` chunks.
         prefetch: Chunks decoded ahead of the one being cut into batches.
 
+    Caching:
+        cache: ``None`` (default) decodes the files every epoch. ``"memory"`` or
+            ``"disk"``: the first epoch also keeps the rank's decoded rows (cast, nulls
+            filled) in RAM or in memory-mapped files, and later epochs read only those,
+            several times faster than decoding, with the same batches (see docs/cache.md).
+            The CPU backend only (``device="cpu"``).
+        cache_dir: Directory of disk caches. Default ``$TABLOADER_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``.
+        cache_max_bytes: Largest cache to write. A cache that would be bigger, or would
+            not fit in the free disk space (or half the available memory), is not
+            written: a :class:`CacheWarning` says so once and every epoch streams.
+
     Distributed:
         global_rank, global_size: This process's rank and the number of ranks. Every rank
             gets ``len(dataset) // global_size`` rows and the same number of batches; the
-            ranks' rows are disjoint. Pass the same ``seed`` on every rank.
+            ranks' rows are disjoint. Pass the same ``seed`` on every rank. With a
+            ``cache``, each rank keeps the same rows every epoch (its share of the
+            dataset in stored order) and shuffling permutes within that share.
         device: ``"cpu"``, or ``"cuda"``/``"cuda:N"``/an index for the GPU backend
             (``"cuda"`` is the current CUDA device). None (default): ``$TABLOADER_DEVICE``
             if set, else the GPU when cudf and cupy import and a GPU is visible, else
@@ -124,7 +148,7 @@ class Loader:
         cats: str | Sequence[str] | None = None,
         conts: str | Sequence[str] | None = None,
         labels: str | Sequence[str] | None = None,
-        shuffle: bool = False,
+        shuffle: bool | Literal["global"] = False,
         shuffle_within_batch: bool = True,
         seed: int | None = None,
         parts_per_chunk: int | None = None,
@@ -140,6 +164,9 @@ class Loader:
         prefetch: int = 1,
         device: str | int | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        cache: CacheMode | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_max_bytes: int | None = None,
     ) -> None:
         self.batch_size = int_at_least(batch_size, 1, "batch_size")
         self.cats = column_names(cats, "cats")
@@ -170,7 +197,20 @@ class Loader:
         if layout not in ("columns", "stacked"):
             raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
         self.layout = layout
-        self.shuffle = flag(shuffle, "shuffle")
+        self.global_shuffle = isinstance(shuffle, str) and shuffle == "global"
+        """``shuffle="global"``: permute all of the rank's rows every epoch."""
+        if isinstance(shuffle, str) and not self.global_shuffle:
+            raise InvalidArgumentError(f"shuffle must be True, False or 'global', got {shuffle!r}")
+        self.shuffle = True if self.global_shuffle else flag(shuffle, "shuffle")
+        if cache not in (None, "memory", "disk"):
+            raise InvalidArgumentError(f"cache must be None, 'memory' or 'disk', got {cache!r}")
+        if self.global_shuffle and cache is None:
+            raise InvalidArgumentError(
+                "shuffle='global' permutes all of the rank's rows every epoch, which needs "
+                "random access to decoded rows: pass cache='memory' or cache='disk' too, or "
+                "use shuffle=True (partitions and rows within chunks)"
+            )
+        cache_max_bytes = optional_positive(cache_max_bytes, "cache_max_bytes")
         self.shuffle_within_batch = flag(shuffle_within_batch, "shuffle_within_batch")
         self.drop_last = flag(drop_last, "drop_last")
         if seed is None:
@@ -193,6 +233,12 @@ class Loader:
         self.device: Device = resolve_device(device)
         """Where batches live, decided once here; adapters read it and never decide again."""
         self.backend: Backend = get_backend(self.device)
+        if cache is not None and self.device.is_cuda:
+            raise InvalidArgumentError(
+                f"cache={cache!r} keeps decoded rows in host memory for the CPU backend, and "
+                f"device={self.device} reads with the GPU backend. Pass device='cpu' (the "
+                "PyTorch adapter still copies batches to its CUDA device), or leave cache out"
+            )
 
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         types = self.dataset.column_types(columns)
@@ -212,6 +258,19 @@ class Loader:
         self.epoch = 0
         self._stats = StatsRecorder()
         self._check_size()
+        self.cache: DecodedCache | None = None
+        """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
+        if cache is not None:
+            self.cache = DecodedCache(
+                cache,
+                dataset=self.dataset,
+                blocks=self.layout_plan.blocks,
+                fill_null=self.fill_null,
+                global_rank=self.global_rank,
+                global_size=self.global_size,
+                cache_dir=cache_dir,
+                max_bytes=cache_max_bytes,
+            )
 
     # -- validation ---------------------------------------------------------------
 
@@ -330,6 +389,24 @@ class Loader:
         """The epoch plan this loader follows (see :mod:`tabloader.plan`)."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
+        if self.cache is not None:
+            # Without a usable cache, "global" streams with shuffle=True's chunks.
+            global_shuffle = self.global_shuffle and self.cache.usable
+            return plan_cached_epoch(
+                self.dataset.partition_rows,
+                batch_size=self.batch_size,
+                shuffle="global" if global_shuffle else self.shuffle,
+                shuffle_within_batch=self.shuffle_within_batch,
+                seed=self.seed,
+                epoch=epoch,
+                global_rank=self.global_rank,
+                global_size=self.global_size,
+                worker=worker,
+                num_workers=num_workers,
+                parts_per_chunk=self.parts_per_chunk,
+                chunk_rows=self.chunk_rows,
+                drop_last=self.drop_last,
+            )
         return plan_epoch(
             self.dataset.partition_rows,
             batch_size=self.batch_size,
@@ -360,12 +437,15 @@ class Loader:
 
     def iter_epoch(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> BatchIterator:
         """Iterate over one epoch, or one worker process's share of it, without advancing."""
+        backend = self.backend
+        if self.cache is not None:  # from the cache, into the cache, or (too big) streamed
+            backend = self.cache.epoch_backend(self.backend, self._stats)
         plan = self.plan(epoch, worker=worker, num_workers=num_workers)
         stop = threading.Event()  # the batcher stage's own, set when the consumer closes
         make_batches = partial(
             _batch_stream,
             dataset=self.dataset,
-            backend=self.backend,
+            backend=backend,
             plan=plan,
             layout=self.layout_plan,
             fill_null=self.fill_null,

@@ -33,8 +33,8 @@ How an epoch is laid out:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -48,7 +48,9 @@ __all__ = [
     "count_batches",
     "deal_into_batches",
     "inverse_permutation",
+    "fixed_share",
     "partition_order",
+    "plan_cached_epoch",
     "plan_epoch",
     "rank_rows",
     "worker_row_range",
@@ -378,4 +380,94 @@ def plan_epoch(
         epoch=epoch,
         rank=global_rank,
         worker=worker,
+    )
+
+
+def fixed_share(
+    partition_rows: NDArray[np.int64], *, global_rank: int, global_size: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """One rank's fixed share of the dataset: ``(partitions, starts, stops)`` in stored order.
+
+    The share is rows ``[r*N//W, (r+1)*N//W)`` of the dataset in stored order (the
+    unshuffled epoch's shard), the same every epoch: what a rank's decoded cache holds.
+
+    Examples:
+        >>> [p.tolist() for p in fixed_share(np.array([4, 4, 4]), global_rank=1, global_size=2)]
+        [[1, 2], [2, 0], [4, 4]]
+    """
+    rows = np.asarray(partition_rows, dtype=np.int64)
+    ends = np.cumsum(rows)
+    begins = ends - rows
+    lo, hi = rank_rows(
+        int(ends[-1]) if len(ends) else 0, global_rank=global_rank, global_size=global_size
+    )
+    starts = np.maximum(begins, lo) - begins
+    stops = np.minimum(ends, hi) - begins
+    keep = np.flatnonzero(stops > starts)
+    return keep.astype(np.int64), starts[keep], stops[keep]
+
+
+def plan_cached_epoch(
+    partition_rows: NDArray[np.int64],
+    *,
+    batch_size: int,
+    shuffle: bool | Literal["global"],
+    seed: int,
+    epoch: int,
+    global_rank: int = 0,
+    global_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    parts_per_chunk: int | None = None,
+    chunk_rows: int | None = None,
+    drop_last: bool = False,
+    shuffle_within_batch: bool = True,
+) -> EpochPlan:
+    """Plan one epoch of a loader with a decoded cache: every rank keeps a fixed share.
+
+    A cache holds one rank's rows, so with a cache a rank's rows must not change from
+    epoch to epoch. Each rank owns its :func:`fixed_share` (``N // W`` rows, so batch
+    counts stay equal) and shuffling permutes within it: the share's pieces play the
+    role of the partitions in :func:`plan_epoch` (visited in a new order every epoch,
+    grouped into chunks, rows permuted within each chunk). ``shuffle="global"`` makes
+    the worker's whole range one chunk, so its rows are permuted all together. With
+    one rank (or without shuffling) the plan is exactly :func:`plan_epoch`'s.
+
+    The plan names real partitions and rows, so it can be streamed from the files (the
+    epoch that fills the cache) or served from the cache.
+
+    Examples:
+        >>> rows = np.array([4, 4, 4])
+        >>> plan = plan_cached_epoch(rows, batch_size=2, shuffle=True, seed=0, epoch=3,
+        ...                          global_rank=1, global_size=2, parts_per_chunk=1)
+        >>> sorted((p, a, b) for p, a, b in zip(plan.partitions.tolist(),
+        ...        plan.starts.tolist(), plan.stops.tolist()))
+        [(1, 2, 4), (2, 0, 4)]
+    """
+    parts, starts, stops = fixed_share(
+        partition_rows, global_rank=global_rank, global_size=global_size
+    )
+    share_rows = stops - starts
+    if shuffle == "global":
+        parts_per_chunk, chunk_rows = None, max(int(share_rows.sum()), 1)
+    sub = plan_epoch(
+        share_rows,
+        batch_size=batch_size,
+        shuffle=bool(shuffle),
+        seed=seed,
+        epoch=epoch,
+        worker=worker,
+        num_workers=num_workers,
+        parts_per_chunk=parts_per_chunk,
+        chunk_rows=chunk_rows,
+        drop_last=drop_last,
+        shuffle_within_batch=shuffle_within_batch,
+    )
+    pieces = sub.partitions
+    return replace(
+        sub,
+        partitions=parts[pieces],
+        starts=starts[pieces] + sub.starts,
+        stops=starts[pieces] + sub.stops,
+        rank=global_rank,
     )

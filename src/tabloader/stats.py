@@ -29,6 +29,10 @@ class LoaderStats:
             batch to the end of the epoch, or to leaving the loop).
         device_bytes: On a GPU, device memory in use after the last chunk was read (the
             pool's allocated bytes when tabloader set the pool up); 0 on the CPU.
+        from_cache: Whether the last epoch started was served from the decoded cache
+            (no file read at all).
+        cache_epochs: Epochs served from the decoded cache.
+        cache_bytes: Bytes of decoded rows the cache holds (0 until it is complete).
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -48,6 +52,9 @@ class LoaderStats:
     wait_seconds: float = 0.0
     consume_seconds: float = 0.0
     device_bytes: int = 0
+    from_cache: bool = False
+    cache_epochs: int = 0
+    cache_bytes: int = 0
 
     @property
     def input_bound_fraction(self) -> float:
@@ -85,6 +92,9 @@ class StatsRecorder:
     wait_seconds: float
     consume_seconds: float
     device_bytes: int
+    from_cache: bool
+    cache_epochs: int
+    cache_bytes: int
 
     def snapshot(self) -> LoaderStats:
         return LoaderStats(**{f.name: getattr(self, f.name) for f in fields(LoaderStats)})

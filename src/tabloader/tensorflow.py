@@ -34,7 +34,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Integral, Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -132,6 +132,11 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             it once (:attr:`tabloader.Loader.device`) and tensors are built there.
         fill_null: Replacement for nulls, as in :class:`tabloader.Loader`.
 
+    Caching:
+        cache, cache_dir, cache_max_bytes: Keep the decoded rows after the first epoch
+            and serve later epochs from them (``shuffle="global"`` needs one); see
+            :class:`tabloader.Loader` and docs/cache.md. CPU only.
+
     Epochs: each batch index of ``range(len(loader))`` is served once per epoch, with
     the epoch's batches in the order the background reader delivers them, whatever the
     order of the indices (``fit`` shuffles indices by default; that adds nothing, and
@@ -166,7 +171,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         cat_names: str | Sequence[str] | None = None,
         cont_names: str | Sequence[str] | None = None,
         engine: str | None = None,
-        shuffle: bool = True,
+        shuffle: bool | Literal["global"] = True,
         shuffle_within_batch: bool = True,
         seed: int | None = None,
         seed_fn: Callable[[], int] | None = None,
@@ -177,6 +182,9 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         global_rank: int | None = None,
         drop_last: bool = False,
         fill_null: float | Mapping[str, float] | None = None,
+        cache: Literal["memory", "disk"] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_max_bytes: int | None = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
@@ -233,6 +241,9 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             global_size=1 if global_size is None else global_size,
             device=device,
             transform=make_tensors,
+            cache=cache,
+            cache_dir=cache_dir,
+            cache_max_bytes=cache_max_bytes,
         )
         make_tensors.set_columns(loader.cats, loader.conts, loader.labels, device=loader.device)
         self.buffer_size = buffer_size
@@ -784,7 +795,8 @@ def _reject(unsupported: Mapping[str, Any]) -> None:
         f"KerasSequenceLoader() got unexpected keyword argument(s) {sorted(unsupported)}; "
         "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
         "cont_names, engine, shuffle, shuffle_within_batch, seed, seed_fn, buffer_size, "
-        "device, parts_per_chunk, global_size, global_rank, drop_last, fill_null"
+        "device, parts_per_chunk, global_size, global_rank, drop_last, fill_null, cache, "
+        "cache_dir, cache_max_bytes"
     )
 
 

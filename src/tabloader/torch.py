@@ -24,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import operator
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -245,6 +246,9 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             default chunk size.
         drop_last: Drop each epoch's short last batch.
         prefetch: Chunks decoded ahead.
+        cache, cache_dir, cache_max_bytes: Keep the decoded rows after the first epoch
+            and serve later epochs from them (``shuffle="global"`` needs one); see
+            :class:`tabloader.Loader` and docs/cache.md. Needs ``backend="cpu"``.
 
     Where batches go:
         device: ``None`` (default), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int or a
@@ -296,7 +300,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         conts: Sequence[str] | None = None,
         labels: Sequence[str] | None = None,
         batch_size: int,
-        shuffle: bool = False,
+        shuffle: bool | Literal["global"] = False,
         shuffle_within_batch: bool = True,
         seed: int | None = None,
         seed_fn: Callable[[], int] | None = None,
@@ -312,6 +316,9 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         sparse_names: Sequence[str] | None = None,
         sparse_max: Mapping[str, int] | None = None,
         sparse_as_dense: bool = False,
+        cache: Literal["memory", "disk"] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_max_bytes: int | None = None,
     ) -> None:
         super().__init__()
         for name, value, default in (
@@ -361,6 +368,9 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             "global_size": global_size,
             "fill_null": fill_null,
             "prefetch": prefetch,
+            "cache": cache,
+            "cache_dir": cache_dir,
+            "cache_max_bytes": cache_max_bytes,
         }
         self._loader = self._make_loader(dataset)
         # Keep the seed the core drew (seed=None), so copies in worker processes agree.

@@ -1,0 +1,77 @@
+"""Benchmark cases for the decoded cache (collected like ``cases_torch.py``).
+
+- ``Loader(cache="disk")`` with ``shuffle`` False, True and ``"global"``: in its own
+  process, a case's first epoch decodes the files and writes the cache, and its later
+  epochs read nothing but the cache, so the report's "first epoch" column is the
+  cache-writing epoch and "later epochs" the cached ones.
+The memory-copy ceiling of cached epochs (``numpy.copyto`` of the decoded columns) is
+a core case (``cases_core.py``).
+
+Goals for cached epochs: 2x (no shuffle), 1.5x (shuffle) and 0.7x (global shuffle) the
+parquet decode limit; the cache-writing first epoch at most 1.3x a streaming first
+epoch. Caches are written to a temporary directory removed when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from common import Case, Context
+
+
+def _cached_epochs(ctx: Context, shuffle: Any) -> Callable[[], Callable[[], int]]:
+    def make() -> Callable[[], int]:
+        import tabloader
+
+        directory = tempfile.mkdtemp(prefix="tabloader-cache-bench-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        loader = tabloader.Loader(
+            ctx.files,
+            cats=ctx.cats,
+            conts=ctx.conts,
+            labels=ctx.labels,
+            batch_size=ctx.batch_size,
+            shuffle=shuffle,
+            seed=0,
+            device="cpu",
+            cache="disk",
+            cache_dir=directory,
+        )
+        epochs = [0]
+
+        def run() -> int:
+            rows = sum(len(next(iter(batch.values()))) for batch in loader)
+            if epochs[0] and not loader.stats().from_cache:
+                raise RuntimeError("a later epoch was not served from the cache")
+            epochs[0] += 1
+            return rows
+
+        return run
+
+    return make
+
+
+def cache_cases(ctx: Context) -> list[Case]:
+    return [
+        Case(
+            f"tabloader Loader, disk cache, {label}",
+            _cached_epochs(ctx, shuffle),
+            note="the first epoch writes the cache; later epochs read only the cache",
+        )
+        for label, shuffle in (
+            ("no shuffle", False),
+            ("shuffle", True),
+            ("global shuffle", "global"),
+        )
+    ]
+
+
+def cases(ctx: Context) -> list[Case]:
+    """The cache cases (CPU only: the GPU backend does not use the cache)."""
+    if ctx.device != "cpu":
+        return []
+    return cache_cases(ctx)

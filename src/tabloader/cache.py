@@ -1,0 +1,606 @@
+"""The decoded cache: one rank's rows, decoded, cast and filled once, served every epoch after.
+
+Decoding parquet sets the pace of a streaming loader. With ``cache="memory"`` or
+``cache="disk"`` the first epoch reads the files as usual and writes every decoded row
+of the rank's share into one row-major array per block of the loader's
+:class:`~tabloader.batches.Layout` (``[rows, k]``, in the delivered dtype, nulls filled),
+at the row's place in the share's stored order. Every epoch, the first one included,
+then gathers its batches from those arrays following the same
+:class:`~tabloader.plan.EpochPlan`, so a cached epoch delivers exactly the batches a
+streamed one would. Later epochs read nothing but the cache.
+
+On disk, a cache is a directory named by the hash of its key (the files' paths, sizes
+and modification times or ETags, the row groups, the delivered columns with their
+dtypes, blocks and fill values, and the rank's share) holding one ``.npy`` file per block
+and a ``manifest.json``. It is written into a temporary directory and published by one
+``os.replace`` once complete, so a crash or an interrupted epoch never leaves a cache
+that a later loader would trust.
+
+Examples:
+    >>> import pyarrow as pa, tempfile, tabloader
+    >>> table = pa.table({"x": [0.5, 1.5, 2.5, 3.5]})
+    >>> loader = tabloader.Loader(table, conts=["x"], batch_size=2, cache="memory")
+    >>> [b["x"].tolist() for b in loader], loader.stats().from_cache
+    ([[0.5, 1.5], [2.5, 3.5]], False)
+    >>> [b["x"].tolist() for b in loader], loader.stats().from_cache
+    ([[0.5, 1.5], [2.5, 3.5]], True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from tabloader.backends.cpu import column_to_numpy
+from tabloader.errors import CacheWarning, InvalidArgumentError
+from tabloader.plan import fixed_share, inverse_permutation
+from tabloader.reader import Prefetcher
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from tabloader.backends import Backend
+    from tabloader.batches import Block, Part
+    from tabloader.dataset import Dataset
+    from tabloader.plan import EpochPlan
+    from tabloader.stats import StatsRecorder
+
+__all__ = ["CacheMode", "DecodedCache", "cache_directory", "cache_key", "file_identities"]
+
+CacheMode = Literal["memory", "disk"]
+
+FORMAT = 1
+"""Version of the on-disk layout; part of the key, so a new layout never reads an old one."""
+MANIFEST = "manifest.json"
+_TEMP_PREFIX = ".tmp-"
+_OWNER = "owner.json"
+_DISK_RESERVE_BYTES = 1 << 30
+_DISK_RESERVE_FRACTION = 0.05
+_INTERLEAVE_ROWS = 4096
+
+
+def cache_directory(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where disk caches live: ``cache_dir``, else ``$TABLOADER_CACHE_DIR``, else the user's
+    cache directory (``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``).
+
+    Examples:
+        >>> str(cache_directory("/data/cache"))
+        '/data/cache'
+    """
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("TABLOADER_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "tabloader"
+
+
+def file_identities(dataset: Dataset) -> list[dict[str, Any]]:
+    """Path, size and modification time (or ETag) of every file of ``dataset``.
+
+    A file rewritten in place changes its size, its modification time or its ETag, and
+    so the cache key.
+    """
+    # The fsspec filesystem of a remote dataset (None for local files).
+    filesystem = getattr(getattr(dataset, "_source", None), "filesystem", None)
+    identities: list[dict[str, Any]] = []
+    for path in dataset.files:
+        if filesystem is None:
+            st = os.stat(path)
+            identities.append(
+                {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            )
+            continue
+        info = filesystem.info(path)
+        identity = {"path": f"{getattr(filesystem, 'protocol', '')}:{path}"}
+        identity["size"] = info.get("size")
+        for name in ("ETag", "etag", "LastModified", "mtime", "last_modified", "created"):
+            if info.get(name) is not None:
+                identity[name] = str(info[name])
+        identities.append(identity)
+    return identities
+
+
+def cache_key(
+    *,
+    files: Sequence[Mapping[str, Any]],
+    partition_rows: NDArray[np.int64],
+    blocks: Sequence[Block],
+    fill_null: Mapping[str, float],
+    global_rank: int,
+    global_size: int,
+) -> dict[str, Any]:
+    """Everything that shapes the rows a cache stores, as JSON-ready values.
+
+    Examples:
+        >>> from tabloader.batches import Block
+        >>> key = cache_key(files=[{"path": "/d/a.parquet", "size": 10, "mtime_ns": 1}],
+        ...                 partition_rows=np.array([5]), fill_null={},
+        ...                 blocks=[Block("x", ("x",), np.dtype("float32"))],
+        ...                 global_rank=0, global_size=1)
+        >>> key["blocks"], key["share"]
+        ([['x', ['x'], 'float32']], [0, 1])
+    """
+    columns = {c for b in blocks for c in b.columns}
+    return {
+        "format": FORMAT,
+        "files": [dict(f) for f in files],
+        "partition_rows": [int(n) for n in partition_rows],
+        "blocks": [[b.name, list(b.columns), str(b.dtype)] for b in blocks],
+        "fill_null": {c: float(v) for c, v in sorted(fill_null.items()) if c in columns},
+        "share": [global_rank, global_size],
+    }
+
+
+def _digest(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _lineage(key: Mapping[str, Any]) -> str:
+    """The key without the files' versions: caches of earlier versions of the same files."""
+    return _digest({**key, "files": [f["path"] for f in key["files"]], "partition_rows": None})
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+class DecodedCache:
+    """One loader's decoded cache: its key, where it lives, and the rows once complete.
+
+    Created by :class:`~tabloader.Loader` when ``cache`` is given. Each epoch asks
+    :meth:`epoch_backend` how to read: from the cache, from the files while writing the
+    cache, or from the files alone when the cache does not fit.
+    """
+
+    def __init__(
+        self,
+        mode: CacheMode,
+        *,
+        dataset: Dataset,
+        blocks: Sequence[Block],
+        fill_null: Mapping[str, float],
+        global_rank: int,
+        global_size: int,
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        self.mode = mode
+        self.blocks = tuple(blocks)
+        self.max_bytes = max_bytes
+        files = dataset.files
+        if mode == "disk" and not files:
+            raise InvalidArgumentError(
+                "cache='disk' needs a dataset of files: the cache is keyed by their paths, "
+                "sizes and modification times, which an in-memory table or Dask DataFrame "
+                "does not have. Use cache='memory'"
+            )
+        self.key = cache_key(
+            files=file_identities(dataset),
+            partition_rows=dataset.partition_rows,
+            blocks=self.blocks,
+            fill_null=fill_null,
+            global_rank=global_rank,
+            global_size=global_size,
+        )
+        self.digest = _digest(self.key)
+        self.root = cache_directory(cache_dir) if mode == "disk" else None
+        parts, starts, stops = fixed_share(
+            dataset.partition_rows, global_rank=global_rank, global_size=global_size
+        )
+        lengths = stops - starts
+        offsets = np.cumsum(lengths) - lengths
+        self.share = (parts, starts, stops, offsets)
+        self.rows = int(lengths.sum())
+        # Cache row of row j of partition p: base[p] + j.
+        self._base = np.full(dataset.num_partitions, -1, dtype=np.int64)
+        self._base[parts] = offsets - starts
+        self.nbytes = sum(self.rows * len(b.columns) * b.dtype.itemsize for b in self.blocks)
+        self.arrays: dict[str, NDArray[Any]] | None = None
+        """Block name -> read-only ``[rows, k]`` array, once the cache is complete."""
+        self.refused: str | None = None
+        """Why the cache is not used (it does not fit), once found out."""
+
+    @property
+    def path(self) -> Path | None:
+        """The published cache's directory (disk caches)."""
+        return None if self.root is None else self.root / self.digest
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Worker processes open the published cache themselves (or fill their own).
+        return {**self.__dict__, "arrays": None}
+
+    # -- finding, sizing ------------------------------------------------------------
+
+    def lookup(self) -> bool:
+        """Whether a complete cache is available (opening a published one from disk)."""
+        if self.arrays is not None:
+            return True
+        if self.root is None:
+            return False
+        arrays = self._open(self.root / self.digest)
+        if arrays is not None:
+            self.arrays = arrays
+        return self.arrays is not None
+
+    def _open(self, directory: Path) -> dict[str, NDArray[Any]] | None:
+        """The published cache in ``directory`` if it is complete and has this key."""
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+        if manifest.get("key") != self.key:
+            return None
+        arrays = {}
+        try:
+            for b, entry in zip(self.blocks, manifest["blocks"], strict=True):
+                array = np.load(directory / entry["file"], mmap_mode="r")
+                if array.shape != (self.rows, len(b.columns)) or array.dtype != b.dtype:
+                    return None
+                arrays[b.name] = np.asarray(array)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return arrays
+
+    def why_not(self) -> str | None:
+        """Why the cache cannot be written now (too big), or None when it fits."""
+        need = self.nbytes
+        if self.max_bytes is not None and need > self.max_bytes:
+            return (
+                f"it would take {_mib(need)} ({need} bytes), more than cache_max_bytes="
+                f"{self.max_bytes}. Raise cache_max_bytes, or select fewer columns"
+            )
+        if self.root is None:
+            available = _available_memory()
+            if available is not None and need > available // 2:
+                return (
+                    f"it would take {_mib(need)} of memory and only {_mib(available)} is "
+                    "available (the cache may use half). Use cache='disk'"
+                )
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        usage = shutil.disk_usage(self.root)
+        reserve = min(_DISK_RESERVE_BYTES, int(usage.total * _DISK_RESERVE_FRACTION))
+        if need > usage.free - reserve:
+            return (
+                f"it would take {_mib(need)} on {self.root}, which has {_mib(usage.free)} free "
+                f"(the cache leaves {_mib(reserve)} free). Free some space, or pass "
+                "cache_dir= (or set TABLOADER_CACHE_DIR) to a larger disk"
+            )
+        return None
+
+    def epoch_backend(self, backend: Backend, stats: StatsRecorder) -> Backend:
+        """How this epoch reads: from the cache, from the files into the cache, or from
+        the files alone (when the cache does not fit: said once, by a :class:`CacheWarning`).
+        """
+        if self.lookup():
+            stats.from_cache = True
+            stats.cache_epochs += 1
+            stats.cache_bytes = self.nbytes
+            return _CacheBackend(self, backend, write=False)
+        stats.from_cache = False
+        if self.refused is None:
+            self.refused = self.why_not()
+            if self.refused is not None:
+                warnings.warn(
+                    f"not caching the decoded rows: {self.refused}. Every epoch reads and "
+                    "decodes the files instead",
+                    CacheWarning,
+                    stacklevel=4,
+                )
+                return backend
+            self.refused = ""
+        if self.refused:
+            return backend
+        return _CacheBackend(self, backend, write=True)
+
+    @property
+    def usable(self) -> bool:
+        """False once the cache was found not to fit (the loader then streams)."""
+        return not self.refused
+
+    # -- writing ------------------------------------------------------------------
+
+    def _new_arrays(self) -> tuple[dict[str, NDArray[Any]], Path | None]:
+        """Empty arrays to fill: in memory, or ``.npy`` files in a fresh temporary directory."""
+        if self.root is None:
+            return {
+                b.name: np.empty((self.rows, len(b.columns)), b.dtype) for b in self.blocks
+            }, None
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_abandoned()
+        temp = self.root / f"{_TEMP_PREFIX}{self.digest}-{os.getpid()}-{secrets.token_hex(4)}"
+        temp.mkdir()
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        (temp / _OWNER).write_text(json.dumps(owner))
+        arrays = {}
+        for i, b in enumerate(self.blocks):
+            arrays[b.name] = np.asarray(
+                np.lib.format.open_memmap(
+                    temp / f"block{i}.npy",
+                    mode="w+",
+                    dtype=b.dtype,
+                    shape=(self.rows, len(b.columns)),
+                )
+            )
+        return arrays, temp
+
+    def _remove_abandoned(self) -> None:
+        """Delete temporary directories whose writer (on this host) is gone."""
+        assert self.root is not None
+        host = socket.gethostname()
+        for temp in self.root.glob(f"{_TEMP_PREFIX}*"):
+            try:
+                owner = json.loads((temp / _OWNER).read_text())
+            except (OSError, ValueError):
+                owner = None
+            if owner is None:
+                # No owner file: crashed before writing it, or being created right now.
+                stale = time.time() - temp.stat().st_mtime > 3600
+            else:
+                stale = owner.get("host") == host and not _pid_alive(int(owner.get("pid", 0)))
+            if stale:
+                shutil.rmtree(temp, ignore_errors=True)
+
+    def _publish(self, arrays: dict[str, NDArray[Any]], temp: Path | None) -> None:
+        """Make the filled ``arrays`` the cache: atomically, for a disk cache."""
+        if temp is None:
+            for array in arrays.values():
+                array.flags.writeable = False
+            if self.arrays is None:
+                self.arrays = arrays
+            return
+        assert self.root is not None
+        for array in arrays.values():
+            base = array.base
+            while base is not None and not isinstance(base, np.memmap):
+                base = getattr(base, "base", None)
+            if isinstance(base, np.memmap):
+                base.flush()
+        manifest = {
+            "format": FORMAT,
+            "key": self.key,
+            "lineage": _lineage(self.key),
+            "rows": self.rows,
+            "bytes": self.nbytes,
+            "blocks": [
+                {
+                    "name": b.name,
+                    "columns": list(b.columns),
+                    "dtype": str(b.dtype),
+                    "file": f"block{i}.npy",
+                }
+                for i, b in enumerate(self.blocks)
+            ],
+            "created": time.time(),
+        }
+        with open(temp / MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        (temp / _OWNER).unlink()
+        target = self.root / self.digest
+        try:
+            os.replace(temp, target)
+        except OSError:
+            # Another process published first (or a broken directory is in the way).
+            if self._open(target) is None:
+                shutil.rmtree(target, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    os.replace(temp, target)
+            shutil.rmtree(temp, ignore_errors=True)
+        self._remove_older_versions()
+        self.arrays = self._open(target)
+
+    def _remove_older_versions(self) -> None:
+        """Delete published caches of earlier versions of the same files (now stale)."""
+        assert self.root is not None
+        lineage = _lineage(self.key)
+        for manifest_path in self.root.glob(f"*/{MANIFEST}"):
+            directory = manifest_path.parent
+            if directory.name == self.digest or directory.name.startswith(_TEMP_PREFIX):
+                continue
+            try:
+                if json.loads(manifest_path.read_text()).get("lineage") == lineage:
+                    shutil.rmtree(directory, ignore_errors=True)
+            except (OSError, ValueError):
+                continue
+
+    def _write(
+        self, arrays: dict[str, NDArray[Any]], first_row: int, piece: dict[str, Any]
+    ) -> None:
+        """Cast one decoded piece's columns into their blocks' rows from ``first_row``."""
+        n = len(next(iter(piece.values())))
+        for b in self.blocks:
+            out = arrays[b.name][first_row : first_row + n]
+            if len(b.columns) == 1:
+                out[:, 0] = piece[b.columns[0]]
+                continue
+            # Row blocks small enough to stay in cache while every column is copied in.
+            for start in range(0, n, _INTERLEAVE_ROWS):
+                rows = out[start : start + _INTERLEAVE_ROWS]
+                for j, c in enumerate(b.columns):
+                    rows[:, j] = piece[c][start : start + _INTERLEAVE_ROWS]
+
+    def missing_pieces(self, written: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """The share's rows not in ``written`` pieces, as ``(partition, start, stop)``.
+
+        An epoch leaves rows out with ``drop_last`` or when a worker process reads only
+        its part: the cache must hold them all the same.
+
+        Examples are in the tests (they need a dataset).
+        """
+        by_partition: dict[int, list[tuple[int, int]]] = {}
+        for p, a, b in written:
+            by_partition.setdefault(p, []).append((a, b))
+        missing = []
+        parts, starts, stops, _ = self.share
+        for p, lo, hi in zip(parts.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            at = lo
+            for a, b in sorted(by_partition.get(p, [])):
+                if a > at:
+                    missing.append((p, at, a))
+                at = max(at, b)
+            if at < hi:
+                missing.append((p, at, hi))
+        return missing
+
+    # -- serving --------------------------------------------------------------------
+
+    def chunk_parts(
+        self, arrays: Mapping[str, NDArray[Any]], plan: EpochPlan, chunk: int, xp: Any
+    ) -> Iterator[list[Part]]:
+        """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``.
+
+        Without shuffling, the chunk's pieces are zero-copy views of the cache. With
+        shuffling, the rows are dealt into their batches as for streaming (see
+        :meth:`~tabloader.plan.EpochPlan.deal`): each batch's rows are gathered from the
+        cache in stored order (increasing addresses, which memory serves fast) into a
+        window of their own, one window at a time (so memory holds a few batches, not a
+        chunk), and the batcher then puts each window in the plan's order.
+        """
+        pieces = plan.pieces(chunk)
+        order = plan.batch_order(chunk)
+        if order is None:
+            first = [int(self._base[p]) + s for p, s, _ in pieces]
+            yield [
+                ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
+                for lo, (_, s, e) in zip(first, pieces, strict=True)
+            ]
+            return
+        rows = np.concatenate(
+            [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
+        )
+        if plan.shuffle_within_batch:
+            dealt = plan.deal(chunk, order)
+            index: NDArray[np.int64] | None = inverse_permutation(dealt)[order]
+        else:  # the order is already dealt: stored order within each batch
+            dealt, index = order, None
+        for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
+            window = rows[dealt[lo:hi]]
+            segment = {name: xp.take(a, window, axis=0) for name, a in arrays.items()}
+            yield [(segment, None if index is None else index[lo:hi] - lo)]
+
+
+class _CacheBackend:
+    """The loader's backend for one epoch, reading chunks through the cache."""
+
+    def __init__(self, cache: DecodedCache, backend: Backend, *, write: bool) -> None:
+        self.cache = cache
+        self.name = backend.name
+        self.xp = backend.xp
+        self.write = write
+
+    def read_chunks(
+        self,
+        dataset: Dataset,
+        plan: EpochPlan,
+        blocks: Sequence[Block],
+        fill_null: Mapping[str, float],
+        *,
+        stats: StatsRecorder,
+    ) -> Iterator[list[Part]]:
+        cache = self.cache
+        if not self.write:
+            assert cache.arrays is not None
+            served = _read_only(cache.arrays)
+            for chunk in range(plan.num_chunks):
+                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+            return
+        arrays, temp = cache._new_arrays()
+        published = False
+        columns = [c for b in cache.blocks for c in b.columns]
+        pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
+        decoded = Prefetcher(
+            partial(_decode, dataset, pieces, columns, fill_null, stats),
+            depth=1,
+            name="tabloader-decoder",
+        )
+        try:
+            served = _read_only(arrays)
+            for chunk in range(plan.num_chunks):
+                s = plan.chunk_pieces(chunk)
+                for p, a, _ in pieces[s]:
+                    piece = next(decoded)
+                    started = time.perf_counter()
+                    cache._write(arrays, int(cache._base[p]) + a, piece)
+                    stats.assemble_seconds += time.perf_counter() - started
+                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+            missing = cache.missing_pieces(pieces)
+            for (p, a, _), piece in zip(
+                missing, _decode(dataset, missing, columns, fill_null, stats), strict=True
+            ):
+                cache._write(arrays, int(cache._base[p]) + a, piece)
+            cache._publish(arrays, temp)
+            published = True
+            stats.cache_bytes = cache.nbytes
+        finally:
+            decoded.close()
+            if not published and temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+
+
+def _read_only(arrays: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
+    """Read-only views: a batch that is a view of the cache cannot change it."""
+    views = {}
+    for name, array in arrays.items():
+        view = array.view()
+        view.flags.writeable = False
+        views[name] = view
+    return views
+
+
+def _decode(
+    dataset: Dataset,
+    pieces: Sequence[tuple[int, int, int]],
+    columns: Sequence[str],
+    fill_null: Mapping[str, float],
+    stats: StatsRecorder,
+) -> Iterator[dict[str, NDArray[Any]]]:
+    """Each piece's columns as numpy arrays, nulls filled (zero-copy where there are none)."""
+    tables = dataset.iter_pieces(pieces, columns)
+    for partition, _, _ in pieces:
+        started = time.perf_counter()
+        table = next(tables)
+        stats.read_seconds += time.perf_counter() - started
+        stats.bytes_read += table.nbytes
+        where = dataset.describe_partition(partition)
+        yield {c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns}

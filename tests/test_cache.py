@@ -1,0 +1,574 @@
+"""The decoded cache: exact rows per epoch, same batches as streaming, keys, limits, crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tabloader
+from conftest import make_table, write_dataset
+from tabloader.cache import MANIFEST, DecodedCache, cache_directory
+from tabloader.plan import fixed_share, plan_cached_epoch, plan_epoch, rank_rows
+
+COLS = {"cats": ["id", "cat"], "conts": ["x"], "labels": ["label"]}
+LAYOUT = [[100, 60, 37], [80], [45, 90]]  # 412 rows, 6 row groups of uneven sizes
+ROWS = 412
+
+
+def ids(batches) -> np.ndarray:
+    return np.concatenate([np.asarray(b["id"]) for b in batches]) if batches else np.array([])
+
+
+def check_rows_intact(batches) -> None:
+    """Every delivered row is a real row: its columns agree with its id."""
+    for b in batches:
+        i = np.asarray(b["id"])
+        np.testing.assert_array_equal(b["cat"], i % 1000)
+        np.testing.assert_array_equal(b["x"], (i / 4.0).astype(np.float32))
+        np.testing.assert_array_equal(b["label"], (i % 2).astype(np.float32))
+
+
+def published(root: Path) -> list[Path]:
+    return [p.parent for p in root.glob(f"*/{MANIFEST}") if not p.parent.name.startswith(".")]
+
+
+def temporary(root: Path) -> list[Path]:
+    return list(root.glob(".tmp-*"))
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[str]:
+    return write_dataset(tmp_path / "data", LAYOUT)
+
+
+# -- the plan: fixed shares ---------------------------------------------------------
+
+partition_rows = st.lists(st.integers(1, 40), min_size=1, max_size=12).map(np.array)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=partition_rows,
+    world=st.integers(1, 5),
+    batch_size=st.integers(1, 30),
+    shuffle=st.sampled_from([False, True, "global"]),
+    drop_last=st.booleans(),
+    chunk=st.integers(1, 4),
+    epoch=st.integers(0, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_cached_plans_give_each_rank_its_fixed_share_once_per_epoch(
+    rows, world, batch_size, shuffle, drop_last, chunk, epoch, seed
+):
+    total = int(rows.sum())
+    if total < world:
+        return
+    starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    delivered, counts = [], []
+    for rank in range(world):
+        plan = plan_cached_epoch(
+            rows,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            global_rank=rank,
+            global_size=world,
+            parts_per_chunk=chunk,
+            drop_last=drop_last,
+        )
+        got = np.concatenate(
+            [np.arange(0)]
+            + [
+                np.arange(starts[p] + a, starts[p] + b)
+                for c in range(plan.num_chunks)
+                for p, a, b in plan.pieces(c)
+            ]
+        )
+        lo, hi = rank_rows(total, global_rank=rank, global_size=world)
+        share = set(range(lo, hi))  # the share is the same rows in every epoch
+        assert len(set(got.tolist())) == len(got)  # no row twice
+        assert set(got.tolist()) <= share
+        kept = batch_size * ((hi - lo) // batch_size) if drop_last else hi - lo
+        assert len(got) == plan.num_rows == kept
+        assert plan.num_batches == -(-kept // batch_size)
+        if shuffle == "global":
+            assert plan.num_chunks <= 1
+        delivered.append(set(got.tolist()))
+        counts.append(plan.num_batches)
+    assert len(set(counts)) == 1  # equal batch counts on every rank
+    assert sum(len(d) for d in delivered) == len(set().union(*delivered))  # ranks disjoint
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=partition_rows,
+    batch_size=st.integers(1, 30),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    chunk_rows=st.integers(1, 100),
+    epoch=st.integers(0, 3),
+    workers=st.integers(1, 3),
+)
+def test_with_one_rank_the_cached_plan_is_the_streaming_plan(
+    rows, batch_size, shuffle, drop_last, chunk_rows, epoch, workers
+):
+    for worker in range(workers):
+        options = dict(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=7,
+            epoch=epoch,
+            chunk_rows=chunk_rows,
+            drop_last=drop_last,
+            worker=worker,
+            num_workers=workers,
+        )
+        a, b = plan_epoch(rows, **options), plan_cached_epoch(rows, **options)
+        for field in ("partitions", "starts", "stops", "chunk_bounds"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        assert (a.num_rows, a.num_batches, a.rank) == (b.num_rows, b.num_batches, b.rank)
+        for c in range(a.num_chunks):
+            order_a, order_b = a.batch_order(c), b.batch_order(c)
+            assert (order_a is None) == (order_b is None)
+            if order_a is not None:
+                np.testing.assert_array_equal(order_a, order_b)
+
+
+def test_a_fixed_share_is_the_unshuffled_shard():
+    rows = np.array([5, 5, 5])
+    parts, starts, stops = fixed_share(rows, global_rank=2, global_size=3)
+    assert (parts.tolist(), starts.tolist(), stops.tolist()) == ([2], [0], [5])
+    plan = plan_epoch(rows, batch_size=2, shuffle=False, seed=0, epoch=0, global_rank=2,
+                      global_size=3)  # fmt: skip
+    assert plan.partitions.tolist() == [2]
+
+
+# -- exact rows per epoch -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True, "global"])
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_cached_epochs_deliver_every_row_of_the_share_once(
+    files, tmp_path, shuffle, world, drop_last
+):
+    per_rank = ROWS // world
+    loaders = [
+        tabloader.Loader(
+            files,
+            **COLS,
+            batch_size=16,
+            shuffle=shuffle,
+            seed=5,
+            parts_per_chunk=2,
+            drop_last=drop_last,
+            global_rank=rank,
+            global_size=world,
+            cache="disk",
+            cache_dir=tmp_path / "cache",
+        )
+        for rank in range(world)
+    ]
+    orders = []
+    for epoch in range(3):
+        seen = []
+        for rank, loader in enumerate(loaders):
+            batches = list(loader)
+            assert loader.stats().from_cache == (epoch > 0)
+            assert len(batches) == len(loader) == loaders[0].num_batches()
+            check_rows_intact(batches)
+            got = ids(batches)
+            share = set(range(rank * per_rank, (rank + 1) * per_rank))
+            assert len(set(got.tolist())) == len(got)
+            assert set(got.tolist()) <= share
+            assert len(got) == (16 * (per_rank // 16) if drop_last else per_rank)
+            seen.append(set(got.tolist()))
+            if rank == 0:
+                orders.append(got)
+        assert sum(len(s) for s in seen) == len(set().union(*seen))
+    if shuffle:
+        assert not np.array_equal(orders[1], orders[2])  # reshuffled every epoch
+    else:
+        assert np.array_equal(orders[1], orders[2])
+    assert len(published(tmp_path / "cache")) == world
+    assert loaders[0].stats().cache_epochs == 2
+
+
+def test_global_shuffle_mixes_rows_from_the_whole_share(tmp_path):
+    paths = write_dataset(tmp_path / "d", [[100] * 10])
+    options = dict(cats=["id"], batch_size=50, seed=1, parts_per_chunk=1, cache="memory")
+    chunked = tabloader.Loader(paths, shuffle=True, **options)
+    everywhere = tabloader.Loader(paths, shuffle="global", **options)
+    for epoch in range(2):
+        # Rows of one chunk (one row group here) can only share a batch with a neighbour.
+        assert all(len(np.unique(b["id"] // 100)) <= 2 for b in chunked)
+        spread = [len(np.unique(b["id"] // 100)) for b in everywhere]
+        assert min(spread) >= 5, (epoch, spread)
+
+
+def test_changing_a_batch_in_place_cannot_change_the_cache(files):
+    loader = tabloader.Loader(files, **COLS, batch_size=16, cache="memory")
+    for _ in range(3):
+        batches = list(loader)
+        check_rows_intact(batches)
+        assert sorted(ids(batches).tolist()) == list(range(ROWS))
+        for batch in batches:
+            for array in batch.values():
+                if array.flags.writeable:  # a copy (a batch straddling row groups)
+                    array[:] = -1
+                else:  # a view of the cache
+                    with pytest.raises(ValueError, match="read-only"):
+                        array[0] = -1
+
+
+# -- the same batches as streaming ----------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(layout="columns", chunk_rows=150),
+        dict(layout="stacked", chunk_rows=150, drop_last=True),
+        dict(layout="columns", parts_per_chunk=2, shuffle_within_batch=False),
+        dict(layout="stacked", parts_per_chunk=1, shuffle_within_batch=False),
+        dict(layout="columns", shuffle=False),
+    ],
+)
+def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options):
+    options = {"shuffle": True, **options}
+    streamed = tabloader.Loader(files, **COLS, batch_size=24, seed=11, **options)
+    cached = tabloader.Loader(
+        files, **COLS, batch_size=24, seed=11, cache=mode, cache_dir=tmp_path / "c", **options
+    )
+    for epoch in range(3):
+        a, b = list(streamed), list(cached)
+        assert cached.stats().from_cache == (epoch > 0)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert x.keys() == y.keys()
+            for key in x:
+                assert (x[key].dtype, x[key].shape) == (y[key].dtype, y[key].shape)
+                np.testing.assert_array_equal(x[key], y[key])
+
+
+# -- reuse and invalidation -----------------------------------------------------------
+
+
+def test_a_second_loader_reads_only_the_cache(files, tmp_path):
+    options = dict(**COLS, batch_size=32, shuffle=True, seed=3, cache="disk",
+                   cache_dir=tmp_path / "c")  # fmt: skip
+    first = tabloader.Loader(files, **options)
+    expected = [list(first) for _ in range(2)]
+    second = tabloader.Loader(files, **options)
+    for path in files:  # streaming would fail from here on
+        os.rename(path, path + ".moved")
+    for epoch in range(2):
+        batches = list(second)
+        assert second.stats().from_cache and second.stats().cache_epochs == epoch + 1
+        assert second.stats().bytes_read == 0 and second.stats().read_seconds == 0
+        for x, y in zip(expected[epoch], batches, strict=True):
+            np.testing.assert_array_equal(x["id"], y["id"])
+    # 412 rows of int64 id and cat, float32 x and label
+    assert second.stats().cache_bytes == ROWS * (8 + 8 + 4 + 4)
+
+
+def test_memory_cache_serves_later_epochs_without_the_files(files):
+    loader = tabloader.Loader(files, **COLS, batch_size=50, shuffle=True, seed=0,
+                              cache="memory")  # fmt: skip
+    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    for path in files:
+        os.remove(path)
+    for _ in range(2):
+        batches = list(loader)
+        check_rows_intact(batches)
+        assert sorted(ids(batches).tolist()) == list(range(ROWS))
+        assert loader.stats().from_cache
+
+
+def test_a_changed_file_rebuilds_the_cache(tmp_path):
+    paths = write_dataset(tmp_path / "d", [[50], [50]])
+    options = dict(cats=["id"], batch_size=10, cache="disk", cache_dir=tmp_path / "c")
+    loader = tabloader.Loader(paths, **options)
+    list(loader)
+    old = published(tmp_path / "c")
+    assert len(old) == 1
+
+    # Other values, same shape: only the modification time tells.
+    table = make_table(1000, 50)
+    import pyarrow.parquet as pq
+
+    stat = os.stat(paths[1])
+    pq.write_table(table, paths[1])
+    os.utime(paths[1], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    renewed = tabloader.Loader(paths, **options)
+    batches = list(renewed)
+    assert not renewed.stats().from_cache
+    assert sorted(ids(batches).tolist()) == list(range(50)) + list(range(1000, 1050))
+    # The stale version is gone, the new one serves the next epoch.
+    assert published(tmp_path / "c") != old and len(published(tmp_path / "c")) == 1
+    assert sorted(ids(list(renewed)).tolist()) == list(range(50)) + list(range(1000, 1050))
+    assert renewed.stats().from_cache
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(cats=["id"], conts=["x", "cat"]),
+        dict(cats=["id", "cat"], conts=["x"], cont_dtype="float64"),
+        dict(cats=["id", "cat"], conts=["x"], fill_null=0),
+        dict(cats=["id", "cat"], conts=["x"], layout="stacked"),
+        dict(cats=["id", "cat"], conts=["x"], global_size=2, global_rank=0),
+    ],
+)
+def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files, tmp_path, change):
+    base = dict(cats=["id", "cat"], conts=["x"], batch_size=20, cache="disk",
+                cache_dir=tmp_path / "c")  # fmt: skip
+    list(tabloader.Loader(files, **base))
+    loader = tabloader.Loader(files, **{**base, **change})
+    first = list(loader)
+    assert not loader.stats().from_cache
+    assert {k: v.dtype for k, v in first[0].items()} == {
+        k: v.dtype for k, v in next(iter(tabloader.Loader(files, **{**base, **change}))).items()
+    }
+    assert len(published(tmp_path / "c")) == 2
+
+
+def test_an_identical_loader_shares_the_cache(files, tmp_path):
+    base = dict(**COLS, batch_size=20, cache="disk", cache_dir=tmp_path / "c")
+    list(tabloader.Loader(files, **base))
+    # Batch size, shuffling, seeds and drop_last do not change what is stored.
+    other = tabloader.Loader(files, **{**base, "batch_size": 7}, shuffle=True, seed=9,
+                             drop_last=True)  # fmt: skip
+    list(other)
+    assert other.stats().from_cache
+
+
+# -- where caches live ----------------------------------------------------------------
+
+
+def test_the_cache_directory_comes_from_the_argument_the_environment_or_xdg(
+    files, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TABLOADER_CACHE_DIR", str(tmp_path / "from-env"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk"))
+    assert len(published(tmp_path / "from-env")) == 1
+    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path / "a"))
+    assert len(published(tmp_path / "a")) == 1
+    monkeypatch.delenv("TABLOADER_CACHE_DIR")
+    assert cache_directory() == tmp_path / "xdg" / "tabloader"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_directory() == Path.home() / ".cache" / "tabloader"
+
+
+def test_a_manifest_describes_the_cache(files, tmp_path):
+    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
+    (directory,) = published(tmp_path)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert manifest["rows"] == ROWS
+    assert [b["columns"] for b in manifest["blocks"]] == [["id"], ["cat"], ["x"], ["label"]]
+    assert [f["path"] for f in manifest["key"]["files"]] == [os.path.abspath(f) for f in files]
+    ids_block = np.load(directory / manifest["blocks"][0]["file"])
+    assert ids_block[:, 0].tolist() == list(range(ROWS))
+
+
+# -- when the cache does not fit --------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [True, "global"])
+def test_a_cache_over_the_limit_warns_once_and_streams(files, tmp_path, shuffle):
+    loader = tabloader.Loader(
+        files,
+        **COLS,
+        batch_size=32,
+        shuffle=shuffle,
+        seed=2,
+        cache="disk",
+        cache_dir=tmp_path / "c",
+        cache_max_bytes=1000,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            batches = list(loader)
+            check_rows_intact(batches)
+            assert sorted(ids(batches).tolist()) == list(range(ROWS))
+            assert not loader.stats().from_cache
+    messages = [str(w.message) for w in caught if issubclass(w.category, tabloader.CacheWarning)]
+    assert len(messages) == 1
+    assert "more than cache_max_bytes=1000" in messages[0]
+    assert "Raise cache_max_bytes" in messages[0]
+    assert not (tmp_path / "c").exists() or not published(tmp_path / "c")
+
+
+def test_a_cache_larger_than_the_free_space_is_not_written(files, tmp_path):
+    cache = DecodedCache(
+        "disk",
+        dataset=tabloader.Dataset(files),
+        blocks=tabloader.Loader(files, **COLS, batch_size=8).layout_plan.blocks,
+        fill_null={},
+        global_rank=0,
+        global_size=1,
+        cache_dir=tmp_path,
+    )
+    assert cache.why_not() is None
+    cache.nbytes = 1 << 62  # what a too-large dataset would need
+    reason = cache.why_not()
+    assert reason is not None and "free" in reason and "cache_dir=" in reason
+
+
+# -- crashes and interruptions ----------------------------------------------------------
+
+
+def test_an_interrupted_first_epoch_publishes_nothing(files, tmp_path):
+    loader = tabloader.Loader(files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk",
+                              cache_dir=tmp_path / "c")  # fmt: skip
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break
+    assert not published(tmp_path / "c")
+    assert not temporary(tmp_path / "c")  # the partial cache was removed
+    batches = list(loader)  # streams again, and writes again
+    assert not loader.stats().from_cache
+    assert sorted(ids(batches).tolist()) == list(range(ROWS))
+    list(loader)
+    assert loader.stats().from_cache
+
+
+CRASHING_WRITER = """
+import sys, time, tabloader
+loader = tabloader.Loader(sys.argv[1:-1], cats=["id"], batch_size=8, parts_per_chunk=1,
+                          cache="disk", cache_dir=sys.argv[-1])
+iterator = iter(loader)
+next(iterator)
+print("writing", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_a_later_loader_trusts(files, tmp_path):
+    root = tmp_path / "c"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    writer = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(CRASHING_WRITER), *files, str(root)],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == b"writing"
+        assert temporary(root) and not published(root)
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    loader = tabloader.Loader(files, cats=["id"], batch_size=8, cache="disk", cache_dir=root)
+    batches = list(loader)
+    assert not loader.stats().from_cache
+    assert sorted(ids(batches).tolist()) == list(range(ROWS))
+    assert len(published(root)) == 1
+    assert not temporary(root)  # the dead writer's directory was cleaned up
+    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    assert loader.stats().from_cache
+
+
+def test_a_damaged_cache_is_rebuilt(files, tmp_path):
+    options = dict(**COLS, batch_size=50, cache="disk", cache_dir=tmp_path)
+    list(tabloader.Loader(files, **options))
+    (directory,) = published(tmp_path)
+    block = directory / "block0.npy"
+    block.write_bytes(block.read_bytes()[:100])  # truncated
+    loader = tabloader.Loader(files, **options)
+    batches = list(loader)
+    assert not loader.stats().from_cache
+    assert sorted(ids(batches).tolist()) == list(range(ROWS))
+    list(loader)
+    assert loader.stats().from_cache
+
+
+# -- worker processes' shares -------------------------------------------------------------
+
+
+def test_a_worker_fills_the_whole_cache_and_the_next_reads_it(files, tmp_path):
+    loader = tabloader.Loader(files, **COLS, batch_size=16, shuffle=True, seed=4,
+                              drop_last=True, cache="disk", cache_dir=tmp_path)  # fmt: skip
+    first = list(loader.iter_epoch(0, worker=0, num_workers=2))
+    assert not loader.stats().from_cache
+    second = list(loader.iter_epoch(0, worker=1, num_workers=2))
+    assert loader.stats().from_cache
+    got = ids(first + second)
+    assert len(got) == len(set(got.tolist())) == 16 * (ROWS // 16)
+    # The rows the epoch dropped are in the cache too.
+    whole = tabloader.Loader(files, **COLS, batch_size=16, cache="disk", cache_dir=tmp_path)
+    assert sorted(ids(list(whole)).tolist()) == list(range(ROWS))
+    assert whole.stats().from_cache
+
+
+# -- arguments ------------------------------------------------------------------------
+
+
+def test_global_shuffle_without_a_cache_says_what_to_pass(files):
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"shuffle='global'.*cache='memory'"):
+        tabloader.Loader(files, **COLS, batch_size=8, shuffle="global")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (dict(cache="ram"), r"cache must be None, 'memory' or 'disk', got 'ram'"),
+        (dict(cache="disk", cache_max_bytes=0), r"cache_max_bytes must be a positive integer"),
+        (dict(shuffle="yes"), r"shuffle must be True, False or 'global', got 'yes'"),
+    ],
+)
+def test_bad_cache_arguments_are_rejected(files, options, match):
+    with pytest.raises(tabloader.InvalidArgumentError, match=match):
+        tabloader.Loader(files, **COLS, batch_size=8, **options)
+
+
+def test_a_disk_cache_needs_files():
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"cache='disk' needs a dataset of"):
+        tabloader.Loader(pa.table({"x": [1.0, 2.0]}), conts=["x"], batch_size=1, cache="disk")
+
+
+@pytest.mark.gpu
+def test_the_gpu_backend_refuses_a_cache(files):
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"Pass device='cpu'"):
+        tabloader.Loader(files, **COLS, batch_size=8, device="cuda", cache="memory")
+
+
+# -- adapters ---------------------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_torch_adapter_passes_the_cache_through(files, tmp_path):
+    from tabloader.torch import TorchAsyncItr
+
+    itr = TorchAsyncItr(files, cats=["id"], labels=["label"], batch_size=40, shuffle="global",
+                        seed=1, device="cpu", cache="disk", cache_dir=tmp_path)  # fmt: skip
+    epochs = [[int(i) for x_cat, _, _ in itr for i in x_cat[:, 0]] for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
+    assert itr._loader.stats().from_cache
+
+
+@pytest.mark.tensorflow
+def test_keras_adapter_passes_the_cache_through(files):
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    loader = KerasSequenceLoader(files, batch_size=40, cat_names=["id"], label_names=["label"],
+                                 seed=1, device="cpu", cache="memory")  # fmt: skip
+    epochs = [[int(i) for features, _ in loader for i in features["id"]] for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
+    assert loader.loader.stats().from_cache
