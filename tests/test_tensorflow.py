@@ -444,8 +444,9 @@ def test_tensors_are_aligned_copies_in_a_subprocess(tmp_path):
                     tf.debugging.assert_equal(label, tf.cast(ids % 2, tf.float32))
                 assert total == 300 * 301 // 2, (batch_size, shuffle, total)
         # views that must not reach TensorFlow as they are: misaligned, strided, read-only
-        maker = _TensorMaker(on_gpu=False)
-        maker.set_columns(["id"], ["x"], ["label"])
+        from tabloader.device import Device
+        maker = _TensorMaker()
+        maker.set_columns(["id"], ["x"], ["label"], device=Device("cpu"))
         raw = np.arange(4000, dtype=np.int64)
         block = np.arange(3000, dtype=np.float32).reshape(1000, 3)
         frozen = np.arange(1001, dtype=np.float32)
