@@ -19,6 +19,7 @@ from tabloader.device import Device, resolve_device
 from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
+    EmptyEpochWarning,
     InvalidArgumentError,
     NullValuesError,
     PerformanceWarning,
@@ -68,7 +69,9 @@ class Loader:
 
     How to batch:
         batch_size: Rows per batch.
-        drop_last: Drop the epoch's last batch if it is short.
+        drop_last: Drop the epoch's last batch if it is short. A rank with fewer rows
+            than a batch then gets no batch at all: ``len(loader) == 0``, epochs are empty,
+            and an :class:`EmptyEpochWarning` says so once (torch's convention).
         layout: ``"columns"`` (default) delivers ``{column: 1-D array}``; ``"stacked"``
             delivers ``{"cats": [B, n_cats], "conts": [B, n_conts], "labels": [B, n_labels]}``
             (groups with no columns are left out), ready for frameworks that take one
@@ -279,11 +282,22 @@ class Loader:
             lo, hi = rank_rows(
                 self.dataset.num_rows, global_rank=self.global_rank, global_size=self.global_size
             )
-            raise EmptyDatasetError(
-                f"this loader would yield no batch: rank {self.global_rank} of "
-                f"{self.global_size} gets {hi - lo} of {self.dataset.num_rows} rows, fewer than "
-                f"batch_size={self.batch_size} with drop_last=True. Lower batch_size or set "
-                "drop_last=False"
+            # torch's convention (DataLoader with drop_last=True over too few samples):
+            # the loader is empty, not an error.
+            why, remedy = (
+                (
+                    f", fewer than batch_size={self.batch_size} with drop_last=True",
+                    "Lower batch_size or set drop_last=False",
+                )
+                if self.drop_last
+                else ("", "Use fewer ranks")
+            )
+            warnings.warn(
+                f"this loader yields no batch: rank {self.global_rank} of "
+                f"{self.global_size} gets {hi - lo} of {self.dataset.num_rows} rows{why}, "
+                f"so len(loader) == 0 and every epoch is empty. {remedy}",
+                EmptyEpochWarning,
+                stacklevel=3,
             )
         parts = self.dataset.num_partitions
         if self.global_size > parts:

@@ -39,7 +39,12 @@ except ImportError:
     raise ImportError("tabloader.torch needs PyTorch: pip install 'tabloader[torch]'") from None
 
 from tabloader.dataset import Dataset
-from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
+from tabloader.errors import (
+    EmptyEpochWarning,
+    InvalidArgumentError,
+    PerformanceWarning,
+    TabloaderError,
+)
 from tabloader.loader import BatchIterator, Loader
 
 __all__ = ["DLDataLoader", "TorchAsyncItr"]
@@ -478,6 +483,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         self.__dict__.update(state)
         with warnings.catch_warnings():  # already shown where the original was built
             warnings.simplefilter("ignore", PerformanceWarning)
+            warnings.simplefilter("ignore", EmptyEpochWarning)
             self._loader = self._make_loader(dataset)
         self._loader.epoch = epoch
 
