@@ -23,7 +23,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Block", "Layout", "Part", "Segment", "cut_batches", "empty_segment", "segment_rows"]
+__all__ = [
+    "Block",
+    "Layout",
+    "Part",
+    "Segment",
+    "cut_batches",
+    "drop_leading_rows",
+    "empty_segment",
+    "segment_rows",
+]
 
 _ALIGN = 64
 
@@ -195,3 +204,34 @@ def cut_batches(
         del part
     if pending_rows and not drop_last:
         yield layout.deliver(_concat(pending, xp))
+
+
+def drop_leading_rows(parts: Iterable[Part], rows: int) -> Iterator[Part]:
+    """The stream of ``parts`` without its first ``rows`` rows (in delivery order).
+
+    Used on resume: the rows of a chunk that were delivered before are dropped before
+    batches are cut, so they are never gathered.
+
+    Examples:
+        >>> segment = {"a": np.arange(6).reshape(6, 1)}
+        >>> parts = [(segment, np.array([5, 4, 3])), (segment, None)]
+        >>> [(s["a"][:, 0].tolist(), None if i is None else i.tolist())
+        ...  for s, i in drop_leading_rows(parts, 4)]
+        [([1, 2, 3, 4, 5], None)]
+    """
+    source = iter(parts)
+    while rows > 0:
+        part = next(source, None)
+        if part is None:
+            return
+        n = _rows(part)
+        if n <= rows:
+            rows -= n
+            continue
+        segment, index = part
+        if index is None:
+            yield {name: array[rows:] for name, array in segment.items()}, None
+        else:
+            yield segment, index[rows:]
+        rows = 0
+    yield from source

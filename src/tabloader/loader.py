@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.backends import get_backend
-from tabloader.batches import Block, Layout, Part, cut_batches
+from tabloader.batches import Block, Layout, Part, cut_batches, drop_leading_rows
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
@@ -40,13 +43,38 @@ from tabloader.stats import LoaderStats, StatsRecorder
 if TYPE_CHECKING:
     from tabloader.backends import Backend
 
-__all__ = ["BatchIterator", "Loader"]
+__all__ = ["BatchIterator", "EpochPosition", "Loader"]
 
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
 _TINY_PARTITION_ROWS = 1024
+
+STATE_FORMAT = 1
+"""Version of the dict :meth:`Loader.state_dict` returns."""
+# The keys of a saved state: where the epoch stands, and what must match to resume it.
+STATE_FORMAT_KEY = "format"
+STATE_EPOCH = "epoch"
+STATE_SEED = "seed"
+STATE_BATCHES = "batches"
+STATE_WORKER = "worker"
+STATE_NUM_WORKERS = "num_workers"
+STATE_DATASET = "dataset"
+STATE_OPTIONS = "options"
+
+
+@dataclass
+class EpochPosition:
+    """How far one epoch got: batches handed to the consumer, and whether it ended.
+
+    Shared between a :class:`BatchIterator` and its loader, so the loader can say where
+    the epoch stands even after the iterator is gone.
+    """
+
+    epoch: int
+    batches: int
+    finished: bool = False
 
 
 class Loader:
@@ -176,6 +204,7 @@ class Loader:
         self.shuffle = flag(shuffle, "shuffle")
         self.shuffle_within_batch = flag(shuffle_within_batch, "shuffle_within_batch")
         self.drop_last = flag(drop_last, "drop_last")
+        self._seed_given = seed is not None
         if seed is None:
             if self.shuffle and self.global_size > 1:
                 raise InvalidArgumentError(
@@ -213,6 +242,8 @@ class Loader:
             chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
         self.chunk_rows = chunk_rows
         self.epoch = 0
+        self._position: EpochPosition | None = None  # of the epoch iter() last started
+        self._resume: EpochPosition | None = None  # where the next iter() starts
         self._stats = StatsRecorder()
         self._check_size()
 
@@ -367,14 +398,35 @@ class Loader:
         self.epoch = int_at_least(epoch, 0, "epoch")
 
     def __iter__(self) -> BatchIterator:
-        """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one."""
-        iterator = self.iter_epoch(self.epoch)
-        self.epoch += 1
+        """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one.
+
+        After :meth:`load_state_dict`, the first ``iter()`` continues the saved epoch.
+        """
+        epoch, start = self.epoch, 0
+        if self._resume is not None:
+            epoch, start = self._resume.epoch, self._resume.batches
+            self._resume = None
+        iterator = self.iter_epoch(epoch, start_batch=start)
+        self._position = iterator.position
+        self.epoch = epoch + 1
         return iterator
 
-    def iter_epoch(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> BatchIterator:
-        """Iterate over one epoch, or one worker process's share of it, without advancing."""
+    def iter_epoch(
+        self, epoch: int, *, worker: int = 0, num_workers: int = 1, start_batch: int = 0
+    ) -> BatchIterator:
+        """Iterate over one epoch, or one worker process's share of it, without advancing.
+
+        ``start_batch`` skips that many leading batches of the share: the chunks they
+        fill are not read, and the batches that follow are those an iteration from the
+        start would deliver.
+        """
         plan = self.plan(epoch, worker=worker, num_workers=num_workers)
+        if not 0 <= start_batch <= plan.num_batches:
+            raise InvalidArgumentError(
+                f"start_batch must be in [0, {plan.num_batches}] (the batches of epoch "
+                f"{epoch} for worker {worker} of {num_workers}), got {start_batch!r}"
+            )
+        plan = plan.resume(start_batch)
         stop = threading.Event()  # the batcher stage's own, set when the consumer closes
         make_batches = partial(
             _batch_stream,
@@ -393,7 +445,160 @@ class Loader:
         stage = Prefetcher(
             make_batches, depth=BATCH_QUEUE_DEPTH, name="tabloader-batcher", stop=stop
         )
-        return BatchIterator(stage, plan.num_batches, self._stats)
+        return BatchIterator(
+            stage, plan.num_batches, self._stats, position=EpochPosition(epoch, start_batch)
+        )
+
+    # -- resuming -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, to continue exactly there after a restart.
+
+        A small JSON-serialisable dict: the epoch, the seed, the batches already handed
+        out in that epoch, and a fingerprint of the dataset and of the options that
+        decide the order of rows. Mid-epoch (an iterator that has not ended) it points
+        at the next batch of that epoch; otherwise at the start of the next epoch.
+        Batches read ahead in the background but not yet handed out do not count.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> table = pa.table({"x": list(range(10))})
+            >>> loader = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
+            >>> epoch = iter(loader)
+            >>> first = next(epoch)
+            >>> state = loader.state_dict()
+            >>> state["epoch"], state["batches"]
+            (0, 1)
+            >>> again = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
+            >>> again.load_state_dict(state)
+            >>> [b["x"].tolist() for b in again] == [b["x"].tolist() for b in epoch]
+            True
+        """
+        position = self._resume
+        if position is None and self._position is not None and not self._position.finished:
+            position = self._position
+        if position is None:
+            position = EpochPosition(self.epoch, 0)
+        return self.epoch_state(position.epoch, position.batches)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`): the next ``iter()`` delivers
+        the rest of the saved epoch, bit-identical to the run that saved it, and later
+        epochs follow as they would have.
+
+        The dataset, columns and order-deciding options must be those of the saved run;
+        otherwise :class:`InvalidArgumentError` names what differs. A loader created
+        without ``seed`` takes the saved one.
+        """
+        epoch, batches, seed = self.check_state(state, adopt_seed=not self._seed_given)
+        self.seed = seed
+        self._resume = EpochPosition(epoch, batches)
+        self.epoch = epoch
+
+    def epoch_state(
+        self,
+        epoch: int,
+        batches: int,
+        *,
+        seed: int | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> dict[str, Any]:
+        """The state of ``batches`` batches delivered in ``epoch`` (see :meth:`state_dict`);
+        the building block of the framework adapters' ``state_dict``."""
+        return {
+            STATE_FORMAT_KEY: STATE_FORMAT,
+            STATE_EPOCH: int(epoch),
+            STATE_SEED: int(self.seed if seed is None else seed),
+            STATE_BATCHES: int(batches),
+            STATE_WORKER: int(worker),
+            STATE_NUM_WORKERS: int(num_workers),
+            STATE_DATASET: self._dataset_fingerprint(),
+            STATE_OPTIONS: self._order_options(),
+        }
+
+    def check_state(
+        self,
+        state: Mapping[str, Any],
+        *,
+        adopt_seed: bool,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> tuple[int, int, int]:
+        """``(epoch, batches, seed)`` of a saved state, checked against this loader.
+
+        Raises :class:`InvalidArgumentError` naming the saved and the current value of
+        whatever differs. With ``adopt_seed`` a different seed is taken, not refused.
+        """
+        keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
+        if not isinstance(state, Mapping) or any(k not in state for k in keys):
+            raise InvalidArgumentError(
+                f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
+                f"{', '.join(keys)}, ...), got {_short(state)}"
+            )
+        if state[STATE_FORMAT_KEY] != STATE_FORMAT:
+            raise InvalidArgumentError(
+                f"the state has format {state[STATE_FORMAT_KEY]!r}; this version of "
+                f"tabloader reads format {STATE_FORMAT}"
+            )
+        differences = []
+        saved_dataset, dataset = state[STATE_DATASET], self._dataset_fingerprint()
+        if saved_dataset != dataset:
+            differences.append(
+                f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
+                f"{_describe_fingerprint(dataset)})"
+            )
+        saved_options = state.get(STATE_OPTIONS, {})
+        for name, value in self._order_options().items():
+            if saved_options.get(name) != value:
+                differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
+        for name, value in ((STATE_WORKER, worker), (STATE_NUM_WORKERS, num_workers)):
+            if state.get(name, 0 if name == STATE_WORKER else 1) != value:
+                differences.append(f"{name} (saved: {state.get(name)!r}; now: {value!r})")
+        seed = state[STATE_SEED]
+        if not adopt_seed and seed != self.seed:
+            differences.append(f"seed (saved: {seed!r}; now: {self.seed!r})")
+        if differences:
+            raise InvalidArgumentError(
+                "cannot resume from this state: it was saved by a loader with a different "
+                + ", ".join(differences)
+                + ". Resume with the same data and options as the run that saved it"
+            )
+        epoch = int_at_least(state[STATE_EPOCH], 0, "the state's epoch")
+        batches = int_at_least(state[STATE_BATCHES], 0, "the state's batches")
+        total = self.num_batches(worker=worker, num_workers=num_workers)
+        if batches > total:
+            raise InvalidArgumentError(
+                f"the state says {batches} batches of epoch {epoch} were delivered, but an "
+                f"epoch has {total} here; was it saved by another version of the data?"
+            )
+        return epoch, batches, int_at_least(seed, 0, "the state's seed")
+
+    def _dataset_fingerprint(self) -> dict[str, Any]:
+        rows = self.dataset.partition_rows.tolist()
+        names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in self.dataset.files]
+        digest = hashlib.sha256(json.dumps([names, rows]).encode()).hexdigest()[:16]
+        return {
+            "files": len(names),
+            "partitions": len(rows),
+            "rows": int(sum(rows)),
+            "digest": digest,
+        }
+
+    def _order_options(self) -> dict[str, Any]:
+        return {
+            "cats": list(self.cats),
+            "conts": list(self.conts),
+            "labels": list(self.labels),
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "shuffle_within_batch": self.shuffle_within_batch,
+            "drop_last": self.drop_last,
+            "global_rank": self.global_rank,
+            "global_size": self.global_size,
+            "parts_per_chunk": self.parts_per_chunk,
+            "chunk_rows": self.chunk_rows,
+        }
 
     def stats(self) -> LoaderStats:
         """Counters and timings since the loader was created (see :class:`LoaderStats`)."""
@@ -413,11 +618,21 @@ class BatchIterator:
     ``len()`` is the number of batches still to come.
     """
 
-    def __init__(self, stage: Prefetcher[tuple[int, Any]], num_batches: int, stats: StatsRecorder):
+    def __init__(
+        self,
+        stage: Prefetcher[tuple[int, Any]],
+        num_batches: int,
+        stats: StatsRecorder,
+        *,
+        position: EpochPosition | None = None,
+    ):
         self._stage = stage
         self._remaining = num_batches
         self._stats = stats
         self._started: float | None = None
+        self.position = position if position is not None else EpochPosition(0, 0)
+        """The epoch and the batches of it handed out so far (counting any skipped on
+        resume)."""
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -431,6 +646,10 @@ class BatchIterator:
             self._started = now
         try:
             rows, batch = next(self._stage)
+        except StopIteration:
+            self.position.finished = True
+            self._finish()
+            raise
         except BaseException:
             self._finish()
             raise
@@ -438,6 +657,7 @@ class BatchIterator:
         self._stats.rows += rows
         self._stats.batches += 1
         self._remaining -= 1
+        self.position.batches += 1
         return batch
 
     def _finish(self) -> None:
@@ -525,7 +745,11 @@ def _batch_stream(
 
     delivered = 0
     batches = cut_batches(
-        parts(), batch_size=batch_size, drop_last=drop_last, layout=layout, xp=backend.xp
+        drop_leading_rows(parts(), plan.drop_rows),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        layout=layout,
+        xp=backend.xp,
     )
     try:
         while True:
@@ -545,3 +769,17 @@ def _batch_stream(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
             "please report this with the dataset's partition sizes"
         )
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe_fingerprint(fingerprint: object) -> str:
+    if not isinstance(fingerprint, Mapping):
+        return _short(fingerprint)
+    return (
+        f"{fingerprint.get('rows')} rows in {fingerprint.get('partitions')} partitions of "
+        f"{fingerprint.get('files')} files, digest {fingerprint.get('digest')}"
+    )
