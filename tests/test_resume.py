@@ -273,3 +273,251 @@ def test_something_else_than_a_state_is_refused(paths):
         loader.load_state_dict({**state, "format": 99})
     with pytest.raises(tabloader.InvalidArgumentError, match="an epoch has 11 here"):
         loader.load_state_dict({**state, "batches": 12})
+
+
+# -- torch: TorchAsyncItr, DLDataLoader, torchdata's StatefulDataLoader ------------------
+
+
+def _torch_options(drawn: dict[str, Any]) -> dict[str, Any]:
+    options = _options(drawn)
+    return {**COLS, "seed": 5, "device": "cpu", **options}
+
+
+def _as_numpy(batch: Any) -> tuple[np.ndarray, ...]:
+    return tuple(t.numpy().copy() for t in batch)
+
+
+def _same_tensors(a: list[tuple[np.ndarray, ...]], b: list[tuple[np.ndarray, ...]]) -> bool:
+    return len(a) == len(b) and all(
+        all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(p, q, strict=True))
+        for p, q in zip(a, b, strict=True)
+    )
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+def _stateful_run(
+    paths: list[str], options: dict[str, Any], workers: int, stop: int | None
+) -> tuple[list[Any], list[Any], dict[str, Any] | None]:
+    """Epochs 0 and 1 through a StatefulDataLoader; with ``stop``, epoch 0 is cut there
+    and the rest comes from a fresh dataset and loader restored from the saved state."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from tabloader.torch import TorchAsyncItr
+
+    def make() -> tuple[Any, Any]:
+        itr = TorchAsyncItr(paths, **options)
+        return itr, StatefulDataLoader(
+            itr, batch_size=None, num_workers=workers, collate_fn=_identity
+        )
+
+    itr, loader = make()
+    itr.set_epoch(0)
+    first: list[Any] = []
+    state = loader.state_dict() if stop == 0 else None
+    for batch in loader if stop != 0 else ():
+        first.append(_as_numpy(batch))
+        if stop is not None and len(first) == stop:
+            state = loader.state_dict()
+            break
+    if stop is not None:
+        del loader, itr
+        state = torch_roundtrip(state)
+        itr, loader = make()
+        loader.load_state_dict(state)
+        itr.set_epoch(0)
+        first += [_as_numpy(b) for b in loader]
+    itr.set_epoch(1)
+    second = [_as_numpy(b) for b in loader]
+    return first, second, state
+
+
+def torch_roundtrip(state: Any) -> Any:
+    """Through torch.save / torch.load, as a checkpoint would."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _check_torch_resume(paths: list[str], drawn: dict[str, Any], fraction: float, workers: int):
+    options = _torch_options(drawn)
+    ref_first, ref_second, _ = _stateful_run(paths, options, workers, None)
+    stop = round(fraction * len(ref_first))
+    first, second, _ = _stateful_run(paths, options, workers, stop)
+    assert _same_tensors(first, ref_first)
+    assert _same_tensors(second, ref_second)
+    ids = np.concatenate([b[0][:, 0] for b in first] or [np.arange(0)])
+    assert len(np.unique(ids)) == len(ids)
+
+
+@pytest.mark.torch
+@given(drawn=OPTIONS, fraction=st.floats(0, 1))
+@FAST
+def test_torch_stateful_dataloader_resumes_exactly_in_process(paths, drawn, fraction):
+    pytest.importorskip("torchdata")
+    _check_torch_resume(paths, drawn, fraction, workers=0)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@given(drawn=OPTIONS, fraction=st.floats(0, 1))
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_torch_stateful_dataloader_resumes_exactly_with_worker_processes(paths, drawn, fraction):
+    pytest.importorskip("torchdata")
+    _check_torch_resume(paths, drawn, fraction, workers=2)
+
+
+@pytest.mark.torch
+def test_torch_async_itr_state_dict_in_a_plain_loop(paths):
+    pytest.importorskip("torch")
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    options = {**COLS, "batch_size": 32, "shuffle": True, "seed": 3, "device": "cpu"}
+    reference = TorchAsyncItr(paths, **options)
+    epochs = [[_as_numpy(b) for b in reference] for _ in range(2)]
+
+    itr = TorchAsyncItr(paths, **options)
+    loader = DLDataLoader(itr, collate_fn=_identity)
+    before = []
+    for batch in loader:
+        before.append(_as_numpy(batch))
+        if len(before) == 4:
+            break
+    state = torch_roundtrip(itr.state_dict())
+    assert (state["epoch"], state["batches"]) == (0, 4)
+
+    again = TorchAsyncItr(paths, **options)
+    again.load_state_dict(state)
+    loader = DLDataLoader(again, collate_fn=_identity)
+    assert _same_tensors(before + [_as_numpy(b) for b in loader], epochs[0])
+    assert (again.state_dict()["epoch"], again.state_dict()["batches"]) == (1, 0)
+    assert _same_tensors([_as_numpy(b) for b in loader], epochs[1])
+
+
+@pytest.mark.torch
+def test_torch_refuses_a_state_of_another_setup(paths):
+    pytest.importorskip("torch")
+    from tabloader.torch import TorchAsyncItr
+
+    state = TorchAsyncItr(paths, **COLS, batch_size=32, seed=1, device="cpu").state_dict()
+    other = TorchAsyncItr(paths, **COLS, batch_size=64, seed=1, device="cpu")
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"batch_size \(saved: 32; now: 64\)"):
+        other.load_state_dict(state)
+
+
+# -- Keras ---------------------------------------------------------------------------------
+
+
+def _keras(paths: list[str], **options: Any) -> Any:
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    settings_: dict[str, Any] = {
+        "batch_size": 32,
+        "cat_names": ["id", "cat"],
+        "cont_names": ["x"],
+        "label_names": ["label"],
+        "seed": 5,
+    }
+    settings_.update(options)
+    return KerasSequenceLoader(paths, **settings_)
+
+
+def _keras_batch(item: Any) -> tuple[np.ndarray, ...]:
+    features, labels = item
+    return (*(features[k].numpy() for k in sorted(features)), labels.numpy())
+
+
+@pytest.mark.tensorflow
+@given(drawn=OPTIONS, fraction=st.floats(0, 1))
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_keras_loader_resumes_exactly(paths, drawn, fraction):
+    pytest.importorskip("tensorflow")
+    rank, size = drawn["ranks"]
+    options = {
+        "batch_size": drawn["batch_size"],
+        "shuffle": drawn["shuffle"],
+        "shuffle_within_batch": drawn["shuffle_within_batch"],
+        "drop_last": drawn["drop_last"],
+        "global_rank": rank,
+        "global_size": size,
+        **drawn["chunking"],
+    }
+    options.pop("chunk_rows", None)  # Keras sizes chunks with buffer_size
+    reference = _keras(paths, **options)
+    epochs = [[_keras_batch(b) for b in reference] for _ in range(2)]
+
+    first = _keras(paths, **options)
+    stop = round(fraction * len(first))
+    before = [_keras_batch(first[i]) for i in range(stop)]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+
+    resumed = _keras(paths, **options)
+    resumed.load_state_dict(state)
+    if stop == len(first):  # every batch served: the epoch is over, the state says so
+        assert (state["epoch"], state["batches"]) == (1, 0)
+        after = []
+    else:
+        assert len(resumed) == len(first) - stop
+        after = [_keras_batch(b) for b in resumed]
+    assert _same_tensors(before + after, epochs[0])
+    assert len(resumed) == len(first)
+    assert _same_tensors([_keras_batch(b) for b in resumed], epochs[1])
+
+
+@pytest.mark.tensorflow
+def test_keras_fit_after_a_resume_trains_on_the_rest_of_the_epoch(paths):
+    pytest.importorskip("tensorflow")
+    import keras
+
+    seen: list[int] = []
+
+    class Record(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            seen.append(batch)
+
+    def model() -> Any:
+        inputs = {
+            n: keras.Input(shape=(), name=n, dtype=d)
+            for n, d in (("id", "int64"), ("cat", "int64"), ("x", "float32"))
+        }
+        out = keras.layers.Dense(1)(keras.ops.expand_dims(inputs["x"], -1))
+        m = keras.Model(inputs, out)
+        m.compile("sgd", "mse")
+        return m
+
+    first = _keras(paths, shuffle=True)
+    for i in range(4):
+        first[i]
+    state = first.state_dict()
+    assert (state["epoch"], state["batches"]) == (0, 4)
+    resumed = _keras(paths, shuffle=True)
+    resumed.load_state_dict(state)
+    # Keras fixes the steps per epoch when fit starts: the rest of the resumed epoch is
+    # one fit call, the later epochs another.
+    net = model()
+    net.fit(resumed, epochs=1, verbose=0, callbacks=[Record()])
+    assert (resumed.state_dict()["epoch"], resumed.state_dict()["batches"]) == (1, 0)
+    net.fit(resumed, initial_epoch=1, epochs=2, verbose=0, callbacks=[Record()])
+    per_epoch = len(first)
+    assert seen == list(range(per_epoch - 4)) + list(range(per_epoch))
+    assert (resumed.state_dict()["epoch"], resumed.state_dict()["batches"]) == (2, 0)
+
+
+@pytest.mark.tensorflow
+def test_keras_refuses_a_state_of_another_setup(paths):
+    pytest.importorskip("tensorflow")
+    state = _keras(paths).state_dict()
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"seed \(saved: 5; now: 9\)"):
+        _keras(paths, seed=9).load_state_dict(state)

@@ -521,15 +521,18 @@ class Loader:
         self,
         state: Mapping[str, Any],
         *,
-        adopt_seed: bool,
+        adopt_seed: bool | None = None,
         worker: int = 0,
         num_workers: int = 1,
     ) -> tuple[int, int, int]:
         """``(epoch, batches, seed)`` of a saved state, checked against this loader.
 
         Raises :class:`InvalidArgumentError` naming the saved and the current value of
-        whatever differs. With ``adopt_seed`` a different seed is taken, not refused.
+        whatever differs. With ``adopt_seed`` a different seed is taken, not refused
+        (default: when this loader was created without ``seed``).
         """
+        if adopt_seed is None:
+            adopt_seed = not self._seed_given
         keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
         if not isinstance(state, Mapping) or any(k not in state for k in keys):
             raise InvalidArgumentError(

@@ -232,7 +232,8 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         self.buffer_size = buffer_size
         self.loader = loader
         """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
-        self._num_batches = len(loader)
+        self._num_batches = len(loader)  # of the epoch being served
+        self._start = 0  # batches of that epoch delivered before a resume
         self._lock = threading.RLock()
         self._epoch = 0
         # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
@@ -311,6 +312,48 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             self._close_iterator()
             self._epoch = int(epoch)
             self._reset_pass()
+            self._start, self._num_batches = 0, len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, to continue exactly there after a restart.
+
+        Mid-epoch it points at the next batch of the epoch being served (batches
+        handed to Keras count, those read ahead do not); after an epoch's last batch,
+        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
+        """
+        with self._lock:
+            served = len(self._used)
+            if served >= self._num_batches:
+                return self.loader.epoch_state(self._epoch + 1, 0)
+            return self.loader.epoch_state(self._epoch, self._start + served)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
+        comes next, bit-identical to the run that saved it, then the later epochs.
+
+        Until that epoch ends, ``len()`` is the number of its batches still to come.
+        Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
+        with one call and run the later ones with another::
+
+            loader.load_state_dict(state)
+            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
+            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
+
+        A state from a different dataset or different options raises
+        :class:`tabloader.InvalidArgumentError` naming what differs.
+        """
+        epoch, batches, seed = self.loader.check_state(state)
+        full = len(self.loader)
+        if batches >= full and full:
+            epoch, batches = epoch + 1, 0
+        with self._lock:
+            self._close_iterator()
+            self.loader.seed = seed
+            self.loader.set_epoch(epoch)
+            self._epoch = epoch
+            self._reset_pass()
+            self._start = batches
+            self._num_batches = full - batches
 
     def close(self) -> None:
         """Stop the background threads of an unfinished epoch and drop its kept batches."""
@@ -336,6 +379,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         self._close_iterator()
         self._epoch += 1
         self._reset_pass()
+        self._start, self._num_batches = 0, len(self.loader)
 
     def _is_replay(self, i: int) -> bool:
         """Whether index ``i`` asks again for a kept batch given out before the last hook.
@@ -350,10 +394,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         if isinstance(index, bool) or not isinstance(index, Integral):
             raise TypeError(f"batch index must be an integer, got {index!r}")
         i = int(index)
-        if not 0 <= i < self._num_batches:
+        # Once an epoch is done the next one is whole again (after a resume, too).
+        done = len(self._given) == self._num_batches
+        limit = len(self.loader) if done else self._num_batches
+        if not 0 <= i < limit:
             raise IndexError(
-                f"batch index {i} is out of range: this loader has {self._num_batches} "
-                f"batches per epoch (indices 0..{self._num_batches - 1})"
+                f"batch index {i} is out of range: this loader has {limit} "
+                f"batches per epoch (indices 0..{limit - 1})"
             )
         return i
 
@@ -363,7 +410,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         return self._next
 
     def _start_iterator(self) -> None:
-        self._iterator = self.loader.iter_epoch(self._epoch)
+        self._iterator = self.loader.iter_epoch(self._epoch, start_batch=self._start)
         self._consumed = 0
 
     def _close_iterator(self) -> None:
