@@ -16,7 +16,14 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.backends import get_backend
-from tabloader.batches import Block, Layout, Part, cut_batches, drop_leading_rows
+from tabloader.batches import (
+    Block,
+    Layout,
+    Part,
+    cut_batches,
+    drop_leading_rows,
+    lists_as_output,
+)
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
@@ -107,6 +114,22 @@ class Loader:
         transform: Called on every batch in the background thread; its result is what the
             iterator yields. The place to build framework tensors.
 
+    List (multi-hot) columns:
+        sparse_names: Columns of lists (parquet ``list<...>``), NVTabular's name. A name
+            may also be listed in ``cats`` or ``conts`` (which decides the values' dtype);
+            otherwise it counts as a categorical column. A list column is delivered as
+            ``(values, offsets)``: ``values`` the batch's list values one row after the
+            other (``cat_dtype`` or ``cont_dtype``), ``offsets`` int64 of length ``B + 1``
+            (row ``i`` is ``values[offsets[i]:offsets[i + 1]]``). Null lists are empty
+            lists; nulls inside lists follow ``fill_null``. In the ``"stacked"`` layout
+            each list column is delivered under its own name. CPU only for now.
+        sparse_as_dense: Deliver list columns as ``[B, sparse_max[name]]`` arrays instead,
+            each row's values then ``sparse_pad``. A list longer than its ``sparse_max``
+            raises :class:`InvalidArgumentError` (lists are never truncated).
+        sparse_max: ``{name: most values per row}``; required for every list column with
+            ``sparse_as_dense``.
+        sparse_pad: The pad value of dense list columns (default 0).
+
     How to shuffle:
         shuffle: Visit partitions in a new random order every epoch and permute rows
             within each chunk.
@@ -171,11 +194,20 @@ class Loader:
         prefetch: int = 1,
         device: str | int | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        sparse_names: str | Sequence[str] | None = None,
+        sparse_max: Mapping[str, int] | None = None,
+        sparse_as_dense: bool = False,
+        sparse_pad: float = 0,
     ) -> None:
         self.batch_size = int_at_least(batch_size, 1, "batch_size")
         self.cats = column_names(cats, "cats")
         self.conts = column_names(conts, "conts")
         self.labels = column_names(labels, "labels")
+        self.sparse_names, self.sparse_max = self._list_options(
+            sparse_names, sparse_max, sparse_as_dense, sparse_pad
+        )
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.sparse_pad = sparse_pad
         columns = self.cats + self.conts + self.labels
         if not columns:
             raise InvalidArgumentError(
@@ -224,6 +256,12 @@ class Loader:
         }
         self.device: Device = resolve_device(device)
         """Where batches live, decided once here; adapters read it and never decide again."""
+        if self.sparse_names and self.device.is_cuda:
+            raise InvalidArgumentError(
+                f"list columns ({', '.join(map(repr, self.sparse_names))}) are read on the CPU "
+                f"only for now, but device={self.device} selects the GPU backend. Pass "
+                "device='cpu' (the batches can be moved to the GPU afterwards)"
+            )
         self.backend: Backend = get_backend(self.device)
 
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -232,11 +270,13 @@ class Loader:
         self.fill_null = self._fill_values(fill_null, types)
         self._check_nulls()
 
-        self.layout_plan = Layout.build(
-            {"cats": self.cats, "conts": self.conts, "labels": self.labels},
-            self.dtypes,
-            stacked=layout == "stacked",
-        )
+        scalar = {
+            kind: tuple(c for c in names if c not in self.sparse_names)
+            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
+        }
+        self.layout_plan = Layout.build(scalar, self.dtypes, stacked=layout == "stacked")
+        if self.sparse_names:
+            self.layout_plan = self.layout_plan.with_lists(self.sparse_names, self.dtypes)
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
         if self.parts_per_chunk is None and chunk_rows is None:
             chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
@@ -249,9 +289,70 @@ class Loader:
 
     # -- validation ---------------------------------------------------------------
 
+    def _list_options(
+        self,
+        sparse_names: str | Sequence[str] | None,
+        sparse_max: Mapping[str, int] | None,
+        sparse_as_dense: object,
+        sparse_pad: object,
+    ) -> tuple[tuple[str, ...], dict[str, int]]:
+        names = column_names(sparse_names, "sparse_names")
+        flag(sparse_as_dense, "sparse_as_dense")
+        if not is_number(sparse_pad):
+            raise InvalidArgumentError(f"sparse_pad must be a number, got {sparse_pad!r}")
+        labelled = [n for n in names if n in self.labels]
+        if labelled:
+            raise InvalidArgumentError(
+                f"list column(s) {labelled} are listed in labels; labels must be scalar "
+                "columns. Leave them out of sparse_names or labels"
+            )
+        # A list column named only in sparse_names is categorical (NVTabular's use).
+        self.cats += tuple(n for n in names if n not in self.cats and n not in self.conts)
+        if sparse_max is not None and not isinstance(sparse_max, Mapping):
+            raise InvalidArgumentError(
+                f"sparse_max must be a mapping {{column: max values per row}}, got {sparse_max!r}"
+            )
+        widths = dict(sparse_max or {})
+        unknown = sorted(set(widths) - set(names))
+        if unknown:
+            raise InvalidArgumentError(
+                f"sparse_max names {unknown}, which are not in sparse_names {list(names)}"
+            )
+        for name, width in widths.items():
+            widths[name] = int_at_least(width, 1, f"sparse_max[{name!r}]")
+        missing = [n for n in names if n not in widths]
+        if sparse_as_dense and missing:
+            raise InvalidArgumentError(
+                f"sparse_as_dense=True pads every list column to sparse_max[name] values, but "
+                f"sparse_max has no entry for {missing}. Pass sparse_max={{{missing[0]!r}: "
+                "<longest list>, ...}"
+            )
+        return names, widths
+
     def _check_types(self, types: Mapping[str, pa.DataType]) -> None:
         where = self.dataset.files[0] if self.dataset.files else "the table"
         for name, t in types.items():
+            is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+            if name in self.sparse_names:
+                value = getattr(t, "value_type", None)
+                numeric = value is not None and (
+                    pa.types.is_integer(value)
+                    or pa.types.is_boolean(value)
+                    or (pa.types.is_floating(value) and name in self.conts)
+                )
+                if not numeric:
+                    kind = "integer ids" if name in self.cats else "numbers"
+                    raise ColumnTypeError(
+                        f"list column {name!r} is {t} in {where}; sparse_names must be lists of "
+                        f"{kind} (list<int64>, for example)"
+                        + ("" if is_list else ". Leave it out of sparse_names")
+                    )
+                continue
+            if is_list:
+                raise ColumnTypeError(
+                    f"column {name!r} is {t} in {where}, a list column: name it in "
+                    f"sparse_names=[{name!r}] to read it as values + offsets (or padded)"
+                )
             if name in self.cats:
                 if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
                     raise ColumnTypeError(
@@ -285,7 +386,10 @@ class Loader:
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a number, got {value!r}"
                 )
-            integral_column = pa.types.is_integer(types[name]) or pa.types.is_boolean(types[name])
+            kind = types[name]
+            if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                kind = kind.value_type
+            integral_column = pa.types.is_integer(kind) or pa.types.is_boolean(kind)
             if integral_column and float(value) != int(value):
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a whole number: the column is {types[name]}"
@@ -294,8 +398,8 @@ class Loader:
 
     def _check_nulls(self) -> None:
         for name in self.dtypes:
-            if name in self.fill_null:
-                continue
+            if name in self.fill_null or name in self.sparse_names:
+                continue  # null lists are empty lists; nulls inside raise when read
             flags = self.dataset.null_partitions(name)
             bad = np.flatnonzero(flags == 1)
             if len(bad):
@@ -437,7 +541,7 @@ class Loader:
             fill_null=self.fill_null,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            transform=self.transform,
+            transform=self._list_output(self.transform),
             prefetch=self.prefetch,
             stats=self._stats,
             stop=stop,
@@ -448,6 +552,21 @@ class Loader:
         return BatchIterator(
             stage, plan.num_batches, self._stats, position=EpochPosition(epoch, start_batch)
         )
+
+    def _list_output(
+        self, transform: Callable[[dict[str, Any]], Any] | None
+    ) -> Callable[[dict[str, Any]], Any] | None:
+        """``transform`` after list columns take their delivered form."""
+        if not self.sparse_names:
+            return transform
+        finish = partial(
+            lists_as_output,
+            dense=self.sparse_max if self.sparse_as_dense else None,
+            pad=self.sparse_pad,
+        )
+        if transform is None:
+            return finish
+        return lambda batch: transform(finish(batch))
 
     # -- resuming -----------------------------------------------------------------
 
