@@ -241,3 +241,63 @@ def test_resume_with_list_columns(paths):
     resumed = tabloader.Loader(paths, **options)
     resumed.load_state_dict(first.state_dict())
     assert before + [b["genres"][0].tolist() for b in resumed] == reference
+
+
+# -- torch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_lists_feed_embedding_bag_and_come_once(paths, workers):
+    torch = pytest.importorskip("torch")
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    itr = TorchAsyncItr(
+        paths,
+        cats=["id", "genres"],
+        labels=["label"],
+        sparse_names=["genres"],
+        batch_size=64,
+        shuffle=True,
+        seed=4,
+        device="cpu",
+    )
+    bag = torch.nn.EmbeddingBag(TOTAL * 10, 3, mode="sum")
+    seen = []
+    for x_cat, _x_cont, y, lists in DLDataLoader(itr, num_workers=workers, collate_fn=_first):
+        values, offsets = lists["genres"]
+        assert x_cat.shape == (len(y), 1)  # the list column is not in x_cat
+        assert values.dtype == torch.int64 and offsets.dtype == torch.int64
+        assert len(offsets) == len(y)  # bag starts only: EmbeddingBag's default
+        assert bag(values, offsets).shape == (len(y), 3)
+        ends = torch.cat([offsets[1:], torch.tensor([len(values)])])
+        starts = zip(x_cat[:, 0].tolist(), offsets.tolist(), ends.tolist(), strict=True)
+        for i, start, end in starts:
+            assert values[start:end].tolist() == expected(i)
+        seen.extend(x_cat[:, 0].tolist())
+    assert sorted(seen) == list(range(TOTAL))
+
+
+def _first(batch: Any) -> Any:
+    return batch
+
+
+@pytest.mark.torch
+def test_torch_dense_lists_are_padded_tensors(paths):
+    torch = pytest.importorskip("torch")
+    from tabloader.torch import TorchAsyncItr
+
+    itr = TorchAsyncItr(
+        paths,
+        cats=["id"],
+        conts=["scores"],
+        sparse_names=["genres", "scores"],
+        sparse_as_dense=True,
+        sparse_max={"genres": 6, "scores": 2},
+        batch_size=100,
+        device="cpu",
+    )
+    *_, lists = next(iter(itr))
+    assert lists["genres"].shape == (100, 6) and lists["genres"].dtype == torch.int64
+    assert lists["scores"].shape == (100, 2) and lists["scores"].dtype == torch.float32
+    assert lists["genres"][7].tolist() == expected(7) + [0] * (6 - len(expected(7)))

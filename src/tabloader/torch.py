@@ -166,11 +166,15 @@ class _CudaStager:
 
 
 class _BatchBuilder:
-    """The core loader's ``transform``: a stacked batch dict in, ``(x_cat, x_cont, y)`` out."""
+    """The core loader's ``transform``: a stacked batch dict in, ``(x_cat, x_cont, y)`` out
+    (and the list columns' tensors as a fourth item when there are any)."""
 
-    def __init__(self, device: torch.device, stager: _CudaStager | None) -> None:
+    def __init__(
+        self, device: torch.device, stager: _CudaStager | None, lists: Sequence[str] = ()
+    ) -> None:
         self.device = device
         self.stager = stager
+        self.lists = tuple(lists)
 
     def __call__(self, batch: dict[str, Any]) -> Any:
         rows = int(next(iter(batch.values())).shape[0])
@@ -184,9 +188,26 @@ class _BatchBuilder:
         x_cat, x_cont, y = tensors
         if y.shape[1] == 1:
             y = y[:, 0]
+        if self.lists:
+            return x_cat, x_cont, y, _list_tensors(batch, self.lists)
         if self.stager is not None:
             return self.stager.send((x_cat, x_cont, y))
         return x_cat, x_cont, y
+
+
+def _list_tensors(batch: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """List columns as tensors: a padded ``[B, max]`` tensor, or ``(values, offsets)`` with
+    ``offsets`` of length ``B`` (each bag's start, without the final end), the form
+    ``torch.nn.EmbeddingBag`` takes by default."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = batch[name]
+        if isinstance(value, tuple):
+            values, offsets = value
+            out[name] = (_as_tensor(values), _as_tensor(offsets[:-1]))
+        else:
+            out[name] = _as_tensor(value)
+    return out
 
 
 class _Epoch:
@@ -317,8 +338,19 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             same number of batches; the ranks' rows are disjoint, and at most
             ``global_size - 1`` rows sit out each epoch.
 
-    NVTabular's ``sparse_names``, ``sparse_max`` and ``sparse_as_dense`` are accepted
-    with their defaults only (tabloader delivers dense tensors); any other value raises.
+    List (multi-hot) columns:
+        sparse_names: List columns (NVTabular's keyword), also allowed in ``cats`` or
+            ``conts``. With any, each item is ``(x_cat, x_cont, y, lists)``: ``x_cat`` and
+            ``x_cont`` hold the scalar columns, and ``lists`` maps each list column to
+            ``(values, offsets)``, ready for ``torch.nn.EmbeddingBag``: ``offsets`` has
+            length ``B`` (each row's start, without the final end, EmbeddingBag's default
+            ``include_last_offset=False``). CPU device only for now.
+        sparse_as_dense: Deliver each list column as an int64 (cats) or float32 (conts)
+            ``[B, sparse_max[name]]`` tensor padded with ``sparse_pad`` instead.
+        sparse_max: ``{name: most values per row}``; required with ``sparse_as_dense``;
+            a longer list raises rather than being truncated.
+        sparse_pad: Pad value of dense list columns (default 0).
+
     Unknown keywords raise ``TypeError``.
 
     Epochs: every ``iter()`` in the training process starts epoch :attr:`epoch` and
@@ -361,18 +393,9 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         sparse_names: Sequence[str] | None = None,
         sparse_max: Mapping[str, int] | None = None,
         sparse_as_dense: bool = False,
+        sparse_pad: float = 0,
     ) -> None:
         super().__init__()
-        for name, value, default in (
-            ("sparse_names", sparse_names, None),
-            ("sparse_max", sparse_max, None),
-            ("sparse_as_dense", sparse_as_dense, False),
-        ):
-            if value is not default:
-                raise InvalidArgumentError(
-                    f"{name}={value!r} is not supported: tabloader delivers dense tensors "
-                    f"only. Leave {name} out"
-                )
         if seed is not None and seed_fn is not None:
             raise InvalidArgumentError("give seed= or seed_fn=, not both")
         if seed_fn is not None and not callable(seed_fn):
@@ -386,6 +409,12 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
                 f"{device!r}. Use backend='cpu', or pass device='cuda'"
             )
         self.backend = backend
+        if sparse_names and self.device.type == "cuda":
+            raise InvalidArgumentError(
+                f"list columns (sparse_names={sparse_names!r}) are delivered on the CPU only "
+                f"for now, but device={str(self.device)!r}. Pass device='cpu' and move the "
+                "batch to the GPU in the training loop (tensor.to('cuda', non_blocking=True))"
+            )
         global_rank, global_size = _resolve_ranks(global_rank, global_size)
         self._seed_fn = seed_fn
         self._options: dict[str, Any] = {
@@ -404,6 +433,10 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             "global_size": global_size,
             "fill_null": fill_null,
             "prefetch": prefetch,
+            "sparse_names": sparse_names,
+            "sparse_max": sparse_max,
+            "sparse_as_dense": sparse_as_dense,
+            "sparse_pad": sparse_pad,
         }
         self._loader = self._make_loader(dataset)
         # Keep the seed the core drew (seed=None), so copies in worker processes agree.
@@ -421,7 +454,11 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         # to it by the stager.
         core_device = f"cuda:{self.device.index}" if self.backend == "gpu" else "cpu"
         stage = self.device.type == "cuda" and self.backend == "cpu"
-        self._builder = _BatchBuilder(self.device, _CudaStager(self.device) if stage else None)
+        names = self._options["sparse_names"]
+        lists = (names,) if isinstance(names, str) else tuple(names or ())
+        self._builder = _BatchBuilder(
+            self.device, _CudaStager(self.device) if stage else None, lists
+        )
         return Loader(
             dataset, **self._options, layout="stacked", device=core_device, transform=self._builder
         )
