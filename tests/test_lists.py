@@ -301,3 +301,53 @@ def test_torch_dense_lists_are_padded_tensors(paths):
     assert lists["genres"].shape == (100, 6) and lists["genres"].dtype == torch.int64
     assert lists["scores"].shape == (100, 2) and lists["scores"].dtype == torch.float32
     assert lists["genres"][7].tolist() == expected(7) + [0] * (6 - len(expected(7)))
+
+
+# -- Keras ---------------------------------------------------------------------------------
+
+
+@pytest.mark.tensorflow
+def test_keras_lists_as_ragged_and_padded_tensors(paths):
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    ragged = KerasSequenceLoader(
+        paths,
+        batch_size=64,
+        cat_names=["id"],
+        sparse_names=["genres"],
+        label_names=["label"],
+        seed=1,
+    )
+    seen = []
+    for features, _labels in ragged:
+        genres = features["genres"]
+        assert isinstance(genres, tf.RaggedTensor) and genres.dtype == tf.int64
+        ids = features["id"].numpy().tolist()
+        assert genres.to_list() == [expected(i) for i in ids]
+        seen.extend(ids)
+    assert sorted(seen) == list(range(TOTAL))
+
+    dense = KerasSequenceLoader(
+        paths,
+        batch_size=64,
+        cat_names=["id"],
+        sparse_names=["genres"],
+        label_names=["label"],
+        sparse_as_dense=True,
+        sparse_max={"genres": 5},
+        seed=1,
+    )
+    features, _labels = dense[0]
+    assert features["genres"].shape == (64, 5) and features["genres"].dtype == tf.int64
+    inputs = {
+        "id": keras.Input(shape=(), name="id", dtype="int64"),
+        "genres": keras.Input(shape=(5,), name="genres", dtype="int64"),
+    }
+    bag = keras.ops.sum(keras.layers.Embedding(TOTAL * 10, 4)(inputs["genres"]), axis=1)
+    model = keras.Model(inputs, keras.layers.Dense(1)(bag))
+    model.compile("sgd", "mse")
+    history = model.fit(dense, epochs=1, verbose=0)
+    assert len(history.history["loss"]) == 1

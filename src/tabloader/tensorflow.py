@@ -68,9 +68,6 @@ _ALIGN = 64
 """TensorFlow requires 64-byte aligned tensor memory; DLPack imports must honour it."""
 
 _NVTABULAR_ONLY = {
-    "sparse_names": "sparse (list) columns are not supported; pass scalar columns only",
-    "sparse_max": "sparse (list) columns are not supported; pass scalar columns only",
-    "sparse_as_dense": "sparse (list) columns are not supported; pass scalar columns only",
     "schema": "pass the column names as cat_names=, cont_names= and label_names=",
     "reader_kwargs": "tabloader reads parquet with its own settings; leave it out",
     "transforms": "apply transforms in the model (Keras layers) instead",
@@ -128,6 +125,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         drop_last: Drop each epoch's last batch if it is short.
         device: ``None``/``"cpu"``, or a CUDA device for the GPU backend.
 
+    List (multi-hot) columns:
+        sparse_names: List columns (NVTabular's keyword), also allowed in ``cat_names``
+            or ``cont_names``; each is a feature of its own: a ``tf.RaggedTensor``
+            (row splits from the offsets), or with ``sparse_as_dense`` a padded
+            ``[B, sparse_max[name]]`` tensor (feed it to ``keras.Input(shape=(max,))``).
+        sparse_max, sparse_as_dense, sparse_pad: As in :class:`tabloader.Loader`.
+
     Epochs: each batch index of ``range(len(loader))`` is served once per epoch, with
     the epoch's batches in the order the background reader delivers them, whatever the
     order of the indices (``fit`` shuffles indices by default; that adds nothing, and
@@ -172,6 +176,10 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         global_size: int | None = None,
         global_rank: int | None = None,
         drop_last: bool = False,
+        sparse_names: str | Sequence[str] | None = None,
+        sparse_max: Mapping[str, int] | None = None,
+        sparse_as_dense: bool = False,
+        sparse_pad: float = 0,
         **unsupported: Any,
     ) -> None:
         if unsupported:
@@ -211,6 +219,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             paths_or_dataset if isinstance(paths_or_dataset, Dataset) else Dataset(paths_or_dataset)
         )
         make_tensors = _TensorMaker()
+        lists = _ListTensors(make_tensors, sparse_names)
         loader = Loader(
             dataset,
             batch_size=batch_size,
@@ -226,9 +235,15 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             global_rank=0 if global_rank is None else global_rank,
             global_size=1 if global_size is None else global_size,
             device=device,
-            transform=make_tensors,
+            transform=lists if lists.names else make_tensors,
+            sparse_names=sparse_names,
+            sparse_max=sparse_max,
+            sparse_as_dense=sparse_as_dense,
+            sparse_pad=sparse_pad,
         )
-        make_tensors.set_columns(loader.cats, loader.conts, loader.labels, device=loader.device)
+        cats = [c for c in loader.cats if c not in loader.sparse_names]
+        conts = [c for c in loader.conts if c not in loader.sparse_names]
+        make_tensors.set_columns(cats, conts, loader.labels, device=loader.device)
         self.buffer_size = buffer_size
         self.loader = loader
         """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
@@ -559,6 +574,30 @@ class _TensorMaker:
         return features, {name: tensors[name] for name in self.labels}
 
 
+class _ListTensors:
+    """``transform`` with list columns: the scalar columns through :class:`_TensorMaker`,
+    each list column added to the features as a padded ``tf.Tensor`` (dense) or a
+    ``tf.RaggedTensor`` built from its row splits."""
+
+    def __init__(self, make_tensors: _TensorMaker, names: str | Sequence[str] | None) -> None:
+        self.make_tensors = make_tensors
+        self.names = (names,) if isinstance(names, str) else tuple(names or ())
+
+    def __call__(self, batch: Mapping[str, Any]) -> Any:
+        result = self.make_tensors({k: v for k, v in batch.items() if k not in self.names})
+        features = result[0] if isinstance(result, tuple) else result
+        for name in self.names:
+            value = batch[name]
+            if isinstance(value, tuple):
+                values, offsets = value
+                features[name] = tf.RaggedTensor.from_row_splits(
+                    tf.convert_to_tensor(values), tf.convert_to_tensor(offsets), validate=False
+                )
+            else:
+                features[name] = tf.convert_to_tensor(value)
+        return result
+
+
 def _address(array: Any) -> int:
     interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
     return int(interface["data"][0])
@@ -817,7 +856,8 @@ def _reject(unsupported: Mapping[str, Any]) -> None:
         f"KerasSequenceLoader() got unexpected keyword argument(s) {sorted(unsupported)}; "
         "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
         "cont_names, engine, shuffle, shuffle_within_batch, seed, seed_fn, buffer_size, "
-        "device, parts_per_chunk, global_size, global_rank, drop_last"
+        "device, parts_per_chunk, global_size, global_rank, drop_last, sparse_names, "
+        "sparse_max, sparse_as_dense, sparse_pad"
     )
 
 
