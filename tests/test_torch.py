@@ -210,12 +210,12 @@ def test_read_errors_reach_the_training_loop(paths):
 # -- options ---------------------------------------------------------------------------
 
 
-def test_nvtabular_sparse_keywords_only_accept_their_defaults(paths):
+def test_nvtabular_sparse_keywords_name_list_columns_only(paths):
     make(paths, sparse_names=None, sparse_max=None, sparse_as_dense=False)
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"sparse_names=.*dense tensors only"):
+    with pytest.raises(tabloader.ColumnTypeError, match=r"list column 'cat' is int32"):
         make(paths, sparse_names=["cat"])
-    with pytest.raises(tabloader.InvalidArgumentError, match="sparse_as_dense=True"):
-        make(paths, sparse_as_dense=True)
+    with pytest.raises(tabloader.InvalidArgumentError, match="sparse_max names"):
+        make(paths, sparse_max={"cat": 3})
 
 
 def test_unknown_keywords_raise(paths):

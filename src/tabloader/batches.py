@@ -17,13 +17,25 @@ A :class:`Layout` says which columns share a block and how batches are delivered
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Block", "Layout", "Part", "Segment", "cut_batches", "empty_segment", "segment_rows"]
+__all__ = [
+    "Block",
+    "Layout",
+    "Part",
+    "Ragged",
+    "Segment",
+    "cut_batches",
+    "drop_leading_rows",
+    "empty_segment",
+    "lists_as_output",
+    "segment_rows",
+]
 
 _ALIGN = 64
 
@@ -38,6 +50,8 @@ class Block:
     name: str
     columns: tuple[str, ...]
     dtype: np.dtype[Any]
+    ragged: bool = False
+    """A list column (one column, held as :class:`Ragged` rather than a 2-D array)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,20 @@ class Layout:
         blocks = tuple(Block(c, (c,), dtypes[c]) for c in columns)
         return cls(blocks, tuple((c, c, 0) for c in columns))
 
+    def with_lists(self, names: Sequence[str], dtypes: Mapping[str, np.dtype[Any]]) -> Layout:
+        """This layout plus list columns ``names``, each its own ragged block, delivered
+        whole under its own name.
+
+        Examples:
+            >>> layout = Layout.build({"cats": ["a"]}, {"a": np.dtype("int64")}, stacked=True)
+            >>> layout.with_lists(["g"], {"g": np.dtype("int64")}).outputs
+            (('cats', 'cats', None), ('g', 'g', None))
+        """
+        blocks = tuple(Block(n, (n,), dtypes[n], ragged=True) for n in names)
+        return Layout(
+            self.blocks + blocks, self.outputs + tuple((b.name, b.name, None) for b in blocks)
+        )
+
     def deliver(self, segment: Segment) -> dict[str, Any]:
         return {
             key: segment[block] if j is None else segment[block][:, j]
@@ -110,10 +138,12 @@ def _cut(part: Part, start: int, stop: int, xp: Any) -> Segment:
     if index is None:
         return {name: array[start:stop] for name, array in segment.items()}
     rows = index[start:stop]
-    shapes = [(name, array.shape[1], array.dtype) for name, array in segment.items()]
+    lists = {name: a for name, a in segment.items() if isinstance(a, Ragged)}
+    shapes = [(name, a.shape[1], a.dtype) for name, a in segment.items() if name not in lists]
     out = empty_segment(len(rows), shapes, xp)
     for name, array in out.items():
         xp.take(segment[name], rows, axis=0, out=array)
+    out.update({name: ragged.take(rows) for name, ragged in lists.items()})
     return out
 
 
@@ -150,10 +180,12 @@ def _concat(parts: Sequence[Segment], xp: Any) -> Segment:
     if len(parts) == 1:
         return parts[0]
     rows = sum(segment_rows(p) for p in parts)
-    shapes = [(name, array.shape[1], array.dtype) for name, array in parts[0].items()]
+    lists = [name for name, a in parts[0].items() if isinstance(a, Ragged)]
+    shapes = [(name, a.shape[1], a.dtype) for name, a in parts[0].items() if name not in lists]
     out = empty_segment(rows, shapes, xp)
     for name, array in out.items():
         xp.concatenate([p[name] for p in parts], axis=0, out=array)
+    out.update({name: Ragged.concatenate([p[name] for p in parts]) for name in lists})
     return out
 
 
@@ -195,3 +227,173 @@ def cut_batches(
         del part
     if pending_rows and not drop_last:
         yield layout.deliver(_concat(pending, xp))
+
+
+def drop_leading_rows(parts: Iterable[Part], rows: int) -> Iterator[Part]:
+    """The stream of ``parts`` without its first ``rows`` rows (in delivery order).
+
+    Used on resume: the rows of a chunk that were delivered before are dropped before
+    batches are cut, so they are never gathered.
+
+    Examples:
+        >>> segment = {"a": np.arange(6).reshape(6, 1)}
+        >>> parts = [(segment, np.array([5, 4, 3])), (segment, None)]
+        >>> [(s["a"][:, 0].tolist(), None if i is None else i.tolist())
+        ...  for s, i in drop_leading_rows(parts, 4)]
+        [([1, 2, 3, 4, 5], None)]
+    """
+    source = iter(parts)
+    while rows > 0:
+        part = next(source, None)
+        if part is None:
+            return
+        n = _rows(part)
+        if n <= rows:
+            rows -= n
+            continue
+        segment, index = part
+        if index is None:
+            yield {name: array[rows:] for name, array in segment.items()}, None
+        else:
+            yield segment, index[rows:]
+        rows = 0
+    yield from source
+
+
+# -- list columns -----------------------------------------------------------------------
+
+
+def _module(array: Any) -> Any:
+    """numpy or cupy, whichever ``array`` belongs to."""
+    return sys.modules[type(array).__module__.split(".")[0]]
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A list column: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    Rows are selected like a 2-D block's (slices are views, :meth:`take` gathers), so
+    a list column travels through chunks and batches next to the dense blocks. Works
+    on numpy and cupy arrays alike. ``offsets`` need not start at 0 (a slice of rows
+    shares its parent's values).
+
+    Examples:
+        >>> r = Ragged(np.array([1, 2, 3, 4, 5, 6]), np.array([0, 2, 2, 5, 6]))
+        >>> len(r), r[1:3].offsets.tolist()
+        (4, [2, 2, 5])
+        >>> t = r.take(np.array([3, 0, 2]))
+        >>> t.values.tolist(), t.offsets.tolist()
+        ([6, 1, 2, 3, 4, 5], [0, 1, 3, 6])
+    """
+
+    values: Any
+    offsets: Any
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.offsets) - 1,)
+
+    @property
+    def dtype(self) -> Any:
+        return self.values.dtype
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, rows: slice) -> Ragged:
+        start, stop, step = rows.indices(len(self))
+        if step != 1:
+            raise ValueError("Ragged rows can only be sliced with step 1")
+        return Ragged(self.values, self.offsets[start : max(stop, start) + 1])
+
+    def lengths(self) -> Any:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def take(self, rows: Any) -> Ragged:
+        """Rows ``rows`` (an index array), gathered into fresh, compact arrays.
+
+        Vectorised: each output value's source is its row's start plus its place in
+        the row, built with one ``repeat`` and one ``arange``.
+        """
+        xp = _module(self.offsets)
+        starts = self.offsets[:-1][rows]
+        lengths = self.offsets[1:][rows] - starts
+        offsets = xp.zeros(len(rows) + 1, dtype=np.int64)
+        xp.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        source = xp.repeat(starts - offsets[:-1], lengths) + xp.arange(total, dtype=np.int64)
+        return Ragged(self.values[source], offsets)
+
+    def compact(self) -> Ragged:
+        """The same rows with offsets starting at 0 and values holding only them."""
+        first, last = int(self.offsets[0]), int(self.offsets[-1])
+        if first == 0 and last == len(self.values):
+            return self
+        return Ragged(self.values[first:last], self.offsets - first)
+
+    @staticmethod
+    def concatenate(parts: Sequence[Ragged]) -> Ragged:
+        """The rows of ``parts`` one after the other."""
+        if len(parts) == 1:
+            return parts[0].compact()
+        compact = [p.compact() for p in parts]
+        xp = _module(compact[0].offsets)
+        shifts = np.cumsum([0] + [len(p.values) for p in compact[:-1]])
+        offsets = xp.concatenate(
+            [compact[0].offsets[:1]]
+            + [p.offsets[1:] + int(shift) for p, shift in zip(compact, shifts, strict=True)]
+        )
+        return Ragged(xp.concatenate([p.values for p in compact]), offsets)
+
+    def to_dense(self, width: int, pad: float, name: str) -> Any:
+        """A ``[rows, width]`` array, each row's values then ``pad``.
+
+        Raises :class:`~tabloader.errors.InvalidArgumentError` if a row is longer
+        than ``width``: values are never dropped silently.
+        """
+        from tabloader.errors import InvalidArgumentError
+
+        xp = _module(self.offsets)
+        ragged = self.compact()
+        lengths = ragged.lengths()
+        longest = int(lengths.max()) if len(lengths) else 0
+        if longest > width:
+            raise InvalidArgumentError(
+                f"list column {name!r} has a row of {longest} values, longer than "
+                f"sparse_max[{name!r}]={width}. Raise sparse_max for it (tabloader never "
+                "truncates lists), or leave sparse_as_dense off to get the values ragged"
+            )
+        out = xp.full((len(ragged), width), pad, dtype=ragged.values.dtype)
+        rows = xp.repeat(xp.arange(len(ragged), dtype=np.int64), lengths)
+        columns = xp.arange(len(ragged.values), dtype=np.int64) - xp.repeat(
+            ragged.offsets[:-1], lengths
+        )
+        out[rows, columns] = ragged.values
+        return out
+
+
+def lists_as_output(
+    batch: dict[str, Any], dense: Mapping[str, int] | None, pad: float
+) -> dict[str, Any]:
+    """A batch with its list columns as delivered: ``(values, offsets)`` with offsets of
+    length ``B + 1`` starting at 0, or, with ``dense`` (column -> width), padded
+    ``[B, width]`` arrays.
+
+    Examples:
+        >>> batch = {"a": Ragged(np.array([7, 8, 9]), np.array([1, 1, 3]))}
+        >>> values, offsets = lists_as_output(batch, None, 0)["a"]
+        >>> values.tolist(), offsets.tolist()
+        ([8, 9], [0, 0, 2])
+        >>> lists_as_output(batch, {"a": 3}, -1)["a"].tolist()
+        [[-1, -1, -1], [8, 9, -1]]
+    """
+    out = {}
+    for name, value in batch.items():
+        if isinstance(value, Ragged):
+            if dense is not None:
+                value = value.to_dense(dense[name], pad, name)
+            else:
+                compact = value.compact()
+                value = (compact.values, compact.offsets)
+        out[name] = value
+    return out

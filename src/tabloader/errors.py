@@ -19,6 +19,7 @@ __all__ = [
     "ColumnNotFoundError",
     "ColumnTypeError",
     "EmptyDatasetError",
+    "EmptyEpochWarning",
     "InvalidArgumentError",
     "InvalidFileError",
     "NullValuesError",
@@ -71,6 +72,11 @@ class EmptyDatasetError(TabloaderError, ValueError):
 
 class ReadError(TabloaderError, OSError):
     """Reading or decoding a partition failed while loading; the message names the file."""
+
+
+class EmptyEpochWarning(UserWarning):
+    """A rank (or worker) gets fewer rows than a batch with ``drop_last=True``: its epochs
+    yield no batch, as a torch ``DataLoader`` with ``drop_last=True`` would."""
 
 
 class PerformanceWarning(UserWarning):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,13 +17,21 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.backends import get_backend
-from tabloader.batches import Block, Layout, Part, cut_batches
+from tabloader.batches import (
+    Block,
+    Layout,
+    Part,
+    cut_batches,
+    drop_leading_rows,
+    lists_as_output,
+)
 from tabloader.cache import CacheMode, DecodedCache
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
+    EmptyEpochWarning,
     InvalidArgumentError,
     NullValuesError,
     PerformanceWarning,
@@ -48,13 +59,38 @@ from tabloader.stats import LoaderStats, StatsRecorder
 if TYPE_CHECKING:
     from tabloader.backends import Backend
 
-__all__ = ["BatchIterator", "Loader"]
+__all__ = ["BatchIterator", "EpochPosition", "Loader"]
 
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
 _TINY_PARTITION_ROWS = 1024
+
+STATE_FORMAT = 1
+"""Version of the dict :meth:`Loader.state_dict` returns."""
+# The keys of a saved state: where the epoch stands, and what must match to resume it.
+STATE_FORMAT_KEY = "format"
+STATE_EPOCH = "epoch"
+STATE_SEED = "seed"
+STATE_BATCHES = "batches"
+STATE_WORKER = "worker"
+STATE_NUM_WORKERS = "num_workers"
+STATE_DATASET = "dataset"
+STATE_OPTIONS = "options"
+
+
+@dataclass
+class EpochPosition:
+    """How far one epoch got: batches handed to the consumer, and whether it ended.
+
+    Shared between a :class:`BatchIterator` and its loader, so the loader can say where
+    the epoch stands even after the iterator is gone.
+    """
+
+    epoch: int
+    batches: int
+    finished: bool = False
 
 
 class Loader:
@@ -77,13 +113,31 @@ class Loader:
 
     How to batch:
         batch_size: Rows per batch.
-        drop_last: Drop the epoch's last batch if it is short.
+        drop_last: Drop the epoch's last batch if it is short. A rank with fewer rows
+            than a batch then gets no batch at all: ``len(loader) == 0``, epochs are empty,
+            and an :class:`EmptyEpochWarning` says so once (torch's convention).
         layout: ``"columns"`` (default) delivers ``{column: 1-D array}``; ``"stacked"``
             delivers ``{"cats": [B, n_cats], "conts": [B, n_conts], "labels": [B, n_labels]}``
             (groups with no columns are left out), ready for frameworks that take one
             tensor per kind.
         transform: Called on every batch in the background thread; its result is what the
             iterator yields. The place to build framework tensors.
+
+    List (multi-hot) columns:
+        sparse_names: Columns of lists (parquet ``list<...>``), NVTabular's name. A name
+            may also be listed in ``cats`` or ``conts`` (which decides the values' dtype);
+            otherwise it counts as a categorical column. A list column is delivered as
+            ``(values, offsets)``: ``values`` the batch's list values one row after the
+            other (``cat_dtype`` or ``cont_dtype``), ``offsets`` int64 of length ``B + 1``
+            (row ``i`` is ``values[offsets[i]:offsets[i + 1]]``). Null lists are empty
+            lists; nulls inside lists follow ``fill_null``. In the ``"stacked"`` layout
+            each list column is delivered under its own name. CPU only for now.
+        sparse_as_dense: Deliver list columns as ``[B, sparse_max[name]]`` arrays instead,
+            each row's values then ``sparse_pad``. A list longer than its ``sparse_max``
+            raises :class:`InvalidArgumentError` (lists are never truncated).
+        sparse_max: ``{name: most values per row}``; required for every list column with
+            ``sparse_as_dense``.
+        sparse_pad: The pad value of dense list columns (default 0).
 
     How to shuffle:
         shuffle: ``True``: visit partitions in a new random order every epoch and permute
@@ -167,11 +221,20 @@ class Loader:
         cache: CacheMode | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max_bytes: int | None = None,
+        sparse_names: str | Sequence[str] | None = None,
+        sparse_max: Mapping[str, int] | None = None,
+        sparse_as_dense: bool = False,
+        sparse_pad: float = 0,
     ) -> None:
         self.batch_size = int_at_least(batch_size, 1, "batch_size")
         self.cats = column_names(cats, "cats")
         self.conts = column_names(conts, "conts")
         self.labels = column_names(labels, "labels")
+        self.sparse_names, self.sparse_max = self._list_options(
+            sparse_names, sparse_max, sparse_as_dense, sparse_pad
+        )
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.sparse_pad = sparse_pad
         columns = self.cats + self.conts + self.labels
         if not columns:
             raise InvalidArgumentError(
@@ -213,6 +276,7 @@ class Loader:
         cache_max_bytes = optional_positive(cache_max_bytes, "cache_max_bytes")
         self.shuffle_within_batch = flag(shuffle_within_batch, "shuffle_within_batch")
         self.drop_last = flag(drop_last, "drop_last")
+        self._seed_given = seed is not None
         if seed is None:
             if self.shuffle and self.global_size > 1:
                 raise InvalidArgumentError(
@@ -232,6 +296,12 @@ class Loader:
         }
         self.device: Device = resolve_device(device)
         """Where batches live, decided once here; adapters read it and never decide again."""
+        if self.sparse_names and self.device.is_cuda:
+            raise InvalidArgumentError(
+                f"list columns ({', '.join(map(repr, self.sparse_names))}) are read on the CPU "
+                f"only for now, but device={self.device} selects the GPU backend. Pass "
+                "device='cpu' (the batches can be moved to the GPU afterwards)"
+            )
         self.backend: Backend = get_backend(self.device)
         if cache is not None and self.device.is_cuda:
             raise InvalidArgumentError(
@@ -246,16 +316,20 @@ class Loader:
         self.fill_null = self._fill_values(fill_null, types)
         self._check_nulls()
 
-        self.layout_plan = Layout.build(
-            {"cats": self.cats, "conts": self.conts, "labels": self.labels},
-            self.dtypes,
-            stacked=layout == "stacked",
-        )
+        scalar = {
+            kind: tuple(c for c in names if c not in self.sparse_names)
+            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
+        }
+        self.layout_plan = Layout.build(scalar, self.dtypes, stacked=layout == "stacked")
+        if self.sparse_names:
+            self.layout_plan = self.layout_plan.with_lists(self.sparse_names, self.dtypes)
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
         if self.parts_per_chunk is None and chunk_rows is None:
             chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
         self.chunk_rows = chunk_rows
         self.epoch = 0
+        self._position: EpochPosition | None = None  # of the epoch iter() last started
+        self._resume: EpochPosition | None = None  # where the next iter() starts
         self._stats = StatsRecorder()
         self._check_size()
         self.cache: DecodedCache | None = None
@@ -274,9 +348,70 @@ class Loader:
 
     # -- validation ---------------------------------------------------------------
 
+    def _list_options(
+        self,
+        sparse_names: str | Sequence[str] | None,
+        sparse_max: Mapping[str, int] | None,
+        sparse_as_dense: object,
+        sparse_pad: object,
+    ) -> tuple[tuple[str, ...], dict[str, int]]:
+        names = column_names(sparse_names, "sparse_names")
+        flag(sparse_as_dense, "sparse_as_dense")
+        if not is_number(sparse_pad):
+            raise InvalidArgumentError(f"sparse_pad must be a number, got {sparse_pad!r}")
+        labelled = [n for n in names if n in self.labels]
+        if labelled:
+            raise InvalidArgumentError(
+                f"list column(s) {labelled} are listed in labels; labels must be scalar "
+                "columns. Leave them out of sparse_names or labels"
+            )
+        # A list column named only in sparse_names is categorical (NVTabular's use).
+        self.cats += tuple(n for n in names if n not in self.cats and n not in self.conts)
+        if sparse_max is not None and not isinstance(sparse_max, Mapping):
+            raise InvalidArgumentError(
+                f"sparse_max must be a mapping {{column: max values per row}}, got {sparse_max!r}"
+            )
+        widths = dict(sparse_max or {})
+        unknown = sorted(set(widths) - set(names))
+        if unknown:
+            raise InvalidArgumentError(
+                f"sparse_max names {unknown}, which are not in sparse_names {list(names)}"
+            )
+        for name, width in widths.items():
+            widths[name] = int_at_least(width, 1, f"sparse_max[{name!r}]")
+        missing = [n for n in names if n not in widths]
+        if sparse_as_dense and missing:
+            raise InvalidArgumentError(
+                f"sparse_as_dense=True pads every list column to sparse_max[name] values, but "
+                f"sparse_max has no entry for {missing}. Pass sparse_max={{{missing[0]!r}: "
+                "<longest list>, ...}"
+            )
+        return names, widths
+
     def _check_types(self, types: Mapping[str, pa.DataType]) -> None:
         where = self.dataset.files[0] if self.dataset.files else "the table"
         for name, t in types.items():
+            is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+            if name in self.sparse_names:
+                value = getattr(t, "value_type", None)
+                numeric = value is not None and (
+                    pa.types.is_integer(value)
+                    or pa.types.is_boolean(value)
+                    or (pa.types.is_floating(value) and name in self.conts)
+                )
+                if not numeric:
+                    kind = "integer ids" if name in self.cats else "numbers"
+                    raise ColumnTypeError(
+                        f"list column {name!r} is {t} in {where}; sparse_names must be lists of "
+                        f"{kind} (list<int64>, for example)"
+                        + ("" if is_list else ". Leave it out of sparse_names")
+                    )
+                continue
+            if is_list:
+                raise ColumnTypeError(
+                    f"column {name!r} is {t} in {where}, a list column: name it in "
+                    f"sparse_names=[{name!r}] to read it as values + offsets (or padded)"
+                )
             if name in self.cats:
                 if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
                     raise ColumnTypeError(
@@ -310,7 +445,10 @@ class Loader:
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a number, got {value!r}"
                 )
-            integral_column = pa.types.is_integer(types[name]) or pa.types.is_boolean(types[name])
+            kind = types[name]
+            if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                kind = kind.value_type
+            integral_column = pa.types.is_integer(kind) or pa.types.is_boolean(kind)
             if integral_column and float(value) != int(value):
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a whole number: the column is {types[name]}"
@@ -319,8 +457,8 @@ class Loader:
 
     def _check_nulls(self) -> None:
         for name in self.dtypes:
-            if name in self.fill_null:
-                continue
+            if name in self.fill_null or name in self.sparse_names:
+                continue  # null lists are empty lists; nulls inside raise when read
             flags = self.dataset.null_partitions(name)
             bad = np.flatnonzero(flags == 1)
             if len(bad):
@@ -338,11 +476,22 @@ class Loader:
             lo, hi = rank_rows(
                 self.dataset.num_rows, global_rank=self.global_rank, global_size=self.global_size
             )
-            raise EmptyDatasetError(
-                f"this loader would yield no batch: rank {self.global_rank} of "
-                f"{self.global_size} gets {hi - lo} of {self.dataset.num_rows} rows, fewer than "
-                f"batch_size={self.batch_size} with drop_last=True. Lower batch_size or set "
-                "drop_last=False"
+            # torch's convention (DataLoader with drop_last=True over too few samples):
+            # the loader is empty, not an error.
+            why, remedy = (
+                (
+                    f", fewer than batch_size={self.batch_size} with drop_last=True",
+                    "Lower batch_size or set drop_last=False",
+                )
+                if self.drop_last
+                else ("", "Use fewer ranks")
+            )
+            warnings.warn(
+                f"this loader yields no batch: rank {self.global_rank} of "
+                f"{self.global_size} gets {hi - lo} of {self.dataset.num_rows} rows{why}, "
+                f"so len(loader) == 0 and every epoch is empty. {remedy}",
+                EmptyEpochWarning,
+                stacklevel=3,
             )
         parts = self.dataset.num_partitions
         if self.global_size > parts:
@@ -430,17 +579,38 @@ class Loader:
         self.epoch = int_at_least(epoch, 0, "epoch")
 
     def __iter__(self) -> BatchIterator:
-        """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one."""
-        iterator = self.iter_epoch(self.epoch)
-        self.epoch += 1
+        """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one.
+
+        After :meth:`load_state_dict`, the first ``iter()`` continues the saved epoch.
+        """
+        epoch, start = self.epoch, 0
+        if self._resume is not None:
+            epoch, start = self._resume.epoch, self._resume.batches
+            self._resume = None
+        iterator = self.iter_epoch(epoch, start_batch=start)
+        self._position = iterator.position
+        self.epoch = epoch + 1
         return iterator
 
-    def iter_epoch(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> BatchIterator:
-        """Iterate over one epoch, or one worker process's share of it, without advancing."""
+    def iter_epoch(
+        self, epoch: int, *, worker: int = 0, num_workers: int = 1, start_batch: int = 0
+    ) -> BatchIterator:
+        """Iterate over one epoch, or one worker process's share of it, without advancing.
+
+        ``start_batch`` skips that many leading batches of the share: the chunks they
+        fill are not read, and the batches that follow are those an iteration from the
+        start would deliver.
+        """
         backend = self.backend
         if self.cache is not None:  # from the cache, into the cache, or (too big) streamed
             backend = self.cache.epoch_backend(self.backend, self._stats)
         plan = self.plan(epoch, worker=worker, num_workers=num_workers)
+        if not 0 <= start_batch <= plan.num_batches:
+            raise InvalidArgumentError(
+                f"start_batch must be in [0, {plan.num_batches}] (the batches of epoch "
+                f"{epoch} for worker {worker} of {num_workers}), got {start_batch!r}"
+            )
+        plan = plan.resume(start_batch)
         stop = threading.Event()  # the batcher stage's own, set when the consumer closes
         make_batches = partial(
             _batch_stream,
@@ -451,7 +621,7 @@ class Loader:
             fill_null=self.fill_null,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            transform=self.transform,
+            transform=self._list_output(self.transform),
             prefetch=self.prefetch,
             stats=self._stats,
             stop=stop,
@@ -459,7 +629,180 @@ class Loader:
         stage = Prefetcher(
             make_batches, depth=BATCH_QUEUE_DEPTH, name="tabloader-batcher", stop=stop
         )
-        return BatchIterator(stage, plan.num_batches, self._stats)
+        return BatchIterator(
+            stage, plan.num_batches, self._stats, position=EpochPosition(epoch, start_batch)
+        )
+
+    def _list_output(
+        self, transform: Callable[[dict[str, Any]], Any] | None
+    ) -> Callable[[dict[str, Any]], Any] | None:
+        """``transform`` after list columns take their delivered form."""
+        if not self.sparse_names:
+            return transform
+        finish = partial(
+            lists_as_output,
+            dense=self.sparse_max if self.sparse_as_dense else None,
+            pad=self.sparse_pad,
+        )
+        if transform is None:
+            return finish
+        return lambda batch: transform(finish(batch))
+
+    # -- resuming -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, to continue exactly there after a restart.
+
+        A small JSON-serialisable dict: the epoch, the seed, the batches already handed
+        out in that epoch, and a fingerprint of the dataset and of the options that
+        decide the order of rows. Mid-epoch (an iterator that has not ended) it points
+        at the next batch of that epoch; otherwise at the start of the next epoch.
+        Batches read ahead in the background but not yet handed out do not count.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> table = pa.table({"x": list(range(10))})
+            >>> loader = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
+            >>> epoch = iter(loader)
+            >>> first = next(epoch)
+            >>> state = loader.state_dict()
+            >>> state["epoch"], state["batches"]
+            (0, 1)
+            >>> again = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
+            >>> again.load_state_dict(state)
+            >>> [b["x"].tolist() for b in again] == [b["x"].tolist() for b in epoch]
+            True
+        """
+        position = self._resume
+        if position is None and self._position is not None and not self._position.finished:
+            position = self._position
+        if position is None:
+            position = EpochPosition(self.epoch, 0)
+        return self.epoch_state(position.epoch, position.batches)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`): the next ``iter()`` delivers
+        the rest of the saved epoch, bit-identical to the run that saved it, and later
+        epochs follow as they would have.
+
+        The dataset, columns and order-deciding options must be those of the saved run;
+        otherwise :class:`InvalidArgumentError` names what differs. A loader created
+        without ``seed`` takes the saved one.
+        """
+        epoch, batches, seed = self.check_state(state, adopt_seed=not self._seed_given)
+        self.seed = seed
+        self._resume = EpochPosition(epoch, batches)
+        self.epoch = epoch
+
+    def epoch_state(
+        self,
+        epoch: int,
+        batches: int,
+        *,
+        seed: int | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> dict[str, Any]:
+        """The state of ``batches`` batches delivered in ``epoch`` (see :meth:`state_dict`);
+        the building block of the framework adapters' ``state_dict``."""
+        return {
+            STATE_FORMAT_KEY: STATE_FORMAT,
+            STATE_EPOCH: int(epoch),
+            STATE_SEED: int(self.seed if seed is None else seed),
+            STATE_BATCHES: int(batches),
+            STATE_WORKER: int(worker),
+            STATE_NUM_WORKERS: int(num_workers),
+            STATE_DATASET: self._dataset_fingerprint(),
+            STATE_OPTIONS: self._order_options(),
+        }
+
+    def check_state(
+        self,
+        state: Mapping[str, Any],
+        *,
+        adopt_seed: bool | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> tuple[int, int, int]:
+        """``(epoch, batches, seed)`` of a saved state, checked against this loader.
+
+        Raises :class:`InvalidArgumentError` naming the saved and the current value of
+        whatever differs. With ``adopt_seed`` a different seed is taken, not refused
+        (default: when this loader was created without ``seed``).
+        """
+        if adopt_seed is None:
+            adopt_seed = not self._seed_given
+        keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
+        if not isinstance(state, Mapping) or any(k not in state for k in keys):
+            raise InvalidArgumentError(
+                f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
+                f"{', '.join(keys)}, ...), got {_short(state)}"
+            )
+        if state[STATE_FORMAT_KEY] != STATE_FORMAT:
+            raise InvalidArgumentError(
+                f"the state has format {state[STATE_FORMAT_KEY]!r}; this version of "
+                f"tabloader reads format {STATE_FORMAT}"
+            )
+        differences = []
+        saved_dataset, dataset = state[STATE_DATASET], self._dataset_fingerprint()
+        if saved_dataset != dataset:
+            differences.append(
+                f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
+                f"{_describe_fingerprint(dataset)})"
+            )
+        saved_options = state.get(STATE_OPTIONS, {})
+        for name, value in self._order_options().items():
+            if saved_options.get(name) != value:
+                differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
+        for name, value in ((STATE_WORKER, worker), (STATE_NUM_WORKERS, num_workers)):
+            if state.get(name, 0 if name == STATE_WORKER else 1) != value:
+                differences.append(f"{name} (saved: {state.get(name)!r}; now: {value!r})")
+        seed = state[STATE_SEED]
+        if not adopt_seed and seed != self.seed:
+            differences.append(f"seed (saved: {seed!r}; now: {self.seed!r})")
+        if differences:
+            raise InvalidArgumentError(
+                "cannot resume from this state: it was saved by a loader with a different "
+                + ", ".join(differences)
+                + ". Resume with the same data and options as the run that saved it"
+            )
+        epoch = int_at_least(state[STATE_EPOCH], 0, "the state's epoch")
+        batches = int_at_least(state[STATE_BATCHES], 0, "the state's batches")
+        total = self.num_batches(worker=worker, num_workers=num_workers)
+        if batches > total:
+            raise InvalidArgumentError(
+                f"the state says {batches} batches of epoch {epoch} were delivered, but an "
+                f"epoch has {total} here; was it saved by another version of the data?"
+            )
+        return epoch, batches, int_at_least(seed, 0, "the state's seed")
+
+    def _dataset_fingerprint(self) -> dict[str, Any]:
+        rows = self.dataset.partition_rows.tolist()
+        names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in self.dataset.files]
+        digest = hashlib.sha256(json.dumps([names, rows]).encode()).hexdigest()[:16]
+        return {
+            "files": len(names),
+            "partitions": len(rows),
+            "rows": int(sum(rows)),
+            "digest": digest,
+        }
+
+    def _order_options(self) -> dict[str, Any]:
+        return {
+            "cats": list(self.cats),
+            "conts": list(self.conts),
+            "labels": list(self.labels),
+            "batch_size": self.batch_size,
+            "shuffle": "global" if self.global_shuffle else self.shuffle,
+            "shuffle_within_batch": self.shuffle_within_batch,
+            "drop_last": self.drop_last,
+            # With a cache every rank keeps a fixed share: another order than streaming.
+            "cache": self.cache is not None,
+            "global_rank": self.global_rank,
+            "global_size": self.global_size,
+            "parts_per_chunk": self.parts_per_chunk,
+            "chunk_rows": self.chunk_rows,
+        }
 
     def stats(self) -> LoaderStats:
         """Counters and timings since the loader was created (see :class:`LoaderStats`)."""
@@ -479,11 +822,21 @@ class BatchIterator:
     ``len()`` is the number of batches still to come.
     """
 
-    def __init__(self, stage: Prefetcher[tuple[int, Any]], num_batches: int, stats: StatsRecorder):
+    def __init__(
+        self,
+        stage: Prefetcher[tuple[int, Any]],
+        num_batches: int,
+        stats: StatsRecorder,
+        *,
+        position: EpochPosition | None = None,
+    ):
         self._stage = stage
         self._remaining = num_batches
         self._stats = stats
         self._started: float | None = None
+        self.position = position if position is not None else EpochPosition(0, 0)
+        """The epoch and the batches of it handed out so far (counting any skipped on
+        resume)."""
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -497,6 +850,10 @@ class BatchIterator:
             self._started = now
         try:
             rows, batch = next(self._stage)
+        except StopIteration:
+            self.position.finished = True
+            self._finish()
+            raise
         except BaseException:
             self._finish()
             raise
@@ -504,6 +861,7 @@ class BatchIterator:
         self._stats.rows += rows
         self._stats.batches += 1
         self._remaining -= 1
+        self.position.batches += 1
         return batch
 
     def _finish(self) -> None:
@@ -591,7 +949,11 @@ def _batch_stream(
 
     delivered = 0
     batches = cut_batches(
-        parts(), batch_size=batch_size, drop_last=drop_last, layout=layout, xp=backend.xp
+        drop_leading_rows(parts(), plan.drop_rows),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        layout=layout,
+        xp=backend.xp,
     )
     try:
         while True:
@@ -611,3 +973,17 @@ def _batch_stream(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
             "please report this with the dataset's partition sizes"
         )
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe_fingerprint(fingerprint: object) -> str:
+    if not isinstance(fingerprint, Mapping):
+        return _short(fingerprint)
+    return (
+        f"{fingerprint.get('rows')} rows in {fingerprint.get('partitions')} partitions of "
+        f"{fingerprint.get('files')} files, digest {fingerprint.get('digest')}"
+    )

@@ -29,6 +29,11 @@ How an epoch is laid out:
    each batch are then delivered in stored order: which rows share a batch is exactly
    as random, only the order inside a batch (which a loss summed over the batch does
    not see) is not, and the CPU backend saves a pass over the data.
+7. **Resume.** A worker that already delivered ``k`` batches of an epoch continues at
+   row ``k * batch_size`` of its stream (every delivered batch but the epoch's last is
+   full). :meth:`EpochPlan.resume` keeps the chunks from the one holding that row on,
+   each with its original permutation key, and names the rows of that chunk's delivery
+   order to drop; earlier chunks are never read.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ __all__ = [
     "plan_cached_epoch",
     "plan_epoch",
     "rank_rows",
+    "resume_point",
     "worker_row_range",
 ]
 
@@ -201,6 +207,29 @@ def deal_into_batches(
     return np.argsort(batch, kind="stable").astype(np.int64)
 
 
+def resume_point(
+    chunk_rows: NDArray[np.int64], *, batches_done: int, batch_size: int
+) -> tuple[int, int]:
+    """Where a stream of chunks continues after ``batches_done`` whole batches.
+
+    Returns ``(chunk, rows)``: the chunk holding the first row not yet delivered, and
+    how many rows of that chunk's delivery order were delivered already. When every
+    row was delivered, ``chunk`` is the number of chunks and ``rows`` is 0.
+
+    Examples:
+        >>> rows = np.array([5, 5, 5])  # three chunks of 5 rows, batches of 4
+        >>> [resume_point(rows, batches_done=k, batch_size=4) for k in range(5)]
+        [(0, 0), (0, 4), (1, 3), (2, 2), (3, 0)]
+    """
+    ends = np.cumsum(np.asarray(chunk_rows, dtype=np.int64))
+    total = int(ends[-1]) if len(ends) else 0
+    row = min(batches_done * batch_size, total)
+    chunk = int(np.searchsorted(ends, row, side="right"))
+    if chunk == len(ends):
+        return chunk, 0
+    return chunk, row - (int(ends[chunk - 1]) if chunk else 0)
+
+
 @dataclass(frozen=True)
 class EpochPlan:
     """What one rank's worker reads in one epoch.
@@ -216,6 +245,11 @@ class EpochPlan:
         shuffle_within_batch: Whether a shuffled batch's rows come in random order
             (otherwise in stored order).
         shuffle, seed, epoch, rank, worker: The key of the chunk permutations.
+        first_chunk: Index in the whole epoch of this plan's first chunk (non-zero
+            for a resumed plan, see :meth:`resume`); part of the permutation key.
+        rows_skipped: Rows of the worker's stream before this plan's first chunk.
+        drop_rows: Rows at the start of the first chunk's delivery order that were
+            delivered before a resume: the loader drops them before cutting batches.
     """
 
     partitions: NDArray[np.int64]
@@ -231,6 +265,9 @@ class EpochPlan:
     epoch: int
     rank: int
     worker: int
+    first_chunk: int = 0
+    rows_skipped: int = 0
+    drop_rows: int = 0
 
     @property
     def num_chunks(self) -> int:
@@ -259,7 +296,7 @@ class EpochPlan:
     def rows_before(self, chunk: int) -> int:
         """Rows this worker delivers before chunk ``chunk``."""
         first = int(self.chunk_bounds[chunk])
-        return int((self.stops[:first] - self.starts[:first]).sum())
+        return self.rows_skipped + int((self.stops[:first] - self.starts[:first]).sum())
 
     def batch_bounds(self, chunk: int) -> NDArray[np.int64]:
         """Where batches start and end within chunk ``chunk``'s rows.
@@ -286,7 +323,7 @@ class EpochPlan:
             epoch=self.epoch,
             rank=self.rank,
             worker=self.worker,
-            chunk=chunk,
+            chunk=self.first_chunk + chunk,
         )
         return order if self.shuffle_within_batch else self.deal(chunk, order)
 
@@ -299,6 +336,43 @@ class EpochPlan:
             inverse_permutation(order),
             batch_size=self.batch_size,
             rows_before=self.rows_before(chunk),
+        )
+
+    def resume(self, batches_done: int) -> EpochPlan:
+        """The rest of this plan once ``batches_done`` of its batches were delivered.
+
+        Chunks wholly before the resume point are left out (never read); the chunk
+        holding it keeps its permutation, and :attr:`drop_rows` says how many rows of
+        its delivery order to drop. The batches the resumed plan yields are exactly
+        this plan's batches from ``batches_done`` on.
+
+        Examples:
+            >>> plan = plan_epoch(np.array([5, 5, 5]), batch_size=4, shuffle=True, seed=0,
+            ...                   epoch=0, parts_per_chunk=1)
+            >>> rest = plan.resume(2)
+            >>> rest.num_chunks, rest.first_chunk, rest.drop_rows, rest.num_batches
+            (2, 1, 3, 2)
+        """
+        if not 0 <= batches_done <= self.num_batches:
+            raise ValueError(f"batches_done must be in [0, {self.num_batches}], got {batches_done}")
+        if batches_done == 0:
+            return self
+        chunk_rows = np.array([self.chunk_rows(c) for c in range(self.num_chunks)], np.int64)
+        chunk, drop = resume_point(
+            chunk_rows, batches_done=batches_done, batch_size=self.batch_size
+        )
+        first_piece = int(self.chunk_bounds[chunk])
+        return replace(
+            self,
+            partitions=self.partitions[first_piece:],
+            starts=self.starts[first_piece:],
+            stops=self.stops[first_piece:],
+            chunk_bounds=self.chunk_bounds[chunk:] - first_piece,
+            num_rows=max(self.num_rows - batches_done * self.batch_size, 0),
+            num_batches=self.num_batches - batches_done,
+            first_chunk=self.first_chunk + chunk,
+            rows_skipped=self.rows_before(chunk),
+            drop_rows=drop,
         )
 
 

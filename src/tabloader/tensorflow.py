@@ -69,9 +69,6 @@ _ALIGN = 64
 """TensorFlow requires 64-byte aligned tensor memory; DLPack imports must honour it."""
 
 _NVTABULAR_ONLY = {
-    "sparse_names": "sparse (list) columns are not supported; pass scalar columns only",
-    "sparse_max": "sparse (list) columns are not supported; pass scalar columns only",
-    "sparse_as_dense": "sparse (list) columns are not supported; pass scalar columns only",
     "schema": "pass the column names as cat_names=, cont_names= and label_names=",
     "reader_kwargs": "tabloader reads parquet with its own settings; leave it out",
     "transforms": "apply transforms in the model (Keras layers) instead",
@@ -137,6 +134,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             and serve later epochs from them (``shuffle="global"`` needs one); see
             :class:`tabloader.Loader` and docs/cache.md. CPU only.
 
+    List (multi-hot) columns:
+        sparse_names: List columns (NVTabular's keyword), also allowed in ``cat_names``
+            or ``cont_names``; each is a feature of its own: a ``tf.RaggedTensor``
+            (row splits from the offsets), or with ``sparse_as_dense`` a padded
+            ``[B, sparse_max[name]]`` tensor (feed it to ``keras.Input(shape=(max,))``).
+        sparse_max, sparse_as_dense, sparse_pad: As in :class:`tabloader.Loader`.
+
     Epochs: each batch index of ``range(len(loader))`` is served once per epoch, with
     the epoch's batches in the order the background reader delivers them, whatever the
     order of the indices (``fit`` shuffles indices by default; that adds nothing, and
@@ -185,6 +189,10 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         cache: Literal["memory", "disk"] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max_bytes: int | None = None,
+        sparse_names: str | Sequence[str] | None = None,
+        sparse_max: Mapping[str, int] | None = None,
+        sparse_as_dense: bool = False,
+        sparse_pad: float = 0,
         **unsupported: Any,
     ) -> None:
         if unsupported:
@@ -224,6 +232,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             paths_or_dataset if isinstance(paths_or_dataset, Dataset) else Dataset(paths_or_dataset)
         )
         make_tensors = _TensorMaker()
+        lists = _ListTensors(make_tensors, sparse_names)
         loader = Loader(
             dataset,
             batch_size=batch_size,
@@ -240,16 +249,23 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             global_rank=0 if global_rank is None else global_rank,
             global_size=1 if global_size is None else global_size,
             device=device,
-            transform=make_tensors,
+            transform=lists if lists.names else make_tensors,
+            sparse_names=sparse_names,
+            sparse_max=sparse_max,
+            sparse_as_dense=sparse_as_dense,
+            sparse_pad=sparse_pad,
             cache=cache,
             cache_dir=cache_dir,
             cache_max_bytes=cache_max_bytes,
         )
-        make_tensors.set_columns(loader.cats, loader.conts, loader.labels, device=loader.device)
+        cats = [c for c in loader.cats if c not in loader.sparse_names]
+        conts = [c for c in loader.conts if c not in loader.sparse_names]
+        make_tensors.set_columns(cats, conts, loader.labels, device=loader.device)
         self.buffer_size = buffer_size
         self.loader = loader
         """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
-        self._num_batches = len(loader)
+        self._num_batches = len(loader)  # of the epoch being served
+        self._start = 0  # batches of that epoch delivered before a resume
         self._lock = threading.RLock()
         self._epoch = 0
         # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
@@ -328,6 +344,48 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             self._close_iterator()
             self._epoch = int(epoch)
             self._reset_pass()
+            self._start, self._num_batches = 0, len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, to continue exactly there after a restart.
+
+        Mid-epoch it points at the next batch of the epoch being served (batches
+        handed to Keras count, those read ahead do not); after an epoch's last batch,
+        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
+        """
+        with self._lock:
+            served = len(self._used)
+            if served >= self._num_batches:
+                return self.loader.epoch_state(self._epoch + 1, 0)
+            return self.loader.epoch_state(self._epoch, self._start + served)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
+        comes next, bit-identical to the run that saved it, then the later epochs.
+
+        Until that epoch ends, ``len()`` is the number of its batches still to come.
+        Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
+        with one call and run the later ones with another::
+
+            loader.load_state_dict(state)
+            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
+            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
+
+        A state from a different dataset or different options raises
+        :class:`tabloader.InvalidArgumentError` naming what differs.
+        """
+        epoch, batches, seed = self.loader.check_state(state)
+        full = len(self.loader)
+        if batches >= full and full:
+            epoch, batches = epoch + 1, 0
+        with self._lock:
+            self._close_iterator()
+            self.loader.seed = seed
+            self.loader.set_epoch(epoch)
+            self._epoch = epoch
+            self._reset_pass()
+            self._start = batches
+            self._num_batches = full - batches
 
     def close(self) -> None:
         """Stop the background threads of an unfinished epoch and drop its kept batches."""
@@ -353,6 +411,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         self._close_iterator()
         self._epoch += 1
         self._reset_pass()
+        self._start, self._num_batches = 0, len(self.loader)
 
     def _is_replay(self, i: int) -> bool:
         """Whether index ``i`` asks again for a kept batch given out before the last hook.
@@ -367,10 +426,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         if isinstance(index, bool) or not isinstance(index, Integral):
             raise TypeError(f"batch index must be an integer, got {index!r}")
         i = int(index)
-        if not 0 <= i < self._num_batches:
+        # Once an epoch is done the next one is whole again (after a resume, too).
+        done = len(self._given) == self._num_batches
+        limit = len(self.loader) if done else self._num_batches
+        if not 0 <= i < limit:
             raise IndexError(
-                f"batch index {i} is out of range: this loader has {self._num_batches} "
-                f"batches per epoch (indices 0..{self._num_batches - 1})"
+                f"batch index {i} is out of range: this loader has {limit} "
+                f"batches per epoch (indices 0..{limit - 1})"
             )
         return i
 
@@ -380,7 +442,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         return self._next
 
     def _start_iterator(self) -> None:
-        self._iterator = self.loader.iter_epoch(self._epoch)
+        self._iterator = self.loader.iter_epoch(self._epoch, start_batch=self._start)
         self._consumed = 0
 
     def _close_iterator(self) -> None:
@@ -535,6 +597,30 @@ class _TensorMaker:
         if len(self.labels) == 1:
             return features, tensors[self.labels[0]]
         return features, {name: tensors[name] for name in self.labels}
+
+
+class _ListTensors:
+    """``transform`` with list columns: the scalar columns through :class:`_TensorMaker`,
+    each list column added to the features as a padded ``tf.Tensor`` (dense) or a
+    ``tf.RaggedTensor`` built from its row splits."""
+
+    def __init__(self, make_tensors: _TensorMaker, names: str | Sequence[str] | None) -> None:
+        self.make_tensors = make_tensors
+        self.names = (names,) if isinstance(names, str) else tuple(names or ())
+
+    def __call__(self, batch: Mapping[str, Any]) -> Any:
+        result = self.make_tensors({k: v for k, v in batch.items() if k not in self.names})
+        features = result[0] if isinstance(result, tuple) else result
+        for name in self.names:
+            value = batch[name]
+            if isinstance(value, tuple):
+                values, offsets = value
+                features[name] = tf.RaggedTensor.from_row_splits(
+                    tf.convert_to_tensor(values), tf.convert_to_tensor(offsets), validate=False
+                )
+            else:
+                features[name] = tf.convert_to_tensor(value)
+        return result
 
 
 def _address(array: Any) -> int:
@@ -796,7 +882,7 @@ def _reject(unsupported: Mapping[str, Any]) -> None:
         "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
         "cont_names, engine, shuffle, shuffle_within_batch, seed, seed_fn, buffer_size, "
         "device, parts_per_chunk, global_size, global_rank, drop_last, fill_null, cache, "
-        "cache_dir, cache_max_bytes"
+        "cache_dir, cache_max_bytes, sparse_names, sparse_max, sparse_as_dense, sparse_pad"
     )
 
 

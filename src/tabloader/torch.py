@@ -40,8 +40,13 @@ except ImportError:
     raise ImportError("tabloader.torch needs PyTorch: pip install 'tabloader[torch]'") from None
 
 from tabloader.dataset import Dataset
-from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
-from tabloader.loader import BatchIterator, Loader
+from tabloader.errors import (
+    EmptyEpochWarning,
+    InvalidArgumentError,
+    PerformanceWarning,
+    TabloaderError,
+)
+from tabloader.loader import BatchIterator, EpochPosition, Loader
 
 __all__ = ["DLDataLoader", "TorchAsyncItr"]
 
@@ -157,11 +162,13 @@ class _CudaStager:
 
 
 class _BatchBuilder:
-    """The core loader's ``transform``: a stacked batch dict in, ``(x_cat, x_cont, y)`` out."""
+    """The core loader's ``transform``: a stacked batch dict in, ``(x_cat, x_cont, y)`` out
+    (and the list columns' tensors as a fourth item when there are any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lists: Sequence[str] = ()) -> None:
         self.device = torch.device("cpu")
         self.stager: _CudaStager | None = None
+        self.lists = tuple(lists)
 
     def set_device(self, device: torch.device, stager: _CudaStager | None) -> None:
         """Where the tensors go: the loader's device, or a GPU the stager copies to."""
@@ -180,17 +187,81 @@ class _BatchBuilder:
         x_cat, x_cont, y = tensors
         if y.shape[1] == 1:
             y = y[:, 0]
+        if self.lists:
+            return x_cat, x_cont, y, _list_tensors(batch, self.lists)
         if self.stager is not None:
             return self.stager.send((x_cat, x_cont, y))
         return x_cat, x_cont, y
 
 
-class _Epoch:
-    """One epoch of ``(x_cat, x_cont, y)`` in progress; ``len()`` is the batches still to come."""
+def _list_tensors(batch: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """List columns as tensors: a padded ``[B, max]`` tensor, or ``(values, offsets)`` with
+    ``offsets`` of length ``B`` (each bag's start, without the final end), the form
+    ``torch.nn.EmbeddingBag`` takes by default."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = batch[name]
+        if isinstance(value, tuple):
+            values, offsets = value
+            out[name] = (_as_tensor(values), _as_tensor(offsets[:-1]))
+        else:
+            out[name] = _as_tensor(value)
+    return out
 
-    def __init__(self, batches: BatchIterator, stager: _CudaStager | None) -> None:
-        self._batches = batches
-        self._stager = stager
+
+class _Epoch:
+    """One epoch of ``(x_cat, x_cont, y)`` in progress; ``len()`` is the batches still to come.
+
+    Stateful in torchdata's sense: ``StatefulDataLoader`` saves its :meth:`state_dict`
+    (the epoch, its seed and the batches handed out, in this process or worker) and
+    restores it with :meth:`load_state_dict` on the iterator it creates after a restart.
+    """
+
+    def __init__(
+        self,
+        owner: TorchAsyncItr,
+        *,
+        epoch: int,
+        seed: int,
+        start: int,
+        worker: int,
+        num_workers: int,
+    ) -> None:
+        self._owner = owner
+        self._stager = owner._builder.stager
+        self.seed = seed
+        self.worker, self.num_workers = worker, num_workers
+        self._batches = self._start(epoch, start)
+        self.position: EpochPosition = self._batches.position
+
+    def _start(self, epoch: int, start: int) -> BatchIterator:
+        loader = self._owner._loader
+        loader.seed = self.seed
+        return loader.iter_epoch(
+            epoch, worker=self.worker, num_workers=self.num_workers, start_batch=start
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands (see :meth:`tabloader.Loader.state_dict`)."""
+        return self._owner._loader.epoch_state(
+            self.position.epoch,
+            self.position.batches,
+            seed=self.seed,
+            worker=self.worker,
+            num_workers=self.num_workers,
+        )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the epoch saved in ``state`` instead of this one."""
+        epoch, batches, seed = self._owner._check_state(state, self.worker, self.num_workers)
+        current = (self.position.epoch, self.position.batches, self.seed)
+        if current != (epoch, batches, seed) or self.position.finished:
+            self._batches.close()
+            self.seed = seed
+            self._batches = self._start(epoch, batches)
+            self.position = self._batches.position
+        self._owner._loader.epoch = epoch + 1
+        self._owner._live = self
 
     def __iter__(self) -> _Epoch:
         return self
@@ -272,8 +343,19 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             same number of batches; the ranks' rows are disjoint, and at most
             ``global_size - 1`` rows sit out each epoch.
 
-    NVTabular's ``sparse_names``, ``sparse_max`` and ``sparse_as_dense`` are accepted
-    with their defaults only (tabloader delivers dense tensors); any other value raises.
+    List (multi-hot) columns:
+        sparse_names: List columns (NVTabular's keyword), also allowed in ``cats`` or
+            ``conts``. With any, each item is ``(x_cat, x_cont, y, lists)``: ``x_cat`` and
+            ``x_cont`` hold the scalar columns, and ``lists`` maps each list column to
+            ``(values, offsets)``, ready for ``torch.nn.EmbeddingBag``: ``offsets`` has
+            length ``B`` (each row's start, without the final end, EmbeddingBag's default
+            ``include_last_offset=False``). CPU device only for now.
+        sparse_as_dense: Deliver each list column as an int64 (cats) or float32 (conts)
+            ``[B, sparse_max[name]]`` tensor padded with ``sparse_pad`` instead.
+        sparse_max: ``{name: most values per row}``; required with ``sparse_as_dense``;
+            a longer list raises rather than being truncated.
+        sparse_pad: Pad value of dense list columns (default 0).
+
     Unknown keywords raise ``TypeError``.
 
     Epochs: every ``iter()`` in the training process starts epoch :attr:`epoch` and
@@ -319,18 +401,9 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         cache: Literal["memory", "disk"] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max_bytes: int | None = None,
+        sparse_pad: float = 0,
     ) -> None:
         super().__init__()
-        for name, value, default in (
-            ("sparse_names", sparse_names, None),
-            ("sparse_max", sparse_max, None),
-            ("sparse_as_dense", sparse_as_dense, False),
-        ):
-            if value is not default:
-                raise InvalidArgumentError(
-                    f"{name}={value!r} is not supported: tabloader delivers dense tensors "
-                    f"only. Leave {name} out"
-                )
         if seed is not None and seed_fn is not None:
             raise InvalidArgumentError("give seed= or seed_fn=, not both")
         if seed_fn is not None and not callable(seed_fn):
@@ -371,16 +444,26 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             "cache": cache,
             "cache_dir": cache_dir,
             "cache_max_bytes": cache_max_bytes,
+            "sparse_names": sparse_names,
+            "sparse_max": sparse_max,
+            "sparse_as_dense": sparse_as_dense,
+            "sparse_pad": sparse_pad,
         }
         self._loader = self._make_loader(dataset)
         # Keep the seed the core drew (seed=None), so copies in worker processes agree.
         self._options["seed"] = self._loader.seed
+        self._seed_given = seed is not None
+        self._live: _Epoch | None = None  # the epoch iter() last started here
+        self._resume: EpochPosition | None = None  # where the next iter() starts
+        self._resume_for = (0, 1)  # (worker, num_workers) the resume state is for
         self._epoch_seed: int | None = None
         self._epochs_managed = False  # DLDataLoader advances epochs for worker processes
         self._epoch_set = False
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
-        self._builder = _BatchBuilder()
+        names = self._options["sparse_names"]
+        lists = (names,) if isinstance(names, str) else tuple(names or ())
+        self._builder = _BatchBuilder(lists)
         loader = Loader(
             dataset,
             **self._options,
@@ -397,6 +480,12 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         self._core_device = str(loader.device)
         self.device = self._stage_to or torch.device(str(loader.device))
         stager = _CudaStager(self.device) if self._stage_to is not None else None
+        if lists and self.device.type == "cuda":
+            raise InvalidArgumentError(
+                f"list columns (sparse_names={names!r}) are delivered on the CPU only for "
+                f"now, but the tensors would go to {self.device}. Pass device='cpu' and move "
+                "the batch to the GPU in the training loop (tensor.to('cuda', non_blocking=True))"
+            )
         self._builder.set_device(self.device, stager)
         return loader
 
@@ -482,21 +571,90 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
                 "before each epoch",
                 stacklevel=2,
             )
-        self._loader.seed = self._prepare_epoch()
-        if info is None:
-            batches = self._loader.iter_epoch(self.epoch)
-        else:
-            batches = self._loader.iter_epoch(
-                self.epoch, worker=info.id, num_workers=info.num_workers
-            )
+        seed = self._prepare_epoch()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, start = self.epoch, 0
+        if self._resume is not None:
+            epoch, start = self._resume.epoch, self._resume.batches
+            if start and self._resume_for != (worker, num_workers):
+                raise InvalidArgumentError(
+                    f"this state was saved mid-epoch by worker {self._resume_for[0]} of "
+                    f"{self._resume_for[1]} and cannot continue in worker {worker} of "
+                    f"{num_workers}: resume with the same num_workers (with worker "
+                    "processes, save and load through torchdata's StatefulDataLoader)"
+                )
+            self._resume = None
+        self._live = _Epoch(
+            self, epoch=epoch, seed=seed, start=start, worker=worker, num_workers=num_workers
+        )
+        self._loader.epoch = epoch
         self._advance()
-        return _Epoch(batches, self._builder.stager)
+        return self._live
+
+    # -- resuming -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this dataset stands, to continue exactly there after a restart.
+
+        Mid-epoch (the epoch ``iter()`` last started has not ended) it points at the
+        next batch of that epoch; otherwise at the start of the next epoch. Batches
+        read ahead in the background do not count, only those handed out. Inside a
+        ``DataLoader`` worker process it is that worker's state; torchdata's
+        ``StatefulDataLoader`` collects the workers' states and restores them (see
+        docs/torch.md, "Resume after pre-emption").
+        """
+        info = torch.utils.data.get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        live = self._live
+        if self._resume is not None:
+            position, seed = self._resume, self._epoch_seed
+            worker, num_workers = self._resume_for
+        elif live is not None and not live.position.finished:
+            position, seed = live.position, live.seed
+            worker, num_workers = live.worker, live.num_workers
+        else:
+            position, seed = EpochPosition(self.epoch, 0), None
+        return self._loader.epoch_state(
+            position.epoch,
+            position.batches,
+            seed=self._loader.seed if seed is None else seed,
+            worker=worker,
+            num_workers=num_workers,
+        )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next ``iter()`` continue from ``state`` (from :meth:`state_dict`).
+
+        Raises :class:`tabloader.InvalidArgumentError` naming what differs when the
+        dataset or the options that decide the order are not those of the saved run.
+        """
+        info = torch.utils.data.get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, batches, _ = self._check_state(state, worker, num_workers)
+        self._resume = EpochPosition(epoch, batches)
+        self._resume_for = (worker, num_workers)
+        self._loader.epoch = epoch
+        self._epoch_set = True
+
+    def _check_state(
+        self, state: Mapping[str, Any], worker: int, num_workers: int
+    ) -> tuple[int, int, int]:
+        epoch, batches, seed = self._loader.check_state(
+            state, adopt_seed=not self._seed_given, worker=worker, num_workers=num_workers
+        )
+        if self._seed_fn is None:
+            self._loader.seed = self._options["seed"] = seed
+            self._epoch_seed = None
+        elif batches:
+            self._epoch_seed = seed  # the saved epoch's seed; seed_fn chooses later ones
+        return epoch, batches, seed
 
     # -- pickling (worker processes started with "spawn" or "forkserver") -----------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_builder"]
+        state["_live"] = None  # an epoch in progress stays with its process
         loader = state.pop("_loader")
         state["_dataset"] = loader.dataset
         state["_epoch"] = loader.epoch
@@ -508,6 +666,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         self.__dict__.update(state)
         with warnings.catch_warnings():  # already shown where the original was built
             warnings.simplefilter("ignore", PerformanceWarning)
+            warnings.simplefilter("ignore", EmptyEpochWarning)
             self._loader = self._make_loader(dataset)
         self._loader.epoch = epoch
 
@@ -603,6 +762,7 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
         dataset._prepare_epoch()
         dataset._epochs_managed = True
         iterator = super().__iter__()
+        dataset._resume = None  # the worker processes took it with their copies
         dataset._advance()
         self._worker_epoch = dataset.epoch
         return iterator

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabloader.batches import empty_segment
+from tabloader.batches import Ragged, empty_segment
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
 from tabloader.reader import Prefetcher
@@ -29,7 +29,14 @@ if TYPE_CHECKING:
     from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
-__all__ = ["BufferPool", "CPUBackend", "PooledNumpy", "column_to_numpy", "null_message"]
+__all__ = [
+    "BufferPool",
+    "CPUBackend",
+    "PooledNumpy",
+    "column_to_numpy",
+    "list_column_to_ragged",
+    "null_message",
+]
 
 # Rows per step when interleaving columns into a row-major block: the rows being
 # written stay in cache while each of the columns is copied in.
@@ -266,6 +273,26 @@ def column_to_numpy(
     return np.asarray(column.to_numpy(zero_copy_only=False))
 
 
+def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str) -> Ragged:
+    """One Arrow list column as values and offsets (numpy): null lists are empty lists;
+    nulls inside lists take ``fill``, or raise without it."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(column) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values: Any = column.flatten()  # the values of the non-null lists, slice offset applied
+    if values.null_count:
+        if fill is None:
+            raise NullValuesError(null_message(name, values.null_count, where + " (inside lists)"))
+        values = pc.fill_null(values, pa.scalar(fill).cast(values.type))
+    return Ragged(np.asarray(values.to_numpy(zero_copy_only=False)), offsets)
+
+
+def _is_list(column: pa.ChunkedArray[Any] | pa.Array[Any]) -> bool:
+    return pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+
+
 def interleave(arrays: Sequence[NDArray[Any]], out: NDArray[Any]) -> None:
     """Copy ``arrays`` in as the columns of ``out``, casting on the fly."""
     n = len(arrays[0])
@@ -363,21 +390,35 @@ class CPUBackend:
         # Blocks are column-major, so every column is written as one contiguous run.
         segment = empty_segment(
             len(places),
-            [(b.name, len(b.columns), b.dtype) for b in blocks],
+            [(b.name, len(b.columns), b.dtype) for b in blocks if not b.ragged],
             self.xp,
             column_major=True,
         )
+        lists: dict[str, list[Ragged]] = {b.name: [] for b in blocks if b.ragged}
         offset = 0
         for arrays in pieces:
             started = time.perf_counter()
             n = len(next(iter(arrays.values())))
             rows = places[offset : offset + n]
             for b in blocks:
+                if b.ragged:
+                    ragged: Any = arrays[b.columns[0]]
+                    lists[b.name].append(ragged)
+                    continue
                 out = segment[b.name]
                 for j, c in enumerate(b.columns):
                     column = out[:, j]
                     column[rows] = arrays[c]  # scatter and cast in one pass
             offset += n
+            stats.assemble_seconds += time.perf_counter() - started
+        if lists:
+            started = time.perf_counter()
+            order = inverse_permutation(places)
+            for b in blocks:
+                if b.ragged:
+                    dealt = Ragged.concatenate(lists[b.name]).take(order)
+                    values = dealt.values.astype(b.dtype, copy=False)
+                    segment[b.name] = Ragged(values, dealt.offsets)
             stats.assemble_seconds += time.perf_counter() - started
         return segment
 
@@ -392,6 +433,11 @@ class CPUBackend:
         segment: Segment = {}
         for b in blocks:
             cols = [piece[c] for c in b.columns]
+            if b.ragged:
+                decoded: Any = cols[0]
+                values = decoded.values.astype(b.dtype, copy=False)
+                segment[b.name] = Ragged(values, decoded.offsets)
+                continue
             if len(cols) == 1 and cols[0].dtype == b.dtype:
                 segment[b.name] = cols[0].reshape(-1, 1)  # zero-copy view of the decoded data
                 continue
@@ -418,6 +464,11 @@ def _decode(
         stats.read_seconds += time.perf_counter() - started
         stats.bytes_read += table.nbytes
         where = dataset.describe_partition(partition)
-        arrays = {c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns}
+        arrays: dict[str, Any] = {
+            c: (list_column_to_ragged if _is_list(table.column(c)) else column_to_numpy)(
+                table.column(c), c, fill_null.get(c), where
+            )
+            for c in columns
+        }
         del table
         yield arrays

@@ -1,0 +1,353 @@
+"""List (multi-hot) columns: sparse_names, sparse_max, sparse_as_dense, on the core and adapters."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tabloader
+
+LAYOUT = [[37, 101, 5], [64], [1, 90, 33]]  # 331 rows, ragged row groups
+TOTAL = sum(map(sum, LAYOUT))
+
+
+def genres(i: int) -> list[int] | None:
+    """Row ``i``'s list: a function of the row id, so a test can check every row."""
+    if i % 11 == 3:
+        return None
+    return [i * 10 + k for k in range(i % 6)]
+
+
+def table(start: int, rows: int) -> pa.Table:
+    ids = list(range(start, start + rows))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "genres": pa.array([genres(i) for i in ids], pa.list_(pa.int32())),
+            "scores": pa.array([[i / 4, i / 2] for i in ids], pa.list_(pa.float64())),
+            "label": pa.array([i % 2 for i in ids], pa.int8()),
+        }
+    )
+
+
+def write(directory: Path, layout: list[list[int]]) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths, start = [], 0
+    for f, groups in enumerate(layout):
+        path = directory / f"part-{f}.parquet"
+        with pq.ParquetWriter(path, table(0, 1).schema) as writer:
+            for rows in groups:
+                writer.write_table(table(start, rows), row_group_size=rows)
+                start += rows
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(autouse=True)
+def _quiet_warnings() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
+        warnings.simplefilter("ignore", tabloader.EmptyEpochWarning)
+        yield
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return write(tmp_path_factory.mktemp("lists"), LAYOUT)
+
+
+def rows_of(values: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    return [values[a:b].tolist() for a, b in itertools.pairwise(offsets)]
+
+
+def expected(i: int) -> list[int]:
+    return genres(i) or []
+
+
+@given(
+    batch_size=st.integers(1, 80),
+    shuffle=st.booleans(),
+    shuffle_within_batch=st.booleans(),
+    drop_last=st.booleans(),
+    ranks=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
+    chunking=st.sampled_from([{"parts_per_chunk": 1}, {"parts_per_chunk": 3}, {"chunk_rows": 90}]),
+    stacked=st.booleans(),
+)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_every_row_keeps_its_own_list_and_comes_once(
+    paths, batch_size, shuffle, shuffle_within_batch, drop_last, ranks, chunking, stacked
+):
+    loader = tabloader.Loader(
+        paths,
+        cats=["id"],
+        sparse_names=["genres"],
+        labels=["label"],
+        batch_size=batch_size,
+        shuffle=shuffle,
+        shuffle_within_batch=shuffle_within_batch,
+        drop_last=drop_last,
+        global_rank=ranks[0],
+        global_size=ranks[1],
+        seed=3,
+        layout="stacked" if stacked else "columns",
+        **chunking,
+    )
+    seen = []
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    for batch in batches:
+        ids = batch["cats"][:, 0] if stacked else batch["id"]
+        values, offsets = batch["genres"]
+        assert values.dtype == np.int64 and offsets.dtype == np.int64
+        assert len(offsets) == len(ids) + 1 and offsets[0] == 0 and offsets[-1] == len(values)
+        assert rows_of(values, offsets) == [expected(int(i)) for i in ids]
+        seen.extend(ids.tolist())
+    assert len(set(seen)) == len(seen)
+    if not drop_last:
+        assert len(seen) == TOTAL // ranks[1]
+    # The same seed gives the same batches.
+    again = list(loader.iter_epoch(0))
+    assert all(
+        np.array_equal(a["genres"][0], b["genres"][0]) for a, b in zip(batches, again, strict=True)
+    )
+
+
+def test_dense_lists_are_padded_with_the_pad_value(paths):
+    loader = tabloader.Loader(
+        paths,
+        cats=["id"],
+        conts=["scores"],
+        sparse_names=["genres", "scores"],
+        sparse_as_dense=True,
+        sparse_max={"genres": 5, "scores": 2},
+        sparse_pad=-1,
+        batch_size=50,
+        shuffle=True,
+        seed=1,
+    )
+    for batch in loader:
+        assert batch["genres"].shape == (len(batch["id"]), 5)
+        assert batch["genres"].dtype == np.int64 and batch["scores"].dtype == np.float32
+        for i, row, score in zip(batch["id"], batch["genres"], batch["scores"], strict=True):
+            want = expected(int(i))
+            assert row.tolist() == want + [-1] * (5 - len(want))
+            assert score.tolist() == [i / 4, i / 2]
+
+
+def test_a_list_longer_than_sparse_max_is_an_error_naming_it(paths):
+    loader = tabloader.Loader(
+        paths,
+        cats=["id"],
+        sparse_names=["genres"],
+        sparse_as_dense=True,
+        sparse_max={"genres": 3},
+        batch_size=400,
+    )
+    with pytest.raises(tabloader.InvalidArgumentError) as caught:
+        list(loader)
+    assert "list column 'genres' has a row of 5 values, longer than sparse_max['genres']=3" in (
+        str(caught.value)
+    )
+
+
+def test_nulls_inside_lists_follow_fill_null(tmp_path):
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"g": pa.array([[1, None], None, [3]], pa.list_(pa.int64()))}), path)
+    with pytest.raises(tabloader.NullValuesError, match=r"'g' has 1 null value\(s\).*inside lists"):
+        list(tabloader.Loader(str(path), sparse_names=["g"], batch_size=3))
+    loader = tabloader.Loader(str(path), sparse_names=["g"], batch_size=3, fill_null={"g": 9})
+    values, offsets = next(iter(loader))["g"]
+    assert rows_of(values, offsets) == [[1, 9], [], [3]]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"sparse_names": ["id"]},
+            tabloader.ColumnTypeError,
+            "list column 'id' is int64 .*Leave it out of sparse_names",
+        ),
+        (
+            {"cats": ["genres"]},
+            tabloader.ColumnTypeError,
+            r"'genres' is list<element: int32>.*sparse_names=\['genres'\]",
+        ),
+        ({"sparse_names": ["scores"]}, tabloader.ColumnTypeError, "lists of integer ids"),
+        (
+            {"sparse_names": ["genres"], "sparse_as_dense": True},
+            tabloader.InvalidArgumentError,
+            r"sparse_max has no entry for \['genres'\]",
+        ),
+        (
+            {"sparse_names": ["genres"], "sparse_max": {"other": 2}},
+            tabloader.InvalidArgumentError,
+            r"sparse_max names \['other'\], which are not in sparse_names",
+        ),
+        (
+            {"sparse_names": ["genres"], "sparse_max": {"genres": 0}},
+            tabloader.InvalidArgumentError,
+            "sparse_max",
+        ),
+        (
+            {"sparse_names": ["label"], "labels": ["label"]},
+            tabloader.InvalidArgumentError,
+            "labels must be scalar",
+        ),
+        (
+            {"sparse_names": ["genres"], "sparse_pad": "x"},
+            tabloader.InvalidArgumentError,
+            "sparse_pad must be a number",
+        ),
+    ],
+)
+def test_list_options_are_checked_at_construction(paths, options, error, message):
+    with pytest.raises(error, match=message):
+        tabloader.Loader(paths, **{"cats": ["id"], "batch_size": 8, **options})
+
+
+def test_list_columns_are_refused_on_the_gpu_backend_with_the_remedy(paths, monkeypatch):
+    from tabloader import loader as loader_module
+    from tabloader.device import Device
+
+    monkeypatch.setattr(loader_module, "resolve_device", lambda device: Device("cuda", 0))
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"CPU only for now.*device='cpu'"):
+        tabloader.Loader(paths, cats=["id"], sparse_names=["genres"], batch_size=8, device="cuda")
+
+
+def test_resume_with_list_columns(paths):
+    options: dict[str, Any] = {
+        "cats": ["id"],
+        "sparse_names": ["genres"],
+        "batch_size": 40,
+        "shuffle": True,
+        "seed": 2,
+    }
+    reference = [b["genres"][0].tolist() for b in tabloader.Loader(paths, **options)]
+    first = tabloader.Loader(paths, **options)
+    it = iter(first)
+    before = [next(it)["genres"][0].tolist() for _ in range(3)]
+    resumed = tabloader.Loader(paths, **options)
+    resumed.load_state_dict(first.state_dict())
+    assert before + [b["genres"][0].tolist() for b in resumed] == reference
+
+
+# -- torch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_lists_feed_embedding_bag_and_come_once(paths, workers):
+    torch = pytest.importorskip("torch")
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    itr = TorchAsyncItr(
+        paths,
+        cats=["id", "genres"],
+        labels=["label"],
+        sparse_names=["genres"],
+        batch_size=64,
+        shuffle=True,
+        seed=4,
+        device="cpu",
+    )
+    bag = torch.nn.EmbeddingBag(TOTAL * 10, 3, mode="sum")
+    seen = []
+    for x_cat, _x_cont, y, lists in DLDataLoader(itr, num_workers=workers, collate_fn=_first):
+        values, offsets = lists["genres"]
+        assert x_cat.shape == (len(y), 1)  # the list column is not in x_cat
+        assert values.dtype == torch.int64 and offsets.dtype == torch.int64
+        assert len(offsets) == len(y)  # bag starts only: EmbeddingBag's default
+        assert bag(values, offsets).shape == (len(y), 3)
+        ends = torch.cat([offsets[1:], torch.tensor([len(values)])])
+        starts = zip(x_cat[:, 0].tolist(), offsets.tolist(), ends.tolist(), strict=True)
+        for i, start, end in starts:
+            assert values[start:end].tolist() == expected(i)
+        seen.extend(x_cat[:, 0].tolist())
+    assert sorted(seen) == list(range(TOTAL))
+
+
+def _first(batch: Any) -> Any:
+    return batch
+
+
+@pytest.mark.torch
+def test_torch_dense_lists_are_padded_tensors(paths):
+    torch = pytest.importorskip("torch")
+    from tabloader.torch import TorchAsyncItr
+
+    itr = TorchAsyncItr(
+        paths,
+        cats=["id"],
+        conts=["scores"],
+        sparse_names=["genres", "scores"],
+        sparse_as_dense=True,
+        sparse_max={"genres": 6, "scores": 2},
+        batch_size=100,
+        device="cpu",
+    )
+    *_, lists = next(iter(itr))
+    assert lists["genres"].shape == (100, 6) and lists["genres"].dtype == torch.int64
+    assert lists["scores"].shape == (100, 2) and lists["scores"].dtype == torch.float32
+    assert lists["genres"][7].tolist() == expected(7) + [0] * (6 - len(expected(7)))
+
+
+# -- Keras ---------------------------------------------------------------------------------
+
+
+@pytest.mark.tensorflow
+def test_keras_lists_as_ragged_and_padded_tensors(paths):
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    ragged = KerasSequenceLoader(
+        paths,
+        batch_size=64,
+        cat_names=["id"],
+        sparse_names=["genres"],
+        label_names=["label"],
+        seed=1,
+    )
+    seen = []
+    for features, _labels in ragged:
+        genres = features["genres"]
+        assert isinstance(genres, tf.RaggedTensor) and genres.dtype == tf.int64
+        ids = features["id"].numpy().tolist()
+        assert genres.to_list() == [expected(i) for i in ids]
+        seen.extend(ids)
+    assert sorted(seen) == list(range(TOTAL))
+
+    dense = KerasSequenceLoader(
+        paths,
+        batch_size=64,
+        cat_names=["id"],
+        sparse_names=["genres"],
+        label_names=["label"],
+        sparse_as_dense=True,
+        sparse_max={"genres": 5},
+        seed=1,
+    )
+    features, _labels = dense[0]
+    assert features["genres"].shape == (64, 5) and features["genres"].dtype == tf.int64
+    inputs = {
+        "id": keras.Input(shape=(), name="id", dtype="int64"),
+        "genres": keras.Input(shape=(5,), name="genres", dtype="int64"),
+    }
+    bag = keras.ops.sum(keras.layers.Embedding(TOTAL * 10, 4)(inputs["genres"]), axis=1)
+    model = keras.Model(inputs, keras.layers.Dense(1)(bag))
+    model.compile("sgd", "mse")
+    history = model.fit(dense, epochs=1, verbose=0)
+    assert len(history.history["loss"]) == 1
