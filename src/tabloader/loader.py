@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from tabloader.backends import get_backend
 from tabloader.batches import Block, Layout, Part, cut_batches
-from tabloader.dataset import Dataset
+from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
     ColumnTypeError,
@@ -45,7 +45,6 @@ DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
-_TINY_PARTITION_ROWS = 1024
 
 
 class Loader:
@@ -293,11 +292,12 @@ class Loader:
                 PerformanceWarning,
                 stacklevel=3,
             )
-        if parts >= 16 and self.dataset.num_rows / parts < _TINY_PARTITION_ROWS:
+        median = small_row_groups(self.dataset.partition_rows)
+        if median is not None:
             warnings.warn(
-                f"row groups hold {self.dataset.num_rows / parts:.0f} rows on average; "
-                "reading is slow below ~64k rows per row group. Rewrite the files with a larger "
-                "row_group_size",
+                f"row groups hold {median:,.0f} rows (median); reading is slow below "
+                f"{SMALL_ROW_GROUP_ROWS:,} rows per row group. Rewrite the files with a "
+                "row_group_size of 64k to 1M rows",
                 PerformanceWarning,
                 stacklevel=3,
             )
