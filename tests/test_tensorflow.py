@@ -591,10 +591,10 @@ def test_the_criteo_example_trains(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("criteo_train_keras", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    args = ["--path", str(tmp_path), "--rows", "2000", "--epochs", "2", "--batch-size", "1000"]
-    history = example.main([*args, "--buckets", "100", "--embedding-dim", "2"])
+    args = ["--data", str(tmp_path), "--rows", "2000", "--epochs", "2", "--batch-size", "1000"]
+    history = example.main(["--synthetic", *args, "--buckets", "100", "--embedding-dim", "2"])
     assert set(history.history) == {"loss", "auc", "val_loss", "val_auc"}
-    assert len(list((tmp_path / "train-2000").glob("*.parquet"))) == 4
+    assert len(list((tmp_path / "train").glob("*.parquet"))) == 4
     assert capsys.readouterr().out.count("val_auc") == 2
 
 
