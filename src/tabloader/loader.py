@@ -29,8 +29,11 @@ from tabloader.options import (
     flag,
     int_at_least,
     is_number,
+    keywords_of,
     numeric_dtype,
+    one_spelling,
     optional_positive,
+    reject_unknown,
 )
 from tabloader.plan import EpochPlan, count_batches, plan_epoch, rank_rows, worker_row_range
 from tabloader.reader import Prefetcher
@@ -61,6 +64,9 @@ class Loader:
         cats: Categorical columns (integer ids), delivered as ``cat_dtype`` (int64).
         conts: Continuous columns, delivered as ``cont_dtype`` (float32).
         labels: Target columns, delivered as ``label_dtype`` (float32).
+        cat_names, cont_names, label_names: NVTabular's names for the same three
+            options; give each option under one name. An unknown keyword raises
+            ``TypeError`` naming the closest known one.
         fill_null: Value replacing nulls: one number for every column, or a mapping from
             column name to number. Without it, a null in a requested column raises
             :class:`NullValuesError` (at construction when the parquet footers tell).
@@ -139,8 +145,18 @@ class Loader:
         prefetch: int = 1,
         device: str | int | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        cat_names: str | Sequence[str] | None = None,
+        cont_names: str | Sequence[str] | None = None,
+        label_names: str | Sequence[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            reject_unknown(unknown, keywords_of(Loader.__init__), "Loader")
         self.batch_size = int_at_least(batch_size, 1, "batch_size")
+        # NVTabular's names (cat_names, ...) are accepted too, one spelling per option.
+        cats = one_spelling({"cats": cats, "cat_names": cat_names})
+        conts = one_spelling({"conts": conts, "cont_names": cont_names})
+        labels = one_spelling({"labels": labels, "label_names": label_names})
         self.cats = column_names(cats, "cats")
         self.conts = column_names(conts, "conts")
         self.labels = column_names(labels, "labels")

@@ -41,6 +41,7 @@ except ImportError:
 from tabloader.dataset import Dataset
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import BatchIterator, Loader
+from tabloader.options import keywords_of, one_spelling, reject_unknown
 
 __all__ = ["DLDataLoader", "TorchAsyncItr"]
 
@@ -225,7 +226,11 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
 
     What to read:
         dataset: A :class:`tabloader.Dataset` or anything it accepts.
-        cats, conts, labels: Column names, as lists (see :class:`tabloader.Loader`).
+        cats, conts, labels: Column names, as lists (see :class:`tabloader.Loader`);
+            ``cat_names``, ``cont_names``, ``label_names`` are accepted too (one name per
+            option).
+        cat_dtype, cont_dtype, label_dtype: The tensors' dtypes, as numpy dtypes
+            (default int64, float32, float32; ``label_dtype="int64"`` for class indices).
         fill_null: Replacement for nulls, as in :class:`tabloader.Loader`.
 
     How to batch and shuffle:
@@ -267,7 +272,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
 
     NVTabular's ``sparse_names``, ``sparse_max`` and ``sparse_as_dense`` are accepted
     with their defaults only (tabloader delivers dense tensors); any other value raises.
-    Unknown keywords raise ``TypeError``.
+    Unknown keywords raise ``TypeError`` naming the closest known one.
 
     Epochs: every ``iter()`` in the training process starts epoch :attr:`epoch` and
     advances it; :meth:`set_epoch` chooses the next one. With ``DLDataLoader`` worker
@@ -309,7 +314,16 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         sparse_names: Sequence[str] | None = None,
         sparse_max: Mapping[str, int] | None = None,
         sparse_as_dense: bool = False,
+        cat_dtype: Any = "int64",
+        cont_dtype: Any = "float32",
+        label_dtype: Any = "float32",
+        cat_names: Sequence[str] | None = None,
+        cont_names: Sequence[str] | None = None,
+        label_names: Sequence[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            reject_unknown(unknown, keywords_of(TorchAsyncItr.__init__), "TorchAsyncItr")
         super().__init__()
         for name, value, default in (
             ("sparse_names", sparse_names, None),
@@ -337,9 +351,12 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         global_rank, global_size = _resolve_ranks(global_rank, global_size)
         self._seed_fn = seed_fn
         self._options: dict[str, Any] = {
-            "cats": cats,
-            "conts": conts,
-            "labels": labels,
+            "cats": one_spelling({"cats": cats, "cat_names": cat_names}),
+            "conts": one_spelling({"conts": conts, "cont_names": cont_names}),
+            "labels": one_spelling({"labels": labels, "label_names": label_names}),
+            "cat_dtype": cat_dtype,
+            "cont_dtype": cont_dtype,
+            "label_dtype": label_dtype,
             "batch_size": batch_size,
             "shuffle": shuffle,
             "shuffle_within_batch": shuffle_within_batch,
@@ -523,6 +540,7 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> None:
+        reject_unknown(kwargs, keywords_of(torch.utils.data.DataLoader.__init__), "DLDataLoader")
         if isinstance(dataset, TorchAsyncItr):
             if batch_size is not None:
                 raise InvalidArgumentError(
