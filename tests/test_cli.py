@@ -299,6 +299,22 @@ def test_progress_on_a_terminal_redraws_a_few_times_a_second():
     assert "10.0k/10.0k" in text
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "x", "--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+        (["bench", "x", "--epochs", "two"], "--epochs: must be an integer, got 'two'"),
+        (["inspect", "x", "--ranks", "-1"], "--ranks: must be a positive integer, got '-1'"),
+        (["bench", "x", "--seed", "-3"], "--seed: must be a non-negative integer, got '-3'"),
+    ],
+)
+def test_numbers_on_the_command_line_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_version_and_examples_in_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

@@ -191,3 +191,22 @@ def test_importing_the_keras_adapter_is_quiet_unless_asked():
     # the user's own choice is kept: level 0 shows TensorFlow's informational logs
     chatty = _import_stderr({"TF_CPP_MIN_LOG_LEVEL": "0"})
     assert len(chatty) > len(quiet)
+
+
+@pytest.mark.dask
+def test_loading_a_dask_frame_shows_no_warnings_from_inside_dask(tmp_path):
+    import warnings
+
+    import dask.dataframe as dd
+
+    from tabloader.synthetic import write_criteo_like
+
+    write_criteo_like(tmp_path, rows=2000, files=2, row_group_size=500)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = dd.read_parquet(str(tmp_path))
+        loader = tabloader.Loader(
+            tabloader.Dataset(frame), cats=["C1"], labels=["label"], batch_size=500
+        )
+        assert sum(len(b["C1"]) for b in loader) == 2000
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []

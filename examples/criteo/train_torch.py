@@ -61,13 +61,12 @@ class ClickModel(nn.Module):
 
 
 def find_data(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, *, announce: bool = True
+    args: argparse.Namespace, parser: argparse.ArgumentParser
 ) -> tuple[list[str], list[str]]:
     """The train and valid files: from ``--data``, or generated with ``--synthetic``."""
     data = common.data_directory(
         args,
         parser,
-        announce=announce,
         needs=["train/", "valid/"],
         generate=lambda directory: common.write_synthetic_criteo(directory, args.rows),
         how_to_get="examples/criteo/convert.py writes them",

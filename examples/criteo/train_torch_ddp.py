@@ -34,7 +34,7 @@ from tabloader.torch import DLDataLoader, TorchAsyncItr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_torch import ClickModel, build_parser, find_data
+from train_torch import ClickModel, build_parser
 
 import common
 
@@ -61,11 +61,22 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     threads = common.torch_threads(args.threads, ranks_per_machine=local_ranks)
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts them)
 
+    def train_directory(announce: bool) -> list[str]:
+        data = common.data_directory(
+            args,
+            parser,
+            needs=["train/"],
+            generate=lambda directory: common.write_synthetic_criteo(directory, args.rows),
+            how_to_get="examples/criteo/convert.py writes it",
+            announce=announce,
+        )
+        return common.parquet_files(data / "train")
+
     if rank == 0:
-        train_files, _ = find_data(args, parser)  # writes --synthetic data, or checks --data
+        train_files = train_directory(announce=True)  # writes --synthetic data first
     dist.barrier()
     if rank != 0:
-        train_files, _ = find_data(args, parser, announce=False)  # what rank 0 found
+        train_files = train_directory(announce=False)  # what rank 0 found or wrote
 
     # global_rank/global_size default to the process group's rank and world size.
     train = TorchAsyncItr(

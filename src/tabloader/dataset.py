@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
@@ -525,6 +526,11 @@ class _TableSource(_Source):
 
 class _DaskSource(_Source):
     def __init__(self, frame: Any) -> None:
+        # Deprecations raised inside dask's own code when tabloader computes partitions:
+        # nothing a user of tabloader can change, so not shown.
+        warnings.filterwarnings(
+            "ignore", message=r"The inplace keyword in DataFrame\.reset_index", module=r"dask\."
+        )
         self.frame = frame
         counts = frame.map_partitions(len).compute()
         rows = np.asarray(counts, dtype=np.int64)
