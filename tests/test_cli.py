@@ -1,63 +1,206 @@
-"""The ``tabloader`` command line."""
+"""The ``tabloader`` command line: inspect as a preflight, bench, and the command's manners."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from tabloader.cli import _batches, _loader_options, build_parser, layout_warnings, main
+import tabloader
+from tabloader.cli import (
+    Progress,
+    _batches,
+    _loader_options,
+    _thread_warning,
+    build_parser,
+    compact_names,
+    inspect_dataset,
+    layout_warnings,
+    main,
+)
+from tabloader.dataset import SMALL_ROW_GROUP_ROWS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_inspect_prints_files_row_groups_rows_and_schema(dataset_dir, capsys):
+def write(path: Path, table: pa.Table, row_group_size: int | None = None) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return str(path)
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """Two files that agree, one whose ``user`` is double; a string, a list, nulls in x."""
+    good = pa.table(
+        {
+            "user": pa.array([1, 2, 3, 4], pa.int64()),
+            "x": pa.array([0.5, None, 1.5, None], pa.float32()),
+            "name": ["a", "b", "c", "d"],
+            "tags": [[1], [], [2, 3], [4]],
+            "click": pa.array([0, 1, 0, 1], pa.int8()),
+        }
+    )
+    write(tmp_path / "a.parquet", good)
+    write(tmp_path / "b.parquet", good)
+    odd = good.set_column(0, "user", pa.array([1.0, 2.0, 3.0, 4.0]))
+    write(tmp_path / "c.parquet", odd)
+    return tmp_path
+
+
+# -- inspect ----------------------------------------------------------------------------
+
+
+def test_inspect_prints_rows_row_groups_columns_and_suggestions(dataset_dir, capsys):
     paths = dataset_dir([[30, 20], [50]])
-    assert main(["inspect", str(paths[0]).rsplit("/", 1)[0]]) == 0
+    assert main(["inspect", str(paths[0]).rsplit("/", 1)[0], "--batch-size", "40"]) == 0
     out = capsys.readouterr().out
     assert "100 rows in 3 row groups of 2 files" in out
     assert "rows per row group: min 20, median 30, max 50" in out
-    assert "part-000.parquet  50 rows, 2 row groups" in out
-    assert "  cat: int32" in out
-    assert "warning: tiny row groups" in out
+    assert "  cats         int64          id\n" in out
+    assert "  cats         int32          cat\n" in out
+    assert "  labels       int8           label\n" in out
+    assert "nulls (from the footers): none" in out
+    assert "per rank (--ranks 1, --batch-size 40): 100 rows, 3 batches (the last holds 20" in out
+    assert "suggested columns: --cats id,cat --conts x --labels label" in out
+    assert "ok: nothing here would make training fail" in out
+    assert len(out.splitlines()) < 25  # one screen
 
 
-def test_inspect_warns_about_more_ranks_than_row_groups(dataset_dir, capsys):
-    (path,) = dataset_dir([[100_000]])
-    assert main(["inspect", path, "--ranks", "4"]) == 0
+def test_inspect_reports_every_problem_and_fails(mixed, capsys):
+    assert main(["inspect", str(mixed / "*.parquet"), "--max-files", "1"]) == 1
     out = capsys.readouterr().out
-    assert "warning: more ranks (4) than row groups (1)" in out
-    assert "tiny" not in out
+    assert "12 rows in 3 row groups of 3 files" in out
+    # each distinct schema, with the files that have it
+    assert "schemas: 2 distinct ones" in out
+    assert f"  schema 1: 2 files: {mixed / 'a.parquet'}, ...\n" in out
+    assert f"  schema 2: 1 file: {mixed / 'c.parquet'}\n" in out
+    assert "error: the files disagree on their schema (2 schemas)" in out
+    assert "user is double (not int64)" in out
+    assert "  unsupported  string         name" in out
+    assert "  list         list<element: int64> tags" in out
+    assert "nulls (from the footers): x 6, " in out
+    assert "warning: columns that cannot be loaded: name (string)" in out
+    assert "suggested columns: --cats user --conts x --labels click" in out
+    assert "with the suggested columns: column 'user' is double" in out
 
 
-def test_layout_warnings_flag_huge_row_groups():
+def test_inspect_checks_the_requested_columns(mixed, capsys):
+    # a, b agree: the string column is only a problem once it is asked for
+    files = [str(mixed / "a.parquet"), str(mixed / "b.parquet")]
+    assert main(["inspect", *files, "--cats", "user", "--labels", "click"]) == 0
+    assert "ok: nothing here" in capsys.readouterr().out
+    assert main(["inspect", *files, "--conts", "name"]) == 1
+    out = capsys.readouterr().out
+    assert "error: with the requested columns: continuous column 'name' is string" in out
+    assert main(["inspect", *files, "--conts", "x"]) == 1
+    assert "column 'x' has null values" in capsys.readouterr().out
+    assert main(["inspect", *files, "--cats", "nope"]) == 1
+    assert "column 'nope' is not in" in capsys.readouterr().out
+
+
+def test_inspect_reports_rows_and_batches_per_rank(dataset_dir, capsys):
+    (path,) = dataset_dir([[1000]])
+    assert main(["inspect", path, "--ranks", "3", "--batch-size", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "per rank (--ranks 3, --batch-size 100): 333 rows, 4 batches (the last holds 33" in out
+    assert "warning: more ranks (3) than row groups (1)" in out
+    assert main(["inspect", path, "--ranks", "4", "--batch-size", "300", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["per_rank"] == {
+        "ranks": 4,
+        "batch_size": 300,
+        "rows": 250,
+        "batches": 1,
+        "last_batch_rows": 250,
+        "rows_left_over": 0,
+    }
+    assert any("fewer than one batch of 300" in w for w in report["warnings"])
+
+
+def test_inspect_json_is_the_whole_report_for_machines(mixed, capsys):
+    assert main(["inspect", str(mixed), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["files"] == 3
+    assert report["rows"] == 12
+    assert [len(s["files"]) for s in report["schemas"]] == [2, 1]
+    assert report["schemas"][1]["columns"]["user"] == "double"
+    columns = {c["name"]: c for c in report["columns"]}
+    assert columns["x"] == {"name": "x", "type": "float", "nulls": 6, "use": "conts"}
+    assert columns["name"]["use"] == "unsupported"
+    assert columns["tags"]["use"] == "list"
+    assert report["suggested"] == {"cats": ["user"], "conts": ["x"], "labels": ["click"]}
+    assert report["errors"][0].startswith("the files disagree on their schema")
+
+
+def test_inspect_small_row_groups_use_the_loaders_threshold(dataset_dir, capsys):
+    small = SMALL_ROW_GROUP_ROWS // 16
+    (path,) = dataset_dir([[small] * 16])
+    assert main(["inspect", path]) == 0
+    assert f"warning: small row groups: the median row group holds {small:,} rows" in (
+        capsys.readouterr().out
+    )
+    with pytest.warns(tabloader.PerformanceWarning, match=f"row groups hold {small:,} rows"):
+        tabloader.Loader(path, cats=["id"], batch_size=10)
+    # at the threshold, neither speaks
+    (path,) = dataset_dir([[SMALL_ROW_GROUP_ROWS] * 16])
+    assert main(["inspect", path]) == 0
+    assert "small row groups" not in capsys.readouterr().out
+
+
+def test_layout_warnings_flag_large_row_groups():
     found = layout_warnings(np.array([10**6]), np.array([3 * 2**30]), ranks=1)
     assert found == [found[0]]
-    assert found[0].startswith("huge row groups: the largest holds 3.0 GiB uncompressed")
+    assert found[0].startswith("large row groups: the largest holds 3.0 GiB uncompressed")
+
+
+def test_inspect_works_on_tables_too():
+    table = pa.table({"user": [1, 2, 3], "rating": [0.5, 1.0, 2.0], "target": [0.0, 1.0, 1.0]})
+    report = inspect_dataset(tabloader.Dataset(table), batch_size=2)
+    assert report["suggested"] == {"cats": ["user"], "conts": ["rating"], "labels": ["target"]}
+    assert report["errors"] == []
+
+
+def test_compact_names_shortens_numbered_runs():
+    assert compact_names([f"C{i}" for i in range(1, 27)]) == "C1..C26"
+    assert compact_names(["a1", "a2", "b", "a3"]) == "a1, a2, b, a3"
+
+
+def test_a_missing_path_is_an_error_without_a_traceback(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "missing.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tabloader: error: ")
+    assert "missing.parquet" in err
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["bench"])
+
+
+# -- bench ------------------------------------------------------------------------------
 
 
 def test_bench_runs_epochs_and_splits_the_time(dataset_dir, capsys):
     paths = dataset_dir([[300, 200]])
-    code = main(
-        [
-            "bench",
-            *paths,
-            "--cats",
-            "id,cat",
-            "--conts",
-            "x",
-            "--labels",
-            "label",
-            "--batch-size",
-            "64",
-            "--epochs",
-            "2",
-        ]
-    )
+    args = ["--cats", "id,cat", "--conts", "x", "--labels", "label"]
+    code = main(["bench", *paths, *args, "--batch-size", "64", "--epochs", "2"])
     assert code == 0
-    out = capsys.readouterr().out
-    assert "epoch 0: 500 rows" in out
-    assert "epoch 1: 500 rows" in out
-    assert "rows/s" in out
-    assert "background: read" in out
-    assert "input-bound" in out
+    captured = capsys.readouterr()
+    assert "epoch 0: 500 rows" in captured.out
+    assert "epoch 1: 500 rows" in captured.out
+    assert "rows/s" in captured.out
+    assert "background: read" in captured.out
+    assert "input-bound" in captured.out
+    # not a terminal: plain lines, no bar redrawn with carriage returns
+    assert "epoch 0: 500/500 rows in " in captured.err
+    assert "\r" not in captured.err
 
 
 @pytest.mark.parametrize("framework", ["none", "torch", "tensorflow"])
@@ -72,8 +215,132 @@ def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
         assert loader.shuffle_within_batch is within
 
 
-def test_errors_are_reported_without_a_traceback(tmp_path, capsys):
-    assert main(["inspect", str(tmp_path / "missing.parquet")]) == 2
-    assert "tabloader: error:" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["bench"])
+def test_bench_without_torch_says_how_to_install_it(dataset_dir):
+    (path,) = dataset_dir([[100]])
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # what a missing package looks like
+        "from tabloader.cli import main\n"
+        f"sys.exit(main(['bench', {path!r}, '--cats', 'id', '--framework', 'torch']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "tabloader: error: tabloader.torch needs PyTorch: pip install 'tabloader[torch]'\n"
+    )
+
+
+def test_thread_oversubscription_is_named_with_what_to_set():
+    advice = _thread_warning(2, 2)
+    assert advice is not None
+    assert "PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores" in (
+        advice
+    )
+    assert "torch.set_num_threads(1) or set OMP_NUM_THREADS=1" in advice
+    assert "OMP_NUM_THREADS=6" in (_thread_warning(8, 8) or "")
+    assert _thread_warning(6, 8) is None
+
+
+@pytest.mark.torch
+def test_bench_with_torch_warns_when_threads_oversubscribe(dataset_dir, capsys):
+    import torch
+
+    from tabloader.cli import usable_cores
+
+    (path,) = dataset_dir([[100]])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(usable_cores())
+        assert main(["bench", path, "--cats", "id", "--framework", "torch"]) == 0
+        assert "tabloader: warning: PyTorch uses" in capsys.readouterr().err
+        torch.set_num_threads(1)
+        if usable_cores() >= 3:
+            assert main(["bench", path, "--cats", "id", "--framework", "torch"]) == 0
+            assert "warning" not in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+
+
+# -- progress and manners -----------------------------------------------------------------
+
+
+def test_progress_off_a_terminal_writes_a_line_per_interval_and_one_at_the_end():
+    out = io.StringIO()
+    with Progress(300, desc="epoch 3", stream=out, interval=0.0) as bar:
+        bar.update(100)
+        bar.update(200)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("epoch 3: 100/300 rows after ")
+    assert lines[1].startswith("epoch 3: 300/300 rows after ")
+    assert lines[2].startswith("epoch 3: 300/300 rows in ")
+    assert all(line.endswith(" rows/s)") for line in lines)
+    quiet = io.StringIO()
+    with Progress(300, desc="e", stream=quiet, interval=3600) as bar:
+        for _ in range(100):
+            bar.update(3)
+    assert len(quiet.getvalue().splitlines()) == 1  # not one line per batch
+
+
+def test_progress_on_a_terminal_redraws_a_few_times_a_second():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    with Progress(10_000, desc="epoch 0", stream=out) as bar:
+        assert bar._bar.mininterval == 0.25
+        for _ in range(1000):
+            bar.update(10)
+    text = out.getvalue()
+    assert "\r" in text
+    assert text.count("\r") < 20  # 1000 batches in well under a second: a few redraws
+    assert "10.0k/10.0k" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "x", "--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+        (["bench", "x", "--epochs", "two"], "--epochs: must be an integer, got 'two'"),
+        (["inspect", "x", "--ranks", "-1"], "--ranks: must be a positive integer, got '-1'"),
+        (["bench", "x", "--seed", "-3"], "--seed: must be a non-negative integer, got '-3'"),
+    ],
+)
+def test_numbers_on_the_command_line_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_version_and_examples_in_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"tabloader {tabloader.__version__}\n"
+    for argv in (["--help"], ["inspect", "--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "examples:\n  tabloader " in capsys.readouterr().out
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    table = pa.table({f"c{i}": pa.array(range(10), pa.int64()) for i in range(50)})
+    files = [write(tmp_path / f"part-{i}.parquet", table) for i in range(200)]
+    schemas = []
+    for i, path in enumerate(files):  # 200 schemas: a long report
+        schemas.append(pq.read_table(path).rename_columns([f"f{i}_{j}" for j in range(50)]))
+        pq.write_table(schemas[-1], path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run(
+        f"{sys.executable} -m tabloader.cli inspect {tmp_path} --max-files 1000 | head -n 2",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert len(result.stdout.splitlines()) == 2
+    assert result.stderr == ""

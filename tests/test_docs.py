@@ -12,7 +12,9 @@ torchrun, horovod, several names separated by spaces) is skipped where that is m
 tests marked so; the page says in words what the block needs. ``requires: install``
 marks ``pip install`` commands, and ``requires: fresh-process`` set-up that must come
 first in a process (allocators); tests never run those (the CI install step runs their
-equivalent from this checkout).
+equivalent from this checkout). A block preceded by ``<!-- skip-test: why -->`` never
+runs here (a server that does not stop, a cluster); the reason is required and says why.
+Every other block runs as written.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 FENCE = re.compile(
     r"(?:<!--\s*requires:\s*(?P<requires>[^>]*?)\s*-->\s*\n)?"
+    r"(?:<!--\s*skip-test:(?P<skip>[^>]*?)-->\s*\n)?"
     r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```",
     re.MULTILINE | re.DOTALL,
 )
+VENV_BIN = Path(sys.executable).parent
 
 
 def _available(requirement: str) -> bool:
@@ -52,18 +56,25 @@ def _available(requirement: str) -> bool:
             return bool(torch.cuda.is_available())
         except Exception:
             return False
-    if requirement == "torchrun":
-        return shutil.which("torchrun") is not None
+    if requirement == "torchrun":  # the environment's own, like the blocks' PATH below
+        return (
+            shutil.which("torchrun", path=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}") is not None
+        )
     return importlib.util.find_spec(requirement) is not None
 
 
 def blocks(page: Path) -> list[tuple[str, str, list[str]]]:
+    """The page's runnable blocks: language, code, requirements (``skip-test`` blocks left out)."""
     text = page.read_text()
-    return [
-        (m["lang"], m["code"], (m["requires"] or "").split())
-        for m in FENCE.finditer(text)
-        if m["lang"] in ("python", "bash", "console")
-    ]
+    found = []
+    for m in FENCE.finditer(text):
+        if m["lang"] not in ("python", "bash", "console"):
+            continue
+        if m["skip"] is not None:
+            assert m["skip"].strip(), f"{page.name}: a skip-test comment must say why"
+            continue
+        found.append((m["lang"], m["code"], (m["requires"] or "").split()))
+    return found
 
 
 PAGES = sorted(p for p in DOCS.rglob("*.md") if blocks(p))
@@ -103,7 +114,7 @@ def test_code_blocks_run(page, sample_data, tmp_path, monkeypatch):
                 ["bash", "-euo", "pipefail", "-c", commands],
                 capture_output=True,
                 text=True,
-                env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+                env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"},
                 timeout=300,
             )
             assert result.returncode == 0, f"{page.name}:\n{commands}\n{result.stderr[-3000:]}"
@@ -125,3 +136,27 @@ def test_the_site_builds_strictly(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "index.html").exists()
     assert (tmp_path / "reference" / "index.html").exists()
+
+
+def test_skip_test_comments_leave_their_block_out(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- skip-test: the server runs until stopped -->\n```bash\nmkdocs serve\n```\n\n"
+        "<!-- requires: torch -->\n```python\nimport torch\n```\n\n"
+        "```bash\ntabloader --version\n```\n"
+    )
+    assert blocks(page) == [
+        ("python", "import torch\n", ["torch"]),
+        ("bash", "tabloader --version\n", []),
+    ]
+    page.write_text("<!-- skip-test: -->\n```bash\nmkdocs serve\n```\n")
+    with pytest.raises(AssertionError, match="must say why"):
+        blocks(page)
+
+
+def test_ci_runs_the_readmes_test_command():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^python -m pip install .*$", readme, re.MULTILINE)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci  # the README's second command, as CI runs it
+    assert commands[0].endswith("python examples/criteo/train_torch.py --synthetic")

@@ -1,9 +1,11 @@
-"""The MovieLens example: prepare.py on fake MovieLens zips, then train_keras.py on them."""
+"""The MovieLens example: prepare.py on fake MovieLens zips, then the training scripts on
+them, on generated ratings (``--synthetic``), and on nothing (an error, never a fallback)."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -166,15 +168,57 @@ def test_train_keras_learns_on_a_small_slice(prepare, tmp_path, capsys):
     train_keras = load("train_keras")
     history = train_keras.main(
         ["--data", str(out), "--epochs", "2", "--max-rows", "1600", "--batch-size", "64",
-         "--learning-rate", "0.01"]
+         "--lr", "0.01"]
     )  # fmt: skip
     logs = history.history
     assert set(logs) == {"loss", "auc", "val_loss", "val_auc"}
     assert logs["loss"][1] < logs["loss"][0]
     assert logs["val_auc"][1] > 0.6  # liked movies are learnable from the movie id
     printed = capsys.readouterr().out
+    assert f"training on your data in {out}" in printed
     assert "1600 training rows in 25 batches" in printed
     assert printed.count("val_auc") == 2
+    assert "epoch 2: 1,600/1,600 rows in " in printed  # progress, as plain lines off a tty
+
+
+@pytest.mark.parametrize("script", ["train_torch", "train_keras"])
+def test_training_without_data_is_an_error_naming_the_path(tmp_path, script, capsys):
+    pytest.importorskip("torch" if script == "train_torch" else "tensorflow")
+    example = load(script)
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--data", str(tmp_path / "absent")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'absent' / 'train.parquet'} does not exist" in err
+    assert "examples/movielens/prepare.py writes them), or --synthetic" in err
+    assert not (tmp_path / "absent").exists()  # nothing generated behind the user's back
+
+
+@pytest.mark.torch
+def test_train_torch_learns_on_synthetic_ratings_and_reuses_them(tmp_path, capsys):
+    import torch
+
+    example = load("train_torch")
+    before = torch.get_num_threads()
+    data = tmp_path / "synthetic"
+    args = ["--data", str(data), "--rows", "8000", "--epochs", "2", "--batch-size", "256"]
+    try:
+        history = example.main(["--synthetic", *args, "--embedding-dim", "8", "--threads", "1"])
+        printed = capsys.readouterr().out
+        assert f"writing 8,000 rows of generated data to {data}" in printed
+        assert "1 PyTorch threads" in printed
+        assert history[1]["train_loss"] < history[0]["train_loss"]
+        assert history[1]["valid_auc"] > 0.75  # the hidden user and movie biases
+        assert json.loads((data / "meta.json").read_text())["rows"] == {
+            "train": 8000,
+            "valid": 1600,
+        }
+        written = (data / "train.parquet").stat().st_mtime_ns
+        example.main(["--synthetic", *args, "--epochs", "1", "--threads", "1"])
+        assert "writing" not in capsys.readouterr().out
+        assert (data / "train.parquet").stat().st_mtime_ns == written
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.skipif(

@@ -435,15 +435,33 @@ def load_example(relative: str, name: str) -> ModuleType:
 
 def test_criteo_example_loss_decreases(tmp_path, one_thread, capsys):
     example = load_example("examples/criteo/train_torch.py", "criteo_train_torch")
-    history = example.main(
-        ["--data", str(tmp_path), "--rows", "20000", "--epochs", "2", "--batch-size", "512"]
-    )
+    args = ["--data", str(tmp_path), "--rows", "20000", "--epochs", "2", "--batch-size", "512"]
+    history = example.main(["--synthetic", *args, "--threads", "1"])
     assert len(history) == 2
     assert history[1]["train_loss"] < history[0]["train_loss"]
     assert history[1]["valid_loss"] < history[0]["constant_loss"]
     out = capsys.readouterr().out
+    assert f"writing 20,000 rows of generated data to {tmp_path}" in out
+    assert "epoch 0: 20,000/20,000 rows in " in out  # the progress, as plain lines here
     assert "epoch 0: train loss" in out
     assert "epoch 1: train loss" in out
+    assert len(list((tmp_path / "train").glob("*.parquet"))) == 4
+
+
+def test_criteo_example_never_trains_on_data_it_was_not_given(tmp_path, capsys):
+    example = load_example("examples/criteo/train_torch.py", "criteo_train_torch")
+    (tmp_path / "train").mkdir()
+    for data, message in (
+        (tmp_path / "nothing", f"{tmp_path}/nothing/train does not exist"),
+        (tmp_path, f"{tmp_path}/train holds no parquet files"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            example.main(["--data", str(data)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err
+        assert "or --synthetic to train on generated data" in err
+    assert not list(tmp_path.rglob("*.parquet"))  # nothing was generated
 
 
 def write_movielens_like(directory: Path, *, seed: int = 0) -> None:
@@ -474,7 +492,9 @@ def write_movielens_like(directory: Path, *, seed: int = 0) -> None:
 def test_movielens_example_learns_users_and_movies(tmp_path, one_thread, capsys):
     write_movielens_like(tmp_path)
     example = load_example("examples/movielens/train_torch.py", "movielens_train_torch")
-    history = example.main([str(tmp_path), "--epochs", "2", "--batch-size", "512", "--dim", "8"])
+    history = example.main(
+        ["--data", str(tmp_path), "--epochs", "2", "--batch-size", "512", "--embedding-dim", "8"]
+    )
     assert [h["epoch"] for h in history] == [0, 1]
     assert history[1]["train_loss"] < history[0]["train_loss"]
     assert history[1]["constant_auc"] == 0.5

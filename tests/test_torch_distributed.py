@@ -165,7 +165,18 @@ def _train_ddp_example(rank: int, data: str) -> list[float]:
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     history: list[float] = example.main(
-        ["--data", data, "--epochs", "2", "--batch-size", "500", "--buckets", "100"]
+        [
+            "--data",
+            data,
+            "--epochs",
+            "2",
+            "--batch-size",
+            "500",
+            "--buckets",
+            "100",
+            "--threads",
+            "1",
+        ]
     )
     return history
 
@@ -173,7 +184,7 @@ def _train_ddp_example(rank: int, data: str) -> list[float]:
 def test_ddp_example_trains_in_step_on_two_ranks(tmp_path):
     from tabloader.synthetic import write_criteo_like
 
-    # Written up front: in the example rank 0 writes while rank 1 waits at a barrier.
+    # Written up front (with --synthetic, rank 0 would write while rank 1 waits).
     write_criteo_like(tmp_path / "train", rows=16_000, files=4, row_group_size=4000, seed=0)
     write_criteo_like(tmp_path / "valid", rows=1600, files=1, row_group_size=1600, seed=1)
     histories = _run_ranks(_train_ddp_example, str(tmp_path))

@@ -1,22 +1,25 @@
-"""Train a click model with Keras on synthetic Criteo-like data, fed by tabloader.
+"""Train a click model with Keras on Criteo-like parquet data, fed by tabloader.
 
 ::
 
-    python examples/criteo/train_keras.py --rows 1000000 --epochs 2
+    python examples/criteo/train_keras.py --synthetic --rows 1000000 --epochs 2
+    python examples/criteo/train_keras.py --data /path/to/criteo
 
-The first run writes ``--rows`` synthetic training rows (and a fifth as many validation
-rows) with :func:`tabloader.synthetic.write_criteo_like` under ``--path``; later runs
-reuse them. The data is synthetic (Criteo's schema: a label, 13 continuous ``I*`` and
-26 categorical ``C*`` columns), with a label that depends on a few columns, so the
-model has something to learn; it says nothing about real click logs.
+``--data`` is a directory with ``train/`` and ``valid/`` parquet files with the Criteo
+columns (``label``, ``I1..I13``, ``C1..C26``), as ``examples/criteo/convert.py`` writes
+them; a missing or empty one is an error. ``--synthetic`` trains on ``--rows`` generated
+rows instead (:func:`tabloader.synthetic.write_criteo_like`, written on the first run to
+``examples/criteo/data/synthetic/`` or ``--data`` and reused after): Criteo's schema with
+a label that depends on a few columns, so the model has something to learn; it says
+nothing about real click logs.
 
 The model hashes each categorical id into at most ``--buckets`` embedding rows,
 log-scales and batch-normalises the continuous columns, and runs an MLP over the lot.
+The shared flags are described in ``examples/common.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -27,25 +30,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 
-from tabloader.synthetic import CARDINALITIES, CATS, CONTS, LABELS, write_criteo_like
+from tabloader.synthetic import CARDINALITIES, CATS, CONTS, LABELS
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
 
-DEFAULT_PATH = Path(__file__).resolve().parent / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
 
-
-def ensure_data(path: Path, rows: int) -> tuple[list[str], list[str]]:
-    """Training and validation files under ``path``, written if missing."""
-    splits = {}
-    for split, count, seed in (("train", rows, 1), ("valid", max(rows // 5, 1), 2)):
-        directory = path / f"{split}-{count}"
-        files = sorted(str(p) for p in directory.glob("*.parquet"))
-        if not files:
-            print(f"writing {count} synthetic rows to {directory}", flush=True)
-            files = write_criteo_like(
-                directory, rows=count, files=min(4, count), row_group_size=131_072, seed=seed
-            )
-        splits[split] = files
-    return splits["train"], splits["valid"]
+DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 
 
 def build_model(buckets: int, dim: int) -> keras.Model:
@@ -80,17 +71,29 @@ class PrintEpoch(keras.callbacks.Callback):
 
 
 def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--path", type=Path, default=DEFAULT_PATH, help="where the data lives")
-    parser.add_argument("--rows", type=int, default=500_000, help="training rows")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=8192)
+    parser = common.parser(
+        __doc__,
+        data=DEFAULT_DATA,
+        synthetic=DEFAULT_DATA / "synthetic",
+        rows=500_000,
+        epochs=2,
+        batch_size=8192,
+        lr=1e-3,
+        embedding_dim=8,
+        torch=False,
+    )
     parser.add_argument("--buckets", type=int, default=100_000, help="embedding rows at most")
-    parser.add_argument("--embedding-dim", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     keras.utils.set_random_seed(args.seed)
-    train_files, valid_files = ensure_data(args.path, args.rows)
+    data = common.data_directory(
+        args,
+        parser,
+        needs=["train/", "valid/"],
+        generate=lambda directory: common.write_synthetic_criteo(directory, args.rows),
+        how_to_get="examples/criteo/convert.py writes them",
+    )
+    train_files = common.parquet_files(data / "train")
+    valid_files = common.parquet_files(data / "valid")
     columns = {"cat_names": CATS, "cont_names": CONTS, "label_names": LABELS}
     train = KerasSequenceLoader(
         train_files, batch_size=args.batch_size, shuffle=True, seed=args.seed, **columns
@@ -100,14 +103,21 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     )
     model = build_model(args.buckets, args.embedding_dim)
     model.compile(
-        keras.optimizers.Adam(1e-3), "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")]
+        keras.optimizers.Adam(args.lr),
+        "binary_crossentropy",
+        metrics=[keras.metrics.AUC(name="auc")],
     )
-    print(f"{args.rows} training rows in {len(train)} batches", flush=True)
+    rows = len(train.loader.dataset)
+    print(f"{rows:,} training rows in {len(train)} batches", flush=True)
     return model.fit(
         train,
         epochs=args.epochs,
         verbose=0,
-        callbacks=[KerasSequenceValidater(valid), PrintEpoch()],
+        callbacks=[
+            common.keras_progress(rows, args.batch_size),
+            KerasSequenceValidater(valid),
+            PrintEpoch(),
+        ],
     )
 
 

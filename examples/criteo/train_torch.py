@@ -1,35 +1,40 @@
 """Train a small embedding + MLP click model on Criteo-like parquet data with tabloader.
 
-By default it writes 200k rows of synthetic Criteo-like data (``tabloader.synthetic``:
-not real click data) to ``examples/criteo/data/`` and trains for two epochs, in seconds
-on a CPU::
+On your data, or on generated data in seconds on a CPU::
 
-    python examples/criteo/train_torch.py
+    python examples/criteo/train_torch.py --synthetic
     python examples/criteo/train_torch.py --data /path/to/criteo --epochs 3 --batch-size 65536
 
 ``--data`` is a directory with ``train/`` and ``valid/`` subdirectories of parquet files
-with the Criteo columns (``label``, ``I1..I13``, ``C1..C26``); when they hold no parquet
-files, synthetic data is written there first. Categorical ids are hashed into
+with the Criteo columns (``label``, ``I1..I13``, ``C1..C26``), as
+``examples/criteo/convert.py`` writes them; a missing or empty one is an error.
+``--synthetic`` trains on ``--rows`` generated Criteo-like rows instead
+(``tabloader.synthetic``: not real click data), written on the first run to
+``examples/criteo/data/synthetic/`` (or ``--data``). Categorical ids are hashed into
 ``--buckets`` rows per column, so the embedding tables stay small whatever the ids are.
+The shared flags are described in ``examples/common.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import math
-import os
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import tabloader
-from tabloader.synthetic import CATS, CONTS, LABELS, write_criteo_like
+from tabloader.synthetic import CATS, CONTS, LABELS
 from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
+
+DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 
 
 class ClickModel(nn.Module):
@@ -55,33 +60,35 @@ class ClickModel(nn.Module):
         return self.mlp(features).squeeze(1)
 
 
-def parquet_files(directory: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(directory, "*.parquet")))
+def find_data(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[list[str], list[str]]:
+    """The train and valid files: from ``--data``, or generated with ``--synthetic``."""
+    data = common.data_directory(
+        args,
+        parser,
+        needs=["train/", "valid/"],
+        generate=lambda directory: common.write_synthetic_criteo(directory, args.rows),
+        how_to_get="examples/criteo/convert.py writes them",
+    )
+    return common.parquet_files(data / "train"), common.parquet_files(data / "valid")
 
 
-def ensure_data(data: str, rows: int) -> tuple[list[str], list[str]]:
-    """The train and valid files under ``data``, written synthetically if there are none."""
-    train, valid = os.path.join(data, "train"), os.path.join(data, "valid")
-    if not parquet_files(train):
-        print(f"writing {rows} synthetic Criteo-like rows to {train}")
-        write_criteo_like(train, rows=rows, files=4, row_group_size=max(rows // 16, 1), seed=0)
-    if not parquet_files(valid):
-        valid_rows = max(rows // 10, 1)
-        write_criteo_like(valid, rows=valid_rows, files=1, row_group_size=valid_rows, seed=1)
-    return parquet_files(train), parquet_files(valid)
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=DEFAULT_DATA, help="directory with train/ and valid/")
-    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows to write")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--lr", type=float, default=0.003)
+def build_parser() -> argparse.ArgumentParser:
+    parser = common.parser(
+        __doc__,
+        data=DEFAULT_DATA,
+        synthetic=DEFAULT_DATA / "synthetic",
+        rows=200_000,
+        epochs=2,
+        batch_size=4096,
+        lr=0.003,
+        embedding_dim=16,
+        torch=True,
+    )
     parser.add_argument("--buckets", type=int, default=1000, help="hash buckets per column")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    return parser
 
 
 def evaluate(model: nn.Module, loader: DLDataLoader, device: torch.device) -> float:
@@ -100,12 +107,14 @@ def evaluate(model: nn.Module, loader: DLDataLoader, device: torch.device) -> fl
 def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     """Train; return per epoch the mean train loss, the validation loss, and the
     validation loss of a constant predictor for comparison."""
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    threads = common.torch_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # Worker processes need batches on the host; the training loop moves them.
     loader_device = "cpu" if args.workers else device
-    train_files, valid_files = ensure_data(args.data, args.rows)
+    train_files, valid_files = find_data(args, parser)
 
     train = TorchAsyncItr(
         tabloader.Dataset(train_files),
@@ -130,25 +139,31 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     )
     valid_loader = DLDataLoader(valid, batch_size=None, collate_fn=lambda x: x)
 
-    model = ClickModel(len(CATS), len(CONTS), buckets=args.buckets).to(device)
+    model = ClickModel(len(CATS), len(CONTS), buckets=args.buckets, dim=args.embedding_dim).to(
+        device
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 
     labels = torch.cat([y for _, _, y in valid_loader])
     baseline = constant_loss(float(labels.float().mean()))
     print(f"valid loss of a constant predictor (the positive rate): {baseline:.4f}")
+    rows = len(train.loader.dataset)
+    print(f"{rows:,} training rows in {len(train)} batches, {threads} PyTorch threads")
     history = []
     for epoch in range(args.epochs):
         started = time.perf_counter()
         total, batches = 0.0, 0
-        for x_cat, x_cont, y in train_loader:
-            x_cat, x_cont, y = (t.to(device, non_blocking=True) for t in (x_cat, x_cont, y))
-            loss = loss_fn(model(x_cat, x_cont), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item()
-            batches += 1
+        with common.epoch_progress(rows, epoch) as progress:
+            for x_cat, x_cont, y in train_loader:
+                x_cat, x_cont, y = (t.to(device, non_blocking=True) for t in (x_cat, x_cont, y))
+                loss = loss_fn(model(x_cat, x_cont), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total += loss.item()
+                batches += 1
+                progress.update(len(y))
         seconds = time.perf_counter() - started
         train_loss = total / batches
         valid_loss = evaluate(model, valid_loader, device)
@@ -162,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         )
         print(
             f"epoch {epoch}: train loss {train_loss:.4f}, valid loss {valid_loss:.4f} "
-            f"({batches} batches, {seconds:.1f} s, {batches * args.batch_size / seconds:,.0f} "
-            "rows/s)"
+            f"({batches} batches, {seconds:.1f} s, {rows / seconds:,.0f} rows/s)"
         )
     return history
 

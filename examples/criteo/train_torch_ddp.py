@@ -2,7 +2,7 @@
 
 Runs on CPUs (gloo) or GPUs (nccl, one per process)::
 
-    torchrun --standalone --nproc_per_node=2 examples/criteo/train_torch_ddp.py
+    torchrun --standalone --nproc_per_node=2 examples/criteo/train_torch_ddp.py --synthetic
     torchrun --standalone --nproc_per_node=2 examples/criteo/train_torch_ddp.py --data ~/criteo
 
 Every rank builds the same ``TorchAsyncItr`` with the same seed; ``global_rank`` and
@@ -10,16 +10,18 @@ Every rank builds the same ``TorchAsyncItr`` with the same seed; ``global_rank``
 disjoint shard of ``len(dataset) // world_size`` rows and gets the same number of
 batches, so the gradient all-reduces of ``DistributedDataParallel`` stay in step. The
 seed is drawn on rank 0 and broadcast, and ``seed_fn`` hands it to the loader.
-The model, the data flags and the synthetic data are those of ``train_torch.py``.
+The model, the flags and the data (``--data`` with ``train/``, or ``--synthetic``) are
+those of ``train_torch.py``; ``--batch-size`` is per rank. Rank 0 writes the generated
+data while the other ranks wait.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,19 +32,11 @@ import tabloader
 from tabloader.synthetic import CATS, CONTS, LABELS
 from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_torch import DEFAULT_DATA, ClickModel, ensure_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_torch import ClickModel, build_parser
 
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=DEFAULT_DATA, help="directory with train/ and valid/")
-    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows to write")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=4096, help="rows per batch per rank")
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--buckets", type=int, default=1000, help="hash buckets per column")
-    return parser.parse_args(argv)
+import common
 
 
 def broadcast_seed(device: torch.device) -> int:
@@ -54,23 +48,35 @@ def broadcast_seed(device: torch.device) -> int:
 
 def main(argv: Sequence[str] | None = None) -> list[float]:
     """Train; return the mean train loss of every epoch, averaged over the ranks."""
-    args = parse_args(argv)
+    parser = build_parser()
+    parser.description = __doc__.split("\n")[0]
+    args = parser.parse_args(argv)
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    torch.manual_seed(0)  # the same initial weights everywhere (DDP also broadcasts them)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    threads = common.torch_threads(args.threads, ranks_per_machine=local_ranks)
+    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts them)
+
+    def train_directory(announce: bool) -> list[str]:
+        data = common.data_directory(
+            args,
+            parser,
+            needs=["train/"],
+            generate=lambda directory: common.write_synthetic_criteo(directory, args.rows),
+            how_to_get="examples/criteo/convert.py writes it",
+            announce=announce,
+        )
+        return common.parquet_files(data / "train")
 
     if rank == 0:
-        ensure_data(args.data, args.rows)
+        train_files = train_directory(announce=True)  # writes --synthetic data first
     dist.barrier()
-    train_files = sorted(
-        os.path.join(args.data, "train", name)
-        for name in os.listdir(os.path.join(args.data, "train"))
-        if name.endswith(".parquet")
-    )
+    if rank != 0:
+        train_files = train_directory(announce=False)  # what rank 0 found or wrote
 
     # global_rank/global_size default to the process group's rank and world size.
     train = TorchAsyncItr(
@@ -85,10 +91,13 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     )
     loader = DLDataLoader(train, batch_size=None, collate_fn=lambda x: x)
     if rank == 0:
-        print(f"{world} ranks, {len(loader)} batches of {args.batch_size} rows per rank per epoch")
+        print(
+            f"{world} ranks, {len(loader)} batches of {args.batch_size} rows per rank per "
+            f"epoch, {threads} PyTorch threads per rank"
+        )
 
     model = DistributedDataParallel(
-        ClickModel(len(CATS), len(CONTS), buckets=args.buckets).to(device)
+        ClickModel(len(CATS), len(CONTS), buckets=args.buckets, dim=args.embedding_dim).to(device)
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
@@ -97,12 +106,18 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     for epoch in range(args.epochs):
         started = time.perf_counter()
         total = torch.zeros(2, dtype=torch.float64, device=device)
+        rows = len(train.loader.dataset) // world
+        progress = common.epoch_progress(rows, epoch) if rank == 0 else None
         for x_cat, x_cont, y in loader:
             loss = loss_fn(model(x_cat, x_cont), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             total += torch.stack([loss.detach().double(), torch.ones((), device=device)])
+            if progress is not None:
+                progress.update(len(y))
+        if progress is not None:
+            progress.close()
         dist.all_reduce(total)
         mean = float(total[0] / total[1])
         history.append(mean)

@@ -4,6 +4,10 @@ Run ``prepare.py`` first, then::
 
     python examples/movielens/train_keras.py --epochs 3
 
+(``--data`` names another directory that ``prepare.py`` wrote; a missing one is an
+error. ``--synthetic`` trains on generated ratings instead. The shared flags are
+described in ``examples/common.py``.)
+
 The model embeds users and movies (and reads the genre columns when ``prepare.py``
 wrote them), feeds the embeddings and their product through a small MLP and predicts
 whether the rating is above 3. ``KerasSequenceLoader`` serves shuffled training batches
@@ -13,7 +17,6 @@ constant prediction scores a validation AUC of 0.5.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +31,9 @@ import keras
 import pyarrow.parquet as pq
 
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 
@@ -66,22 +72,30 @@ class PrintEpoch(keras.callbacks.Callback):
 
 
 def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="prepare.py's --out")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--embedding-dim", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser = common.parser(
+        __doc__,
+        data=DEFAULT_DATA,
+        synthetic=DEFAULT_DATA / "synthetic",
+        rows=100_000,
+        epochs=3,
+        batch_size=1024,
+        lr=2e-3,
+        embedding_dim=16,
+        torch=False,
+    )
     parser.add_argument("--max-rows", type=int, default=None, help="train on the first N rows")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    meta_path = args.data / "meta.json"
-    if not meta_path.is_file():
-        parser.error(f"no prepared data in {args.data}: run examples/movielens/prepare.py first")
-    meta = json.loads(meta_path.read_text())
+    data = common.data_directory(
+        args,
+        parser,
+        needs=["train.parquet", "valid.parquet", "meta.json"],
+        generate=lambda directory: common.write_synthetic_movielens(directory, args.rows),
+        how_to_get="examples/movielens/prepare.py writes them",
+    )
+    meta = json.loads((data / "meta.json").read_text())
     keras.utils.set_random_seed(args.seed)
 
-    train_source: Any = str(args.data / "train.parquet")
+    train_source: Any = str(data / "train.parquet")
     if args.max_rows is not None:
         train_source = pq.read_table(train_source).slice(0, args.max_rows)
     columns = {"cat_names": ["userId", "movieId"], "cont_names": meta["genres"]}
@@ -94,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
         **columns,
     )
     valid = KerasSequenceLoader(
-        str(args.data / "valid.parquet"),
+        str(data / "valid.parquet"),
         batch_size=args.batch_size * 4,
         label_names=["label"],
         shuffle=False,
@@ -102,20 +116,24 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     )
     model = build_model(meta["cardinalities"], meta["genres"], args.embedding_dim)
     model.compile(
-        keras.optimizers.Adam(args.learning_rate),
+        keras.optimizers.Adam(args.lr),
         "binary_crossentropy",
         metrics=[keras.metrics.AUC(name="auc")],
     )
+    rows = len(train.loader.dataset)
     print(
-        f"{meta['rows']['train'] if args.max_rows is None else len(train_source)} training "
-        f"rows in {len(train)} batches, {meta['rows']['valid']} validation rows",
+        f"{rows} training rows in {len(train)} batches, {meta['rows']['valid']} validation rows",
         flush=True,
     )
     return model.fit(
         train,
         epochs=args.epochs,
         verbose=0,
-        callbacks=[KerasSequenceValidater(valid), PrintEpoch()],
+        callbacks=[
+            common.keras_progress(rows, args.batch_size),
+            KerasSequenceValidater(valid),
+            PrintEpoch(),
+        ],
     )
 
 

@@ -1,25 +1,29 @@
 """Train a recommender on MovieLens ratings with tabloader: will a user like a movie?
 
-Reads ``train.parquet`` and ``valid.parquet`` from a directory (by default
+Reads ``train.parquet`` and ``valid.parquet`` from ``--data`` (by default
 ``examples/movielens/data/``, written by ``examples/movielens/prepare.py``) with columns
 ``userId`` and ``movieId`` (int64 ids), ``label`` (float32: 1 when the rating is above 3)
-and, optionally, numeric genre columns, which are used as continuous features. ::
+and, optionally, numeric genre columns, which are used as continuous features; missing
+files are an error. ``--synthetic`` trains on generated ratings instead. ::
 
     python examples/movielens/prepare.py
     python examples/movielens/train_torch.py
-    python examples/movielens/train_torch.py path/to/data --epochs 5 --batch-size 4096
+    python examples/movielens/train_torch.py --data path/to/data --epochs 5 --batch-size 4096
+    python examples/movielens/train_torch.py --synthetic
 
 The model embeds users and movies, feeds the two embeddings, their product and the
 genres through an MLP, and prints per epoch the training loss, the validation loss and
-the validation AUC, next to the AUC of a constant predictor (0.5) for comparison.
+the validation AUC, next to the AUC of a constant predictor (0.5) for comparison. The
+shared flags are described in ``examples/common.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +35,10 @@ from torch import nn
 import tabloader
 from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
+
+DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 CATS = ["userId", "movieId"]
 LABELS = ["label"]
 
@@ -95,15 +102,18 @@ class Recommender(nn.Module):
         return self.mlp(torch.cat([user, movie, user * movie, x_cont], dim=1)).squeeze(1)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("data", nargs="?", default=DEFAULT_DATA, help="directory of the data")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--dim", type=int, default=32, help="embedding size")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+def build_parser() -> argparse.ArgumentParser:
+    return common.parser(
+        __doc__,
+        data=DEFAULT_DATA,
+        synthetic=DEFAULT_DATA / "synthetic",
+        rows=100_000,
+        epochs=3,
+        batch_size=1024,
+        lr=0.01,
+        embedding_dim=32,
+        torch=True,
+    )
 
 
 def predict(model: nn.Module, loader: DLDataLoader) -> tuple[np.ndarray, np.ndarray, float]:
@@ -125,19 +135,27 @@ def predict(model: nn.Module, loader: DLDataLoader) -> tuple[np.ndarray, np.ndar
 def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     """Train; return per epoch the train loss, validation loss and AUC, and the AUC of a
     constant predictor."""
-    args = parse_args(argv)
-    train_path = os.path.join(args.data, "train.parquet")
-    valid_path = os.path.join(args.data, "valid.parquet")
-    for path in (train_path, valid_path):
-        if not os.path.exists(path):
-            raise SystemExit(f"{path} is missing: run examples/movielens/prepare.py first")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    data = common.data_directory(
+        args,
+        parser,
+        needs=["train.parquet", "valid.parquet"],
+        generate=lambda directory: common.write_synthetic_movielens(directory, args.rows),
+        how_to_get="examples/movielens/prepare.py writes them",
+    )
+    train_path, valid_path = str(data / "train.parquet"), str(data / "valid.parquet")
+    threads = common.torch_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     conts = feature_columns(train_path)
     users = id_cardinality([train_path, valid_path], "userId")
     movies = id_cardinality([train_path, valid_path], "movieId")
-    print(f"{users} user ids, {movies} movie ids, {len(conts)} genre features")
+    print(
+        f"{users} user ids, {movies} movie ids, {len(conts)} genre features, "
+        f"{threads} PyTorch threads"
+    )
 
     train = TorchAsyncItr(
         tabloader.Dataset(train_path),
@@ -160,21 +178,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     train_loader = DLDataLoader(train, batch_size=None, collate_fn=lambda x: x)
     valid_loader = DLDataLoader(valid, batch_size=None, collate_fn=lambda x: x)
 
-    model = Recommender(users, movies, len(conts), args.dim).to(device)
+    model = Recommender(users, movies, len(conts), args.embedding_dim).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 
+    rows = len(train.loader.dataset)
     history = []
     for epoch in range(args.epochs):
         started = time.perf_counter()
         total, batches = 0.0, 0
-        for x_cat, x_cont, y in train_loader:
-            loss = loss_fn(model(x_cat, x_cont), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item()
-            batches += 1
+        with common.epoch_progress(rows, epoch) as progress:
+            for x_cat, x_cont, y in train_loader:
+                loss = loss_fn(model(x_cat, x_cont), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total += loss.item()
+                batches += 1
+                progress.update(len(y))
         seconds = time.perf_counter() - started
         labels, scores, valid_loss = predict(model, valid_loader)
         auc = roc_auc(labels, scores)
@@ -190,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         )
         print(
             f"epoch {epoch}: train loss {total / batches:.4f}, valid loss {valid_loss:.4f}, "
-            f"valid AUC {auc:.4f} (constant predictor: {constant_auc:.4f}), {seconds:.1f} s"
+            f"valid AUC {auc:.4f} (constant predictor: {constant_auc:.4f}), {seconds:.1f} s, "
+            f"{rows / seconds:,.0f} rows/s"
         )
     return history
 

@@ -1,4 +1,4 @@
-"""The ``tabloader`` command: look at a dataset's layout, and measure how fast it loads.
+"""The ``tabloader`` command: check a dataset before training, and measure how fast it loads.
 
 tabloader inspect data/train/
 tabloader bench data/train/ --cats C1,C2 --conts I1 --labels label --batch-size 65536
@@ -7,6 +7,10 @@ tabloader bench data/train/ --cats C1,C2 --conts I1 --labels label --batch-size 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import re
 import sys
 import time
 import warnings
@@ -14,17 +18,143 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 import numpy as np
+import pyarrow as pa
 
-from tabloader.dataset import Dataset, _ParquetSource
+from tabloader.dataset import (
+    LARGE_ROW_GROUP_BYTES,
+    SMALL_ROW_GROUP_ROWS,
+    Dataset,
+    _ParquetSource,
+    small_row_groups,
+)
 from tabloader.errors import TabloaderError
 from tabloader.loader import Loader
+from tabloader.plan import count_batches, rank_rows
 
-__all__ = ["layout_warnings", "main"]
+__all__ = [
+    "LOADER_THREADS",
+    "Progress",
+    "inspect_dataset",
+    "layout_warnings",
+    "main",
+    "suggest_columns",
+    "usable_cores",
+]
 
-TINY_ROW_GROUP = 16_384
-"""Below this many rows per row group, per-row-group overhead dominates reading."""
-HUGE_ROW_GROUP_BYTES = 1 << 30
-"""Above this many decoded bytes, one row group strains the chunk buffer."""
+LOADER_THREADS = 2
+"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool."""
+LABEL_NAME = re.compile(r"label|target|click", re.IGNORECASE)
+"""Column names taken for labels when suggesting columns."""
+
+
+# -- progress -------------------------------------------------------------------------
+
+
+class Progress:
+    """Rows done in one epoch: a tqdm bar on a terminal, a plain line now and then elsewhere.
+
+    The bar redraws at most four times a second, whatever the batch rate; off a terminal
+    (a log file, a pipe, CI) a line with the rows done and rows/s is written every
+    ``interval`` seconds, and one at the end.
+
+    Examples:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> with Progress(1000, desc="epoch 0", stream=out) as bar:
+        ...     for _ in range(4):
+        ...         bar.update(250)
+        >>> out.getvalue().startswith("epoch 0: 1,000/1,000 rows in ")
+        True
+    """
+
+    def __init__(
+        self, total_rows: int, *, desc: str, stream: TextIO | None = None, interval: float = 10.0
+    ) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.total = int(total_rows)
+        self.desc = desc
+        self.rows = 0
+        self.interval = interval
+        self.started = time.perf_counter()
+        self._next_line = self.started + interval
+        self._bar: Any = None
+        isatty = getattr(self.stream, "isatty", None)
+        if isatty is not None and isatty():
+            from tqdm import tqdm  # type: ignore[import-untyped]
+
+            self._bar = tqdm(
+                total=self.total,
+                desc=desc,
+                unit="rows",
+                unit_scale=True,
+                mininterval=0.25,
+                file=self.stream,
+                dynamic_ncols=True,
+            )
+
+    def update(self, rows: int) -> None:
+        """Count ``rows`` more rows done."""
+        self.rows += rows
+        if self._bar is not None:
+            self._bar.update(rows)
+            return
+        now = time.perf_counter()
+        if now >= self._next_line:
+            self._next_line = now + self.interval
+            self._line(now, final=False)
+
+    def close(self) -> None:
+        """Finish the bar, or write the last line."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        else:
+            self._line(time.perf_counter(), final=True)
+
+    def _line(self, now: float, *, final: bool) -> None:
+        seconds = max(now - self.started, 1e-9)
+        verb = "in" if final else "after"
+        self.stream.write(
+            f"{self.desc}: {self.rows:,}/{self.total:,} rows {verb} {seconds:.1f}s "
+            f"({self.rows / seconds:,.0f} rows/s)\n"
+        )
+        self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _thread_warning(torch_threads: int, cores: int) -> str | None:
+    """What to set when PyTorch's intra-op threads and the loader's threads exceed the cores.
+
+    Examples:
+        >>> _thread_warning(2, 2).split(";")[0]
+        'PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores'
+        >>> _thread_warning(6, 8) is None
+        True
+    """
+    if torch_threads + LOADER_THREADS <= cores:
+        return None
+    fit = max(1, cores - LOADER_THREADS)
+    return (
+        f"PyTorch uses {torch_threads} intra-op threads and the loader {LOADER_THREADS} "
+        f"background threads on {cores} cores; they will fight over the cores and an epoch "
+        f"can take several times longer. Call torch.set_num_threads({fit}) or set "
+        f"OMP_NUM_THREADS={fit} (see docs/performance.md)"
+    )
+
+
+# -- inspect ----------------------------------------------------------------------------
 
 
 def layout_warnings(
@@ -32,22 +162,26 @@ def layout_warnings(
 ) -> list[str]:
     """Warnings about a layout that will load slowly (pure, for ``inspect``).
 
+    Small row groups are judged by :func:`tabloader.dataset.small_row_groups`, the rule
+    the loader warns with.
+
     Examples:
         >>> layout_warnings(np.array([100] * 40), None, ranks=1)[0].split(":")[0]
-        'tiny row groups'
+        'small row groups'
     """
     found = []
-    median = float(np.median(partition_rows)) if len(partition_rows) else 0.0
-    if len(partition_rows) > 1 and median < TINY_ROW_GROUP:
+    median = small_row_groups(partition_rows)
+    if median is not None:
         found.append(
-            f"tiny row groups: the median row group holds {median:,.0f} rows; reading pays a "
-            f"fixed cost per row group, so aim for 64k-1M rows (row_group_size= when writing)"
+            f"small row groups: the median row group holds {median:,.0f} rows, below "
+            f"{SMALL_ROW_GROUP_ROWS:,}; reading pays a fixed cost per row group, so aim for "
+            "64k-1M rows (row_group_size= when writing)"
         )
     if partition_bytes is not None and len(partition_bytes):
         largest = int(partition_bytes.max())
-        if largest > HUGE_ROW_GROUP_BYTES:
+        if largest > LARGE_ROW_GROUP_BYTES:
             found.append(
-                f"huge row groups: the largest holds {largest / 2**30:.1f} GiB uncompressed; "
+                f"large row groups: the largest holds {largest / 2**30:.1f} GiB uncompressed; "
                 "a chunk holds at least one row group, so memory use will be high. Write "
                 "smaller ones"
             )
@@ -57,6 +191,121 @@ def layout_warnings(
             "decode whole row groups to use a fraction of them. Write more, smaller row groups"
         )
     return found
+
+
+def _kind(field_type: pa.DataType) -> str:
+    """``"int"``, ``"float"``, ``"bool"``, ``"list"`` or ``"unsupported"``."""
+    if pa.types.is_boolean(field_type):
+        return "bool"
+    if pa.types.is_integer(field_type):
+        return "int"
+    if pa.types.is_floating(field_type):
+        return "float"
+    if (
+        pa.types.is_list(field_type)
+        or pa.types.is_large_list(field_type)
+        or pa.types.is_fixed_size_list(field_type)
+    ):
+        return "list"
+    return "unsupported"
+
+
+def suggest_columns(schema: pa.Schema) -> dict[str, list[str]]:
+    """Columns to load, by type and name: integers are categorical ids, floats and booleans
+    continuous, and a numeric column named like label, target or click is a label.
+
+    Examples:
+        >>> schema = pa.schema([("click", pa.int8()), ("user", pa.int64()),
+        ...                     ("price", pa.float32()), ("name", pa.string())])
+        >>> suggest_columns(schema)
+        {'cats': ['user'], 'conts': ['price'], 'labels': ['click']}
+    """
+    found: dict[str, list[str]] = {"cats": [], "conts": [], "labels": []}
+    for field in schema:
+        kind = _kind(field.type)
+        if kind in ("list", "unsupported"):
+            continue
+        if LABEL_NAME.search(field.name):
+            found["labels"].append(field.name)
+        else:
+            found["cats" if kind == "int" else "conts"].append(field.name)
+    return found
+
+
+def compact_names(names: Sequence[str]) -> str:
+    """Names joined by commas, runs like C1, C2, ..., C26 written ``C1..C26``.
+
+    Examples:
+        >>> compact_names(["label", "I1", "I2", "I3", "C1", "C2", "x"])
+        'label, I1..I3, C1, C2, x'
+    """
+    parts: list[str] = []
+    run: list[str] = []
+    previous: tuple[str, int] | None = None
+
+    def flush() -> None:
+        if len(run) >= 3:
+            parts.append(f"{run[0]}..{run[-1]}")
+        else:
+            parts.extend(run)
+        run.clear()
+
+    for name in names:
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        key = (match[1], int(match[2])) if match else None
+        if key is None or previous is None or key != (previous[0], previous[1] + 1):
+            flush()
+        run.append(name)
+        previous = key
+    flush()
+    return ", ".join(parts)
+
+
+def _schema_groups(dataset: Dataset) -> list[tuple[pa.Schema, list[str]]]:
+    """Each distinct schema with the files that have it (one group for in-memory sources)."""
+    source = dataset._source
+    if not isinstance(source, _ParquetSource):
+        return [(dataset.schema, [])]
+    return [
+        (schema, [source.files[f] for f in np.flatnonzero(source.file_schema == k)])
+        for k, schema in enumerate(source.schemas)
+    ]
+
+
+def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> str:
+    """How ``schema`` differs from ``reference``, in a few words."""
+    notes = []
+    for field in schema:
+        index = reference.get_field_index(field.name)
+        if index < 0:
+            notes.append(f"{field.name} only here")
+        elif reference.field(index).type != field.type:
+            notes.append(f"{field.name} is {field.type} (not {reference.field(index).type})")
+    missing = [f.name for f in reference if schema.get_field_index(f.name) < 0]
+    if missing:
+        notes.append(f"no {compact_names(missing)}")
+    return "; ".join(notes) or "same columns, in another order"
+
+
+def _null_counts(dataset: Dataset) -> dict[str, int | None]:
+    """Nulls per column summed from the parquet footers (None where a footer does not say)."""
+    source = dataset._source
+    if not isinstance(source, _ParquetSource):
+        return dict.fromkeys(dataset.schema.names)
+    counts: dict[str, int | None] = {}
+    for f in range(len(source.files)):
+        md = source.metadata(f)
+        for g in range(md.num_row_groups):
+            row_group = md.row_group(g)
+            for c in range(row_group.num_columns):
+                column = row_group.column(c)
+                name = column.path_in_schema.split(".")[0]
+                stats = column.statistics
+                if stats is None or not getattr(stats, "has_null_count", True):
+                    counts[name] = None
+                elif name not in counts or counts[name] is not None:
+                    counts[name] = (counts.get(name) or 0) + int(stats.null_count or 0)
+    return counts
 
 
 def _row_group_bytes(dataset: Dataset) -> np.ndarray | None:
@@ -72,51 +321,215 @@ def _row_group_bytes(dataset: Dataset) -> np.ndarray | None:
     )
 
 
-def inspect(args: argparse.Namespace, out: TextIO) -> int:
-    dataset = Dataset(args.path)
+def inspect_dataset(
+    dataset: Dataset,
+    *,
+    ranks: int = 1,
+    batch_size: int = 65_536,
+    cats: Sequence[str] = (),
+    conts: Sequence[str] = (),
+    labels: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Everything about ``dataset`` that would make training fail or crawl, from footers.
+
+    Returns a JSON-ready report: files, rows and row groups, the distinct schemas with
+    their files, per column its type, nulls and suggested use, what one rank gets, the
+    suggested ``cats``/``conts``/``labels``, and ``errors`` (training would fail) and
+    ``warnings`` (training would be slow). The columns to check are the ones given, or
+    the suggested ones.
+
+    Examples:
+        >>> table = pa.table({"user": [1, 2, 3], "x": [0.5, None, 1.0], "label": [0., 1., 0.]})
+        >>> report = inspect_dataset(Dataset(table), batch_size=2)
+        >>> report["suggested"], report["per_rank"]["batches"]
+        ({'cats': ['user'], 'conts': ['x'], 'labels': ['label']}, 2)
+    """
     rows = dataset.partition_rows
     sizes = _row_group_bytes(dataset)
-    out.write(f"{dataset.num_rows:,} rows in {dataset.num_partitions:,} row groups")
-    out.write(f" of {len(dataset.files):,} files\n" if dataset.files else "\n")
-    if len(rows):
-        out.write(
-            f"rows per row group: min {rows.min():,}, median {int(np.median(rows)):,}, "
-            f"max {rows.max():,}\n"
+    groups = _schema_groups(dataset)
+    reference = groups[0][0]
+    nulls = _null_counts(dataset)
+    suggested = suggest_columns(reference)
+    role = {name: kind for kind, names in suggested.items() for name in names}
+    columns = [
+        {
+            "name": field.name,
+            "type": str(field.type),
+            "nulls": nulls.get(field.name),
+            "use": role.get(field.name, _kind(field.type)),
+        }
+        for field in reference
+    ]
+    errors: list[str] = []
+    warns = layout_warnings(rows, sizes, ranks=ranks)
+    if len(groups) > 1:
+        listing = "; ".join(
+            f"schema {k + 1} ({_count(len(files), 'file')}: "
+            f"{', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
+            + ("" if k == 0 else f": {_schema_difference(schema, reference)}")
+            for k, (schema, files) in enumerate(groups)
         )
-    if sizes is not None and len(sizes):
-        out.write(
-            f"uncompressed bytes per row group: median {int(np.median(sizes)) / 2**20:,.1f} MiB\n"
+        errors.append(
+            f"the files disagree on their schema ({len(groups)} schemas): {listing}. Rewrite "
+            "the odd files with the common schema"
         )
-    source = dataset._source
-    if isinstance(source, _ParquetSource):
-        out.write("files:\n")
-        per_file = np.bincount(source.part_file, weights=rows, minlength=len(dataset.files))
-        groups = np.bincount(source.part_file, minlength=len(dataset.files))
-        shown = min(len(dataset.files), args.max_files)
-        for path, n, g in zip(dataset.files[:shown], per_file, groups, strict=False):
-            out.write(f"  {path}  {int(n):,} rows, {int(g)} row groups\n")
-        if shown < len(dataset.files):
-            out.write(f"  ... and {len(dataset.files) - shown:,} more\n")
-    out.write("schema:\n")
-    for field in dataset.schema:
-        out.write(f"  {field.name}: {field.type}\n")
-    for warning in layout_warnings(rows, sizes, ranks=args.ranks):
+    unsupported = [c for c in columns if c["use"] == "unsupported"]
+    if unsupported:
+        warns.append(
+            "columns that cannot be loaded: "
+            + ", ".join(f"{c['name']} ({c['type']})" for c in unsupported)
+            + ". Encode strings as integer ids (for example with pandas factorize), or leave "
+            "them out"
+        )
+    requested = {"cats": list(cats), "conts": list(conts), "labels": list(labels)}
+    if not any(requested.values()):
+        requested = suggested
+    if any(requested.values()) and dataset.num_rows:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the layout is reported above
+                Loader(
+                    dataset,
+                    batch_size=batch_size,
+                    global_size=ranks,
+                    device="cpu",
+                    cats=requested["cats"],
+                    conts=requested["conts"],
+                    labels=requested["labels"],
+                )
+        except TabloaderError as error:
+            which = (
+                "the requested columns" if any((cats, conts, labels)) else "the suggested columns"
+            )
+            errors.append(f"with {which}: {error}")
+    elif not dataset.num_rows:
+        errors.append("the dataset has no rows")
+    per_rank_rows = dataset.num_rows // ranks
+    batches = count_batches(per_rank_rows, batch_size, drop_last=False)
+    lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)
+    if per_rank_rows and per_rank_rows < batch_size:
+        warns.append(
+            f"every rank gets {per_rank_rows:,} rows, fewer than one batch of {batch_size:,}: "
+            "with drop_last=True the loader would yield nothing. Lower the batch size"
+        )
+    return {
+        "files": len(dataset.files),
+        "rows": dataset.num_rows,
+        "row_groups": dataset.num_partitions,
+        "row_group_rows": {
+            "min": int(rows.min()) if len(rows) else 0,
+            "median": int(np.median(rows)) if len(rows) else 0,
+            "max": int(rows.max()) if len(rows) else 0,
+        },
+        "row_group_bytes_median": int(np.median(sizes))
+        if sizes is not None and len(sizes)
+        else None,
+        "schemas": [
+            {"files": files, "columns": {f.name: str(f.type) for f in schema}}
+            for schema, files in groups
+        ],
+        "columns": columns,
+        "per_rank": {
+            "ranks": ranks,
+            "batch_size": batch_size,
+            "rows": hi - lo,
+            "batches": batches,
+            "last_batch_rows": per_rank_rows - (batches - 1) * batch_size if batches else 0,
+            "rows_left_over": dataset.num_rows - ranks * per_rank_rows,
+        },
+        "suggested": suggested,
+        "checked": requested,
+        "errors": errors,
+        "warnings": warns,
+    }
+
+
+def _count(n: int, noun: str) -> str:
+    plural = noun + ("es" if noun.endswith("ch") else "s")
+    return f"{n:,} {noun if n == 1 else plural}"
+
+
+def _write_report(report: dict[str, Any], out: TextIO, *, max_files: int) -> None:
+    rg = report["row_group_rows"]
+    out.write(
+        f"{report['rows']:,} rows in {report['row_groups']:,} row groups"
+        + (f" of {_count(report['files'], 'file')}\n" if report["files"] else "\n")
+    )
+    if report["row_groups"]:
+        size = report["row_group_bytes_median"]
+        out.write(
+            f"rows per row group: min {rg['min']:,}, median {rg['median']:,}, max {rg['max']:,}"
+            + (f"; median {size / 2**20:,.1f} MiB uncompressed\n" if size is not None else "\n")
+        )
+    schemas = report["schemas"]
+    if len(schemas) > 1:
+        out.write(f"schemas: {len(schemas)} distinct ones (see the error below)\n")
+        for k, schema in enumerate(schemas, 1):
+            files = schema["files"]
+            shown = ", ".join(files[:max_files]) + (", ..." if len(files) > max_files else "")
+            out.write(f"  schema {k}: {_count(len(files), 'file')}: {shown}\n")
+    out.write(f"columns ({len(report['columns'])}):\n")
+    by_use: dict[tuple[str, str], list[str]] = {}
+    for column in report["columns"]:
+        by_use.setdefault((column["use"], column["type"]), []).append(column["name"])
+    for (use, type_name), names in by_use.items():
+        out.write(f"  {use:<12} {type_name:<14} {compact_names(names)}\n")
+    with_nulls = [
+        f"{c['name']} {c['nulls']:,}"
+        for c in report["columns"]
+        if c["nulls"] is not None and c["nulls"]
+    ]
+    unknown = [c["name"] for c in report["columns"] if c["nulls"] is None]
+    out.write(
+        "nulls (from the footers): "
+        + (", ".join(with_nulls) if with_nulls else "none")
+        + (f"; not recorded for {compact_names(unknown)}" if unknown else "")
+        + "\n"
+    )
+    per_rank = report["per_rank"]
+    last = per_rank["last_batch_rows"]
+    out.write(
+        f"per rank (--ranks {per_rank['ranks']}, --batch-size {per_rank['batch_size']:,}): "
+        f"{per_rank['rows']:,} rows, {_count(per_rank['batches'], 'batch')}"
+        + (f" (the last holds {last:,} rows)" if last and last < per_rank["batch_size"] else "")
+        + "\n"
+    )
+    suggested = report["suggested"]
+    flags = " ".join(f"--{kind} {','.join(names)}" for kind, names in suggested.items() if names)
+    out.write(f"suggested columns: {flags or 'none (no numeric columns)'}\n")
+    for warning in report["warnings"]:
         out.write(f"warning: {warning}\n")
-    return 0
+    for error in report["errors"]:
+        out.write(f"error: {error}\n")
+    if not report["errors"]:
+        out.write("ok: nothing here would make training fail\n")
+
+
+def inspect(args: argparse.Namespace, out: TextIO) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # it reports layout problems itself
+        dataset = Dataset(args.path)
+    report = inspect_dataset(
+        dataset,
+        ranks=args.ranks,
+        batch_size=args.batch_size,
+        cats=_names(args.cats),
+        conts=_names(args.conts),
+        labels=_names(args.labels),
+    )
+    if args.json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    else:
+        _write_report(report, out, max_files=args.max_files)
+    return 1 if report["errors"] else 0
+
+
+# -- bench ------------------------------------------------------------------------------
 
 
 def _names(values: Sequence[str] | None) -> list[str]:
     return [n for v in values or () for n in v.split(",") if n]
-
-
-def _progress(done: int, total: int, started: float, err: TextIO) -> None:
-    if not err.isatty():
-        return
-    width = 30
-    filled = int(width * done / max(total, 1))
-    rate = done / max(time.perf_counter() - started, 1e-9)
-    err.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} batches, {rate:,.1f}/s")
-    err.flush()
 
 
 def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterable[Any], Loader]:
@@ -174,22 +587,28 @@ def _loader_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     iterable, loader = _batches(args, _loader_options(args))
+    if args.framework == "torch":
+        import torch
+
+        advice = _thread_warning(torch.get_num_threads(), usable_cores())
+        if advice:
+            err.write(f"tabloader: warning: {advice}\n")
     batches = len(loader)
+    lo, hi = rank_rows(
+        loader.dataset.num_rows, global_rank=loader.global_rank, global_size=loader.global_size
+    )
+    epoch_rows = min(hi - lo, batches * args.batch_size)
     started = time.perf_counter()
     for epoch in range(args.epochs):
         epoch_started = time.perf_counter()
-        for i, _ in enumerate(iterable, 1):
-            _progress(i, batches, epoch_started, err)
-        if err.isatty():
-            err.write("\n")
+        with Progress(epoch_rows, desc=f"epoch {epoch}", stream=err) as progress:
+            for i, _ in enumerate(iterable):
+                progress.update(min(args.batch_size, epoch_rows - i * args.batch_size))
         seconds = time.perf_counter() - epoch_started
-        out.write(
-            f"epoch {epoch}: {loader.dataset.num_rows // loader.global_size:,} rows in "
-            f"{seconds:.2f}s\n"
-        )
+        out.write(f"epoch {epoch}: {epoch_rows:,} rows in {seconds:.2f}s\n")
     elapsed = time.perf_counter() - started
     stats = loader.stats()
-    rows = stats.rows if stats.rows else batches * args.batch_size * args.epochs
+    rows = stats.rows if stats.rows else epoch_rows * args.epochs
     out.write(
         f"{rows / elapsed:,.0f} rows/s, {stats.batches / elapsed:,.1f} batches/s "
         f"({args.framework})\n"
@@ -201,29 +620,83 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+# -- the command line -------------------------------------------------------------------
+
+_EXAMPLES = """\
+examples:
+  tabloader inspect 'data/train/*.parquet'           check the files before training
+  tabloader inspect data/train --ranks 8 --json      the same, for a script
+  tabloader bench data/train --cats C1,C2 --conts I1 --labels label --epochs 2
+  tabloader bench data/train --cats C1 --labels label --framework torch
+"""
+_INSPECT_EXAMPLES = """\
+examples:
+  tabloader inspect data/train                       files, schema, nulls, suggested columns
+  tabloader inspect 'data/*/part-*.parquet' --ranks 8 --batch-size 65536
+  tabloader inspect data/train --cats C1,C2 --labels label   check these columns
+  tabloader inspect data/train --json | jq .errors
+
+Exit status: 0 when nothing would make training fail, 1 when something would (files
+whose schemas disagree, requested columns that are missing, not numeric or hold nulls),
+2 when the files cannot be read at all.
+"""
+_BENCH_EXAMPLES = """\
+examples:
+  tabloader bench data/train --cats C1,C2 --conts I1,I2 --labels label
+  tabloader bench data/train --cats C1 --labels label --batch-size 8192 --epochs 3
+  tabloader bench data/train --cats C1 --labels label --framework torch --stored-order
+"""
+
+
+def _version() -> str:
+    from tabloader import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tabloader", description=__doc__.splitlines()[0])
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="tabloader",
+        description=__doc__.splitlines()[0],
+        epilog=_EXAMPLES,
+        formatter_class=formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tabloader {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p = commands.add_parser("inspect", help="files, row groups, rows, schema, layout warnings")
+    p = commands.add_parser(
+        "inspect",
+        help="preflight: schemas, unsupported columns, nulls, row groups, rows per rank",
+        description="Report everything about the files that would make training fail or "
+        "crawl, from the parquet footers alone.",
+        epilog=_INSPECT_EXAMPLES,
+        formatter_class=formatter,
+    )
     p.add_argument("path", nargs="+", help="files, directories, globs or URLs")
-    p.add_argument("--ranks", type=int, default=1, help="ranks the data will be split across")
-    p.add_argument("--max-files", type=int, default=20, help="files to list")
+    p.add_argument("--ranks", type=_positive, default=1, help="ranks the data will be split across")
+    p.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch per rank")
+    _column_flags(p, "to check (default: the suggested ones)")
+    p.add_argument("--max-files", type=_positive, default=5, help="files to list per schema")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    p = commands.add_parser("bench", help="time full epochs and say where the time goes")
+    p = commands.add_parser(
+        "bench",
+        help="time full epochs and say where the time goes",
+        epilog=_BENCH_EXAMPLES,
+        formatter_class=formatter,
+    )
     p.add_argument("path", nargs="+", help="files, directories, globs or URLs")
-    p.add_argument("--cats", action="append", help="categorical columns, comma separated")
-    p.add_argument("--conts", action="append", help="continuous columns, comma separated")
-    p.add_argument("--labels", action="append", help="label columns, comma separated")
-    p.add_argument("--batch-size", type=int, default=65_536)
-    p.add_argument("--epochs", type=int, default=1)
+    _column_flags(p, "to load")
+    p.add_argument("--batch-size", type=_positive, default=65_536)
+    p.add_argument("--epochs", type=_positive, default=1)
     p.add_argument("--no-shuffle", dest="shuffle", action="store_false")
     p.add_argument(
         "--stored-order",
         action="store_true",
         help="shuffled batches keep their rows in stored order (shuffle_within_batch=False)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_non_negative, default=0)
     p.add_argument("--framework", choices=["none", "torch", "tensorflow"], default="none")
     p = commands.add_parser(
         "selftest", help="check the install on generated data: parity, adapters, memory, speed"
@@ -233,7 +706,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _column_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    for kind, meaning in (("cats", "categorical"), ("conts", "continuous"), ("labels", "label")):
+        parser.add_argument(
+            f"--{kind}", action="append", help=f"{meaning} columns {what}, comma separated"
+        )
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.command == "selftest":
         from tabloader.selftest import run_selftest
@@ -243,13 +745,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.path = args.path[0]
     try:
         if args.command == "inspect":
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # it reports layout problems itself
-                return inspect(args, sys.stdout)
-        return bench(args, sys.stdout, sys.stderr)
+            code = inspect(args, sys.stdout)
+        else:
+            code = bench(args, sys.stdout, sys.stderr)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
     except TabloaderError as error:
         sys.stderr.write(f"tabloader: error: {error}\n")
         return 2
+    except ImportError as error:  # an optional framework that is not installed
+        sys.stderr.write(f"tabloader: error: {error}\n")
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`tabloader inspect ... | head`): stop quietly, as other
+        # command-line tools do. Python would flush stdout again at exit and fail.
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real fd
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by the pipe
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,6 +37,29 @@ __all__ = ["Dataset"]
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 DEFAULT_ROWS_PER_PARTITION = 131_072
 _FOOTER_THREADS = 16
+SMALL_ROW_GROUP_ROWS = 16_384
+"""Row groups with fewer rows than this (the median, in a dataset of 16 or more) load
+slowly: reading pays a fixed cost per row group. The loader warns and ``tabloader
+inspect`` reports with this one threshold; aim for 64k to 1M rows per row group."""
+LARGE_ROW_GROUP_BYTES = 1 << 30
+"""Above this many decoded bytes, one row group strains the chunk buffer (a chunk holds at
+least one row group)."""
+
+
+def small_row_groups(partition_rows: Sequence[int] | NDArray[np.int64]) -> float | None:
+    """The median rows per row group if they are too small to load fast, else None.
+
+    Too small: below :data:`SMALL_ROW_GROUP_ROWS`, in a dataset of 16 row groups or more
+    (fewer load in no time whatever their size).
+
+    Examples:
+        >>> small_row_groups([1_000] * 20), small_row_groups([1_000] * 3)
+        (1000.0, None)
+    """
+    if len(partition_rows) < 16:
+        return None
+    median = float(np.median(partition_rows))
+    return median if median < SMALL_ROW_GROUP_ROWS else None
 
 
 class Dataset:
@@ -502,6 +526,11 @@ class _TableSource(_Source):
 
 class _DaskSource(_Source):
     def __init__(self, frame: Any) -> None:
+        # Deprecations raised inside dask's own code when tabloader computes partitions:
+        # nothing a user of tabloader can change, so not shown.
+        warnings.filterwarnings(
+            "ignore", message=r"The inplace keyword in DataFrame\.reset_index", module=r"dask\."
+        )
         self.frame = frame
         counts = frame.map_partitions(len).compute()
         rows = np.asarray(counts, dtype=np.int64)

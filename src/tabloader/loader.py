@@ -26,7 +26,7 @@ from tabloader.batches import (
     lists_as_output,
 )
 from tabloader.cache import CacheMode, DecodedCache
-from tabloader.dataset import Dataset
+from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
     ColumnTypeError,
@@ -42,8 +42,11 @@ from tabloader.options import (
     flag,
     int_at_least,
     is_number,
+    keywords_of,
     numeric_dtype,
+    one_spelling,
     optional_positive,
+    reject_unknown,
 )
 from tabloader.plan import (
     EpochPlan,
@@ -65,7 +68,6 @@ DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
-_TINY_PARTITION_ROWS = 1024
 
 STATE_FORMAT = 1
 """Version of the dict :meth:`Loader.state_dict` returns."""
@@ -107,6 +109,9 @@ class Loader:
         cats: Categorical columns (integer ids), delivered as ``cat_dtype`` (int64).
         conts: Continuous columns, delivered as ``cont_dtype`` (float32).
         labels: Target columns, delivered as ``label_dtype`` (float32).
+        cat_names, cont_names, label_names: NVTabular's names for the same three
+            options; give each option under one name. An unknown keyword raises
+            ``TypeError`` naming the closest known one.
         fill_null: Value replacing nulls: one number for every column, or a mapping from
             column name to number. Without it, a null in a requested column raises
             :class:`NullValuesError` (at construction when the parquet footers tell).
@@ -225,8 +230,18 @@ class Loader:
         sparse_max: Mapping[str, int] | None = None,
         sparse_as_dense: bool = False,
         sparse_pad: float = 0,
+        cat_names: str | Sequence[str] | None = None,
+        cont_names: str | Sequence[str] | None = None,
+        label_names: str | Sequence[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            reject_unknown(unknown, keywords_of(Loader.__init__), "Loader")
         self.batch_size = int_at_least(batch_size, 1, "batch_size")
+        # NVTabular's names (cat_names, ...) are accepted too, one spelling per option.
+        cats = one_spelling({"cats": cats, "cat_names": cat_names})
+        conts = one_spelling({"conts": conts, "cont_names": cont_names})
+        labels = one_spelling({"labels": labels, "label_names": label_names})
         self.cats = column_names(cats, "cats")
         self.conts = column_names(conts, "conts")
         self.labels = column_names(labels, "labels")
@@ -501,11 +516,12 @@ class Loader:
                 PerformanceWarning,
                 stacklevel=3,
             )
-        if parts >= 16 and self.dataset.num_rows / parts < _TINY_PARTITION_ROWS:
+        median = small_row_groups(self.dataset.partition_rows)
+        if median is not None:
             warnings.warn(
-                f"row groups hold {self.dataset.num_rows / parts:.0f} rows on average; "
-                "reading is slow below ~64k rows per row group. Rewrite the files with a larger "
-                "row_group_size",
+                f"row groups hold {median:,.0f} rows (median); reading is slow below "
+                f"{SMALL_ROW_GROUP_ROWS:,} rows per row group. Rewrite the files with a "
+                "row_group_size of 64k to 1M rows",
                 PerformanceWarning,
                 stacklevel=3,
             )

@@ -17,7 +17,8 @@ Examples:
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -30,7 +31,9 @@ __all__ = [
     "flag",
     "int_at_least",
     "is_number",
+    "keywords_of",
     "numeric_dtype",
+    "one_spelling",
     "optional_positive",
     "reject_unknown",
 ]
@@ -120,3 +123,38 @@ def reject_unknown(
             f"; did you mean {close[0]!r}?" if close else f"; it accepts {', '.join(sorted(known))}"
         )
         raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def keywords_of(function: Callable[..., Any]) -> list[str]:
+    """The keyword arguments ``function`` takes by name (for :func:`reject_unknown`)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in kinds and name != "self"
+    ]
+
+
+def one_spelling(values: Mapping[str, Any]) -> Any:
+    """The value of an option that has two names, given under at most one of them.
+
+    The core says ``cats``/``conts``/``labels``; NVTabular's Keras loader says
+    ``cat_names``/``cont_names``/``label_names``. Every entry point takes both, and None
+    means "not given".
+
+    Examples:
+        >>> one_spelling({"cats": None, "cat_names": ["user"]})
+        ['user']
+        >>> try:
+        ...     one_spelling({"cats": ["a"], "cat_names": ["b"]})
+        ... except ValueError as err:
+        ...     print(err)
+        cats= and cat_names= are two names for the same option: give one of them
+    """
+    given = {name: value for name, value in values.items() if value is not None}
+    if len(given) > 1:
+        first, second = given
+        raise InvalidArgumentError(
+            f"{first}= and {second}= are two names for the same option: give one of them"
+        )
+    return next(iter(given.values()), None)

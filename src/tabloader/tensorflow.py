@@ -6,7 +6,9 @@ model on a validation loader at the end of every training epoch and adds ``val_*
 entries to the epoch's logs. The tensors are built in the loader's background thread, so
 the training loop does no copying.
 
-Importing this module applies ``TF_MEMORY_ALLOCATION`` (see :func:`apply_memory_allocation`);
+Importing this module applies ``TF_MEMORY_ALLOCATION`` (see :func:`apply_memory_allocation`)
+and, unless set already, sets ``TF_CPP_MIN_LOG_LEVEL=2`` before importing TensorFlow,
+which hides TensorFlow's informational C++ logs (set it to ``0`` to see them);
 ``import tabloader`` alone never imports TensorFlow.
 
 Examples:
@@ -43,7 +45,11 @@ from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
+from tabloader.options import keywords_of, one_spelling, reject_unknown
 
+# TensorFlow's C++ informational logs (CPU instruction sets, ...) tell a user of this
+# module nothing they can act on: quiet by default, unless the user chose a level.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 try:
     import keras
     import tensorflow as tf
@@ -97,9 +103,14 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         paths_or_dataset: A :class:`tabloader.Dataset`, or anything it accepts (files,
             globs, directories, URLs, tables, DataFrames).
         batch_size: Rows per batch; only an epoch's last batch may be shorter.
-        label_names: Target columns (float32).
+        label_names: Target columns (float32). Required: a loader without them raises at
+            construction, since ``model.fit`` cannot train without targets. For
+            ``predict`` on data without labels, pass ``label_names=[]``.
         cat_names: Categorical columns, integer ids delivered as int64.
         cont_names: Continuous columns, delivered as float32.
+        cats, conts, labels: The core's names for ``cat_names``, ``cont_names`` and
+            ``label_names``; give each option under one name. An unknown keyword raises
+            ``TypeError`` naming the closest known one.
         feature_columns: Instead of ``cat_names``/``cont_names``, ``tf.feature_column``
             columns: categorical columns (also inside embedding or indicator columns) are
             read as cats, numeric and bucketized columns' sources as conts. They only name
@@ -193,10 +204,23 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         sparse_max: Mapping[str, int] | None = None,
         sparse_as_dense: bool = False,
         sparse_pad: float = 0,
+        cats: str | Sequence[str] | None = None,
+        conts: str | Sequence[str] | None = None,
+        labels: str | Sequence[str] | None = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
             _reject(unsupported)
+        # The core's names (cats, ...) are accepted too, one spelling per option.
+        cat_names = one_spelling({"cat_names": cat_names, "cats": cats})
+        cont_names = one_spelling({"cont_names": cont_names, "conts": conts})
+        label_names = one_spelling({"label_names": label_names, "labels": labels})
+        if label_names is None:
+            raise InvalidArgumentError(
+                "KerasSequenceLoader needs label_names= (the target columns) to train: without "
+                "them model.fit fails later with 'None values not supported'. To predict on "
+                "data without labels, pass label_names=[]"
+            )
         super().__init__()
         if feature_columns is not None:
             if cat_names is not None or cont_names is not None:
@@ -877,13 +901,7 @@ def _reject(unsupported: Mapping[str, Any]) -> None:
             "KerasSequenceLoader does not support "
             + "; ".join(f"{name}= ({_NVTABULAR_ONLY[name]})" for name in known)
         )
-    raise TypeError(
-        f"KerasSequenceLoader() got unexpected keyword argument(s) {sorted(unsupported)}; "
-        "it accepts paths_or_dataset, batch_size, label_names, feature_columns, cat_names, "
-        "cont_names, engine, shuffle, shuffle_within_batch, seed, seed_fn, buffer_size, "
-        "device, parts_per_chunk, global_size, global_rank, drop_last, fill_null, cache, "
-        "cache_dir, cache_max_bytes, sparse_names, sparse_max, sparse_as_dense, sparse_pad"
-    )
+    reject_unknown(unsupported, keywords_of(KerasSequenceLoader.__init__), "KerasSequenceLoader")
 
 
 apply_memory_allocation()

@@ -47,6 +47,7 @@ from tabloader.errors import (
     TabloaderError,
 )
 from tabloader.loader import BatchIterator, EpochPosition, Loader
+from tabloader.options import keywords_of, one_spelling, reject_unknown
 
 __all__ = ["DLDataLoader", "TorchAsyncItr"]
 
@@ -297,7 +298,11 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
 
     What to read:
         dataset: A :class:`tabloader.Dataset` or anything it accepts.
-        cats, conts, labels: Column names, as lists (see :class:`tabloader.Loader`).
+        cats, conts, labels: Column names, as lists (see :class:`tabloader.Loader`);
+            ``cat_names``, ``cont_names``, ``label_names`` are accepted too (one name per
+            option).
+        cat_dtype, cont_dtype, label_dtype: The tensors' dtypes, as numpy dtypes
+            (default int64, float32, float32; ``label_dtype="int64"`` for class indices).
         fill_null: Replacement for nulls, as in :class:`tabloader.Loader`.
 
     How to batch and shuffle:
@@ -356,7 +361,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             a longer list raises rather than being truncated.
         sparse_pad: Pad value of dense list columns (default 0).
 
-    Unknown keywords raise ``TypeError``.
+    Unknown keywords raise ``TypeError`` naming the closest known one.
 
     Epochs: every ``iter()`` in the training process starts epoch :attr:`epoch` and
     advances it; :meth:`set_epoch` chooses the next one. With ``DLDataLoader`` worker
@@ -402,7 +407,16 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max_bytes: int | None = None,
         sparse_pad: float = 0,
+        cat_dtype: Any = "int64",
+        cont_dtype: Any = "float32",
+        label_dtype: Any = "float32",
+        cat_names: Sequence[str] | None = None,
+        cont_names: Sequence[str] | None = None,
+        label_names: Sequence[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            reject_unknown(unknown, keywords_of(TorchAsyncItr.__init__), "TorchAsyncItr")
         super().__init__()
         if seed is not None and seed_fn is not None:
             raise InvalidArgumentError("give seed= or seed_fn=, not both")
@@ -426,9 +440,12 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         global_rank, global_size = _resolve_ranks(global_rank, global_size)
         self._seed_fn = seed_fn
         self._options: dict[str, Any] = {
-            "cats": cats,
-            "conts": conts,
-            "labels": labels,
+            "cats": one_spelling({"cats": cats, "cat_names": cat_names}),
+            "conts": one_spelling({"conts": conts, "cont_names": cont_names}),
+            "labels": one_spelling({"labels": labels, "label_names": label_names}),
+            "cat_dtype": cat_dtype,
+            "cont_dtype": cont_dtype,
+            "label_dtype": label_dtype,
             "batch_size": batch_size,
             "shuffle": shuffle,
             "shuffle_within_batch": shuffle_within_batch,
@@ -712,6 +729,7 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> None:
+        reject_unknown(kwargs, keywords_of(torch.utils.data.DataLoader.__init__), "DLDataLoader")
         if isinstance(dataset, TorchAsyncItr):
             if batch_size is not None:
                 raise InvalidArgumentError(

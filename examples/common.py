@@ -1,0 +1,214 @@
+"""What the training examples share: their flags, where their data comes from, threads, progress.
+
+Every training script takes the same flags for the same things:
+
+- ``--data DIR``: the data to train on. A missing or empty directory is an error that
+  names it; nothing is generated behind your back.
+- ``--synthetic``: train on generated data instead (written to ``--data``, by default a
+  ``synthetic`` folder next to the real data, on the first run and reused after).
+- ``--rows``: how many training rows ``--synthetic`` generates.
+- ``--epochs``, ``--batch-size``, ``--lr``, ``--embedding-dim``, ``--seed``.
+- ``--threads`` (PyTorch scripts): PyTorch's intra-op threads; see :func:`torch_threads`.
+
+Each epoch shows a progress bar with rows/s on a terminal, and a plain line every ten
+seconds elsewhere (logs, CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tabloader.cli import LOADER_THREADS, Progress, usable_cores
+from tabloader.synthetic import write_criteo_like
+
+EXAMPLES = Path(__file__).resolve().parent
+
+
+def parser(
+    doc: str,
+    *,
+    data: Path,
+    synthetic: Path,
+    rows: int,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    embedding_dim: int,
+    torch: bool,
+) -> argparse.ArgumentParser:
+    """The flags every training script takes, with this script's defaults."""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        epilog=f"Without --data, the data is read from {_shown(data)}; with --synthetic "
+        f"it is generated into {_shown(synthetic)} (once, then reused).",
+    )
+    parser.add_argument("--data", type=Path, help=f"the data directory (default {_shown(data)})")
+    parser.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="train on generated data, written to --data when it holds none",
+    )
+    parser.add_argument("--rows", type=int, default=rows, help="rows --synthetic generates")
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="rows per batch")
+    parser.add_argument("--lr", type=float, default=lr, help="learning rate")
+    parser.add_argument("--embedding-dim", type=int, default=embedding_dim)
+    parser.add_argument("--seed", type=int, default=0)
+    if torch:
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="PyTorch intra-op threads (default: the cores the loader leaves free)",
+        )
+    parser.set_defaults(default_data=data, default_synthetic=synthetic)
+    return parser
+
+
+def data_directory(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    *,
+    needs: Sequence[str],
+    generate: Callable[[Path], Any],
+    how_to_get: str,
+    announce: bool = True,
+) -> Path:
+    """The directory to train on, checked to hold ``needs`` (files, or folders of parquet).
+
+    With ``--synthetic``, ``generate(directory)`` writes generated data first when
+    ``needs`` are missing. Without it, anything missing is an error naming the path.
+    """
+    directory: Path = args.data or (args.default_synthetic if args.synthetic else args.default_data)
+    missing = [name for name in needs if not _present(directory / name)]
+    if missing and args.synthetic:
+        print(f"writing {args.rows:,} rows of generated data to {_shown(directory)}", flush=True)
+        generate(directory)
+        missing = [name for name in needs if not _present(directory / name)]
+    if missing:
+        where = directory / missing[0]
+        what = "holds no parquet files" if where.is_dir() else "does not exist"
+        parser.error(
+            f"{_shown(where)} {what}. Pass --data DIR with {' and '.join(needs)} "
+            f"({how_to_get}), or --synthetic to train on generated data"
+        )
+    if announce:
+        kind = "generated" if args.synthetic else "your"
+        print(f"training on {kind} data in {_shown(directory)}", flush=True)
+    return directory
+
+
+def parquet_files(directory: Path) -> list[str]:
+    """The parquet files in ``directory``, sorted."""
+    return sorted(str(p) for p in directory.glob("*.parquet"))
+
+
+def write_synthetic_criteo(data: Path, rows: int) -> None:
+    """``rows`` Criteo-like rows in ``data/train/``, a tenth as many in ``data/valid/``."""
+    write_criteo_like(data / "train", rows=rows, files=4, row_group_size=max(rows // 8, 1), seed=0)
+    valid_rows = max(rows // 10, 1)
+    write_criteo_like(data / "valid", rows=valid_rows, files=1, row_group_size=valid_rows, seed=1)
+
+
+def write_synthetic_movielens(data: Path, rows: int, *, seed: int = 0) -> dict[str, Any]:
+    """Generated ratings in the layout of ``movielens/prepare.py``: ``train.parquet``
+    (``rows`` rows), ``valid.parquet`` (a fifth as many) and ``meta.json``.
+
+    Every user and movie has a hidden bias and a user likes a movie when the two add up
+    high, so the embeddings have something to learn; three genre columns follow the
+    movie id. Not MovieLens data.
+    """
+    rng = np.random.default_rng(seed)
+    users, movies = max(rows // 100, 10), max(rows // 200, 10)
+    user_bias, movie_bias = rng.normal(size=users), rng.normal(size=movies)
+    genres = ["genre_comedy", "genre_drama", "genre_thriller"]
+    counts = {"train": rows, "valid": max(rows // 5, 1)}
+    data.mkdir(parents=True, exist_ok=True)
+    for split, n in counts.items():
+        user = rng.integers(0, users, n)
+        movie = rng.integers(0, movies, n)
+        liked = user_bias[user] + movie_bias[movie] + 0.5 * rng.normal(size=n) > 0
+        columns = {
+            "userId": user.astype(np.int64),
+            "movieId": movie.astype(np.int64),
+            "label": liked.astype(np.float32),
+        }
+        for k, genre in enumerate(genres):
+            columns[genre] = (movie % (k + 2) == 0).astype(np.float32)
+        pq.write_table(pa.table(columns), data / f"{split}.parquet", row_group_size=131_072)
+    meta = {
+        "source": "synthetic",
+        "rows": counts,
+        "cardinalities": {"userId": users, "movieId": movies},
+        "genres": genres,
+        "label": "generated",
+    }
+    (data / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _present(path: Path) -> bool:
+    if path.is_dir():
+        return any(path.glob("*.parquet"))
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def torch_threads(requested: int | None, *, ranks_per_machine: int = 1) -> int:
+    """Set PyTorch's intra-op threads and return them.
+
+    PyTorch starts one intra-op thread per core, and tabloader runs two background
+    threads per loader (plus pyarrow's decoding): on a small machine they fight over the
+    cores, and an epoch can take ten times longer (docs/performance.md, "Threads"). The
+    rule: leave the loader its threads, ``cores // ranks per machine - 2``, at least 1.
+    ``--threads`` or ``OMP_NUM_THREADS`` override it.
+    """
+    import torch
+
+    if requested is None:
+        if os.environ.get("OMP_NUM_THREADS"):
+            return torch.get_num_threads()
+        requested = max(1, usable_cores() // max(ranks_per_machine, 1) - LOADER_THREADS)
+    torch.set_num_threads(max(1, requested))
+    return torch.get_num_threads()
+
+
+def epoch_progress(rows: int, epoch: int) -> Progress:
+    """A progress bar (or plain lines off a terminal) for one epoch of ``rows`` rows."""
+    return Progress(rows, desc=f"epoch {epoch}", stream=sys.stdout)
+
+
+def keras_progress(rows: int, batch_size: int) -> Any:
+    """A Keras callback showing :func:`epoch_progress` for every training epoch."""
+    import keras
+
+    class EpochProgress(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.bar = epoch_progress(rows, epoch + 1)
+            self.done = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step = min(batch_size, rows - self.done)
+            self.done += step
+            self.bar.update(step)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.bar.close()
+
+    return EpochProgress()
