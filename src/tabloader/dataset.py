@@ -10,10 +10,12 @@ columns it needs.
 from __future__ import annotations
 
 import glob as globlib
+import io
 import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +28,15 @@ from tabloader.errors import (
     ReadError,
     SchemaMismatchError,
     SourceNotFoundError,
+)
+from tabloader.options import int_at_least, is_number
+from tabloader.sources.remote import (
+    RangeFile,
+    RemoteStore,
+    access_denied_error,
+    column_chunk_ranges,
+    footer_metadata,
+    merge_ranges,
 )
 
 if TYPE_CHECKING:
@@ -59,8 +70,21 @@ class Dataset:
             - a Dask DataFrame (dask or dask-cudf), one partition per Dask partition.
               Row counts are computed once at construction.
         engine: Only ``"parquet"``; accepted for NVTabular compatibility.
-        storage_options: Passed to fsspec for URLs (credentials, endpoints).
+        storage_options: Passed to the fsspec filesystem for URLs (credentials,
+            endpoints); see docs/remote.md for S3, GCS and Azure.
         rows_per_partition: Partition size for in-memory tables.
+
+    Object storage (URLs only; see docs/remote.md):
+        max_concurrent_reads: Requests in flight at most, default 16. Row groups are
+            fetched this many ahead of the one being decoded, which hides the first-byte
+            latency of object stores; raise it for high-latency links, lower it to hold
+            fewer fetched row groups in memory. For s3:// it also raises s3fs's
+            connection pool (``config_kwargs={"max_pool_connections": ...}``) unless
+            ``storage_options`` sets it.
+        retry_seconds: How long a failing request is retried (exponential backoff with
+            jitter) before the epoch fails with a :class:`~tabloader.ReadError`, default
+            60. Missing objects and denied access are not retried.
+        request_timeout: Seconds one attempt of a request may take, default 30.
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -76,6 +100,9 @@ class Dataset:
         engine: Literal["parquet"] = "parquet",
         storage_options: dict[str, Any] | None = None,
         rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+        max_concurrent_reads: int = 16,
+        retry_seconds: float = 60.0,
+        request_timeout: float = 30.0,
     ) -> None:
         if engine != "parquet":
             raise InvalidArgumentError(
@@ -84,6 +111,15 @@ class Dataset:
         if not isinstance(rows_per_partition, (int, np.integer)) or rows_per_partition < 1:
             raise InvalidArgumentError(
                 f"rows_per_partition must be a positive integer, got {rows_per_partition!r}"
+            )
+        max_concurrent_reads = int_at_least(max_concurrent_reads, 1, "max_concurrent_reads")
+        if not is_number(retry_seconds) or not 0 <= retry_seconds < float("inf"):
+            raise InvalidArgumentError(
+                f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}"
+            )
+        if not is_number(request_timeout) or not 0 < request_timeout < float("inf"):
+            raise InvalidArgumentError(
+                f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
             )
         self._source: _Source
         if isinstance(source, pa.Table):
@@ -95,7 +131,33 @@ class Dataset:
         elif _is_dask_frame(source):
             self._source = _DaskSource(source)
         else:
-            self._source = _ParquetSource(_as_path_list(source), storage_options or {})
+            specs = _as_path_list(source)
+            remote = None
+            urls = [s for s in specs if _is_url(s)]
+            if urls:
+                if len(urls) != len(specs):
+                    raise InvalidArgumentError(
+                        "mixing local paths and URLs in one dataset is not supported; "
+                        "use file:// URLs for the local ones"
+                    )
+                protocols = {_protocol(u) for u in urls}
+                if len(protocols) > 1:
+                    raise InvalidArgumentError(
+                        f"all URLs of one dataset must use the same protocol, got "
+                        f"{sorted(protocols)}"
+                    )
+                if storage_options is not None and not isinstance(storage_options, dict):
+                    raise InvalidArgumentError(
+                        f"storage_options must be a dict, got {type(storage_options).__name__}"
+                    )
+                remote = RemoteStore(
+                    urls[0],
+                    storage_options or {},
+                    max_concurrent_reads=max_concurrent_reads,
+                    retry_seconds=float(retry_seconds),
+                    request_timeout=float(request_timeout),
+                )
+            self._source = _ParquetSource(specs, remote)
 
     @property
     def num_rows(self) -> int:
@@ -154,9 +216,58 @@ class Dataset:
         several row groups of a file in one call was measured slower: the decoded
         memory is larger and fresher.)
         """
-        for partition, first, last in pieces:
-            table = self.read_partition(partition, columns)
+        source = self._source
+        if not (isinstance(source, _ParquetSource) and source.remote is not None):
+            for partition, first, last in pieces:
+                table = self.read_partition(partition, columns)
+                yield table.slice(first, last - first)
+            return
+        # Object storage: the byte ranges of the next pieces are fetched in a bounded
+        # pool while this thread decodes, so latency overlaps decoding.
+        names = list(columns)
+
+        def fetch(piece: tuple[int, int, int], stop: threading.Event) -> RangeFile:
+            return source.fetch_partition(piece[0], names, stop=stop)
+
+        for (partition, first, last), handle in source.remote.prefetch(pieces, fetch):
+            table = self._decode(partition, handle, names)
             yield table.slice(first, last - first)
+
+    def _decode(self, partition: int, handle: RangeFile, columns: list[str]) -> pa.Table:
+        source = self._source
+        assert isinstance(source, _ParquetSource)
+        try:
+            return source.decode(partition, handle, columns)
+        except Exception as err:
+            raise read_error(self.describe_partition(partition), err) from err
+
+    def open_row_groups(
+        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
+    ) -> io.IOBase:
+        """A binary file-like object from which a parquet reader reads these row groups.
+
+        For object storage, only the footer and the byte ranges of ``columns`` in
+        ``row_groups`` are fetched (neighbouring ranges coalesced, failed requests
+        retried); other bytes read as zeros, so give the reader the same row groups and
+        columns. For local files it is the open file. Close it when done.
+
+        Examples:
+            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
+            >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
+            >>> pq.write_table(pa.table({"a": range(6), "b": range(6)}), path, row_group_size=3)
+            >>> ds = tabloader.Dataset(path)
+            >>> with ds.open_row_groups(0, [1], ["b"]) as f:
+            ...     pq.ParquetFile(f).read_row_groups([1], columns=["b"])["b"].to_pylist()
+            [3, 4, 5]
+        """
+        source = self._source
+        if not isinstance(source, _ParquetSource):
+            raise InvalidArgumentError(
+                f"open_row_groups reads parquet files; this dataset is a {type(source).__name__}"
+            )
+        if source.remote is None:
+            return open(source.files[file_index], "rb")
+        return source.fetch_row_groups(file_index, list(row_groups), list(columns))
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
         """Arrow type of each column, checked to be present and identical in every file.
@@ -261,17 +372,12 @@ class _Source:
 
 
 class _ParquetSource(_Source):
-    def __init__(self, specs: list[str], storage_options: dict[str, Any]) -> None:
-        remote = [s for s in specs if _is_url(s)]
-        if remote and len(remote) != len(specs):
-            raise InvalidArgumentError(
-                "mixing local paths and URLs in one dataset is not supported; "
-                "use file:// URLs for the local ones"
-            )
-        self.filesystem: Any = None
-        if remote:
-            self.filesystem = _fsspec_filesystem(remote, storage_options)
-            self.protocol = _protocol(remote[0])
+    def __init__(self, specs: list[str], remote: RemoteStore | None) -> None:
+        self.remote = remote
+        if remote is not None:
+            self.protocol = remote.protocol
+        self._sizes: list[int] = []
+        self._footers: list[bytes] | None = None  # remote only: pickled instead of re-read
         files: list[str] = []
         for spec in specs:
             files.extend(self._expand(spec))
@@ -302,14 +408,18 @@ class _ParquetSource(_Source):
         self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
         self.rows = np.asarray(rows, dtype=np.int64)
 
+    @property
+    def filesystem(self) -> Any:
+        """This process's fsspec filesystem (None for local files)."""
+        return None if self.remote is None else self.remote.filesystem
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_metadata"] = None  # footers are re-read on demand in the receiving process
+        state["_metadata"] = None  # footers are re-parsed (or re-read) on demand
         return state
 
     def _expand(self, spec: str) -> list[str]:
-        fs = self.filesystem
-        if fs is None:
+        if self.remote is None:
             path = os.path.expanduser(spec)
             if globlib.has_magic(path):
                 found = sorted(
@@ -325,18 +435,38 @@ class _ParquetSource(_Source):
             if os.path.isfile(path):
                 return [path]
             raise SourceNotFoundError(f"{spec!r} does not exist")
+        remote = self.remote
+        fs = remote.filesystem
         path = fs._strip_protocol(spec)
+
+        def call(name: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return remote.call(name, *args, what=f"the listing of {spec}", **kwargs)
+            except PermissionError as err:
+                raise access_denied_error(spec, err) from err
+            except FileNotFoundError:
+                return None
+
         if globlib.has_magic(path):
-            found = sorted(p for p in fs.glob(path) if fs.isfile(p) and not _hidden(p))
+            listing = call("glob", path, detail=True) or {}
+            found = sorted(
+                p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
+            )
             if not found:
-                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+                raise SourceNotFoundError(
+                    f"the glob {spec!r} matched no files; check the bucket name, the path "
+                    "and the endpoint"
+                )
             return found
-        if fs.isdir(path):
-            listing = sorted(fs.find(path))
+        info = call("info", path)
+        if info is not None and info.get("type") == "directory":
+            listing = sorted(call("find", path) or [])
             return self._from_directory(spec, listing, root=path)
-        if fs.isfile(path):
+        if info is not None:
             return [path]
-        raise SourceNotFoundError(f"{spec!r} does not exist")
+        raise SourceNotFoundError(
+            f"{spec!r} does not exist; check the bucket name, the path and the endpoint"
+        )
 
     @staticmethod
     def _from_directory(spec: str, listing: list[str], root: str | None = None) -> list[str]:
@@ -356,24 +486,36 @@ class _ParquetSource(_Source):
         return sorted(found)
 
     def _display(self, path: str) -> str:
-        return path if self.filesystem is None else f"{self.protocol}://{path}"
+        return path if self.remote is None else self.remote.display(path)
 
-    def _read_footer(self, path: str) -> pq.FileMetaData:
+    def _read_footer(self, path: str) -> tuple[int, pq.FileMetaData, bytes | None]:
         shown = self._display(path)
         try:
-            size = os.path.getsize(path) if self.filesystem is None else self.filesystem.size(path)
+            size = os.path.getsize(path) if self.remote is None else self.remote.size(path)
         except OSError as err:
+            if isinstance(err, ReadError):
+                raise
             raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
         if size == 0:
             raise InvalidFileError(
                 f"{shown} is empty (0 bytes): remove it, or re-write it as parquet"
             )
+        footer = None
         try:
-            if self.filesystem is None:
-                return pq.read_metadata(path)
-            with self.filesystem.open(path, "rb") as handle:
-                return pq.read_metadata(handle)
-        except (pa.ArrowException, OSError, ValueError) as err:
+            if self.remote is None:
+                return size, pq.read_metadata(path), None
+            footer = self.remote.read_footer(path, size)
+            return size, footer_metadata(footer), footer
+        except (pa.ArrowException, ValueError) as err:
+            if isinstance(err, InvalidFileError):
+                raise
+            raise InvalidFileError(
+                f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
+                "being written, or in another format"
+            ) from err
+        except OSError as err:
+            if isinstance(err, ReadError):
+                raise
             raise InvalidFileError(
                 f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
                 "being written, or in another format"
@@ -381,13 +523,22 @@ class _ParquetSource(_Source):
 
     def _read_footers(self) -> list[pq.FileMetaData]:
         if len(self.files) == 1:
-            return [self._read_footer(self.files[0])]
-        with ThreadPoolExecutor(min(_FOOTER_THREADS, len(self.files))) as pool:
-            return list(pool.map(self._read_footer, self.files))
+            found = [self._read_footer(self.files[0])]
+        else:
+            threads = _FOOTER_THREADS if self.remote is None else self.remote.max_concurrent_reads
+            with ThreadPoolExecutor(min(threads, len(self.files))) as pool:
+                found = list(pool.map(self._read_footer, self.files))
+        self._sizes = [size for size, _, _ in found]
+        if self.remote is not None:
+            self._footers = [footer for _, _, footer in found if footer is not None]
+        return [md for _, md, _ in found]
 
     def metadata(self, file_index: int) -> pq.FileMetaData:
         if self._metadata is None:
-            self._metadata = self._read_footers()
+            if self._footers is not None:
+                self._metadata = [footer_metadata(f) for f in self._footers]
+            else:
+                self._metadata = self._read_footers()
         return self._metadata[file_index]
 
     def describe(self, index: int) -> str:
@@ -400,11 +551,46 @@ class _ParquetSource(_Source):
     def open(self, file_index: int) -> pq.ParquetFile:
         path = self.files[file_index]
         md = self.metadata(file_index)
-        if self.filesystem is None:
+        if self.remote is None:
             return pq.ParquetFile(path, metadata=md)
-        return pq.ParquetFile(self.filesystem.open(path, "rb"), metadata=md)
+        return pq.ParquetFile(self.remote.filesystem.open(path, "rb"), metadata=md)
+
+    def fetch_row_groups(
+        self,
+        file_index: int,
+        row_groups: list[int],
+        columns: list[str],
+        *,
+        stop: threading.Event | None = None,
+    ) -> RangeFile:
+        """The footer and the column chunks of ``row_groups`` of one remote file."""
+        assert self.remote is not None
+        size = self._sizes[file_index]
+        md = self.metadata(file_index)
+        footer_start = size - md.serialized_size - 8
+        ranges = column_chunk_ranges(md, row_groups, columns)
+        ranges.append((footer_start, size))
+        return self.remote.open_ranges(
+            self.files[file_index], size, merge_ranges(ranges), stop=stop
+        )
+
+    def fetch_partition(
+        self, index: int, columns: list[str], *, stop: threading.Event | None = None
+    ) -> RangeFile:
+        f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        size = self._sizes[f]
+        ranges = merge_ranges(column_chunk_ranges(self.metadata(f), [g], columns))
+        assert self.remote is not None
+        return self.remote.open_ranges(self.files[f], size, ranges, stop=stop)
+
+    def decode(self, index: int, handle: RangeFile, columns: list[str]) -> pa.Table:
+        f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        with pq.ParquetFile(cast(IO[bytes], handle), metadata=self.metadata(f)) as parquet:
+            return parquet.read_row_group(g, columns=columns)
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
+        if self.remote is not None:
+            return self.decode(index, self.fetch_partition(index, columns), columns)
         with self.open(int(self.part_file[index])) as handle:
             return handle.read_row_group(int(self.part_row_group[index]), columns=columns)
 
@@ -446,28 +632,6 @@ def _is_url(spec: str) -> bool:
 
 def _protocol(url: str) -> str:
     return url.split("://", 1)[0]
-
-
-def _fsspec_filesystem(urls: list[str], storage_options: dict[str, Any]) -> Any:
-    try:
-        import fsspec
-    except ImportError:
-        raise ImportError(
-            "reading URLs needs fsspec: pip install fsspec (and s3fs, gcsfs, ... for the protocol)"
-        ) from None
-    protocols = {_protocol(u) for u in urls}
-    if len(protocols) > 1:
-        raise InvalidArgumentError(
-            f"all URLs of one dataset must use the same protocol, got {sorted(protocols)}"
-        )
-    try:
-        fs, _ = fsspec.core.url_to_fs(urls[0], **storage_options)
-    except (ImportError, ValueError) as err:
-        raise InvalidArgumentError(
-            f"cannot open {urls[0]!r}: {err}. Install the fsspec implementation for "
-            f"{_protocol(urls[0])}:// (for example s3fs or gcsfs)"
-        ) from err
-    return fs
 
 
 class _TableSource(_Source):
