@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import glob as globlib
 import io
+import multiprocessing
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
@@ -28,6 +32,7 @@ from tabloader.errors import (
     ReadError,
     SchemaMismatchError,
     SourceNotFoundError,
+    TabloaderError,
 )
 from tabloader.options import int_at_least, is_number
 from tabloader.sources.remote import (
@@ -298,6 +303,28 @@ class Dataset:
                     )
         return types
 
+    def check_worker_processes(self, start_method: Any = None) -> None:
+        """Refuse worker processes that cannot read this dataset (before they start).
+
+        ``start_method`` is a multiprocessing start method or context, None for the
+        default. A Dask DataFrame with a dask.distributed Client cannot be computed in
+        forked processes; every other source can.
+
+        Raises:
+            InvalidArgumentError: with what to use instead.
+        """
+        if not isinstance(self._source, _DaskSource) or _distributed_client() is None:
+            return
+        if start_method is not None and not isinstance(start_method, str):
+            start_method = start_method.get_start_method()
+        if start_method is None:
+            start_method = (
+                multiprocessing.get_start_method(allow_none=True)
+                or multiprocessing.get_all_start_methods()[0]
+            )
+        if start_method == "fork":
+            raise InvalidArgumentError(forked_dask_message(start_method))
+
     def null_partitions(self, column: str) -> NDArray[np.int8]:
         """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
         return self._source.null_flags(column)
@@ -308,6 +335,37 @@ class Dataset:
             f"Dataset({kind}, files={len(self._source.files)}, "
             f"partitions={self.num_partitions}, rows={self.num_rows})"
         )
+
+
+def forked_dask_message(start_method: str = "fork") -> str:
+    return (
+        "a Dask DataFrame on a dask.distributed cluster cannot be read in worker processes "
+        f"started with {start_method!r}: the forked copy of the Client has no connection to "
+        "the scheduler and would wait forever. Use DataLoader(..., "
+        "multiprocessing_context='spawn'), or num_workers=0 (tabloader reads in a background "
+        "thread already, and the Dask workers do the computing)"
+    )
+
+
+def _distributed_client() -> Any:
+    """The default dask.distributed Client, without importing distributed or doing I/O."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed import default_client
+
+        return default_client()  # type: ignore[no-untyped-call]
+    except (ImportError, ValueError):
+        return None
+
+
+@contextmanager
+def _quiet_dask() -> Iterator[None]:
+    """Silence what a user of tabloader cannot act on: tabloader builds these graphs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]ending large graph.*")
+        warnings.filterwarnings("ignore", message=".*large graph.*")
+        yield
 
 
 def read_error(where: str, error: BaseException) -> ReadError:
@@ -667,7 +725,9 @@ class _TableSource(_Source):
 class _DaskSource(_Source):
     def __init__(self, frame: Any) -> None:
         self.frame = frame
-        counts = frame.map_partitions(len).compute()
+        self._pid = os.getpid()  # a copy in another process without unpickling was forked
+        with _quiet_dask():
+            counts = frame.map_partitions(len).compute()
         rows = np.asarray(counts, dtype=np.int64)
         self.part_index = np.flatnonzero(rows > 0).astype(np.int32)
         self.rows = rows[self.part_index]
@@ -683,8 +743,17 @@ class _DaskSource(_Source):
     def schema_owner(self, schema_index: int) -> str:
         return "the Dask DataFrame"
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
     def compute_partition(self, index: int, columns: list[str]) -> Any:
-        return self.frame[columns].get_partition(int(self.part_index[index])).compute()
+        if os.getpid() != self._pid and _distributed_client() is not None:
+            # The client's connection lives in a thread of the parent process, which a
+            # forked child does not have: compute() would wait forever.
+            raise TabloaderError(forked_dask_message())
+        with _quiet_dask():
+            return self.frame[columns].get_partition(int(self.part_index[index])).compute()
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
         frame = self.compute_partition(index, columns)

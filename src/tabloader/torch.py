@@ -548,6 +548,10 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
                     "seed_fn cannot be used with persistent_workers=True: it would be called "
                     "inside each worker process. Pass seed= instead, or persistent_workers=False"
                 )
+            if workers:
+                dataset._loader.dataset.check_worker_processes(
+                    kwargs.get("multiprocessing_context")
+                )
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._worker_epoch: int | None = None
 
