@@ -9,6 +9,8 @@ path, where they happen to users, instead of inside the code under test.
 - :meth:`outage`: refuse new connections (reset at once) and drop the open ones, until
   :meth:`restore`.
 - :meth:`drop_connections`: reset every open connection once.
+- :meth:`throttle`: answer the next requests with ``503 SlowDown`` (S3's throttling
+  reply) instead of forwarding them.
 - ``bytes_down`` / ``bytes_up``: bytes forwarded server -> client and client -> server;
   ``requests``: requests forwarded.
 """
@@ -24,6 +26,15 @@ import time
 __all__ = ["NetProxy"]
 
 _BUFFER = 1 << 16
+_SLOW_DOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+_SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+    + f"Content-Length: {len(_SLOW_DOWN_BODY)}\r\n\r\n".encode()
+    + _SLOW_DOWN_BODY
+)
 
 
 def _reset(sock: socket.socket) -> None:
@@ -57,6 +68,8 @@ class NetProxy:
         self.bytes_down = 0
         self.bytes_up = 0
         self.requests = 0
+        self.throttled = 0
+        self._throttle = 0
         self._lock = threading.Lock()
         self._down = threading.Event()
         self._closed = threading.Event()
@@ -79,6 +92,11 @@ class NetProxy:
         """Refuse new connections and drop the open ones until :meth:`restore`."""
         self._down.set()
         self.drop_connections()
+
+    def throttle(self, requests: int) -> None:
+        """Answer the next ``requests`` requests with 503 SlowDown."""
+        with self._lock:
+            self._throttle = requests
 
     def restore(self) -> None:
         self._down.clear()
@@ -140,8 +158,16 @@ class NetProxy:
                     state["answered"] = False
                     with self._lock:
                         self.requests += 1
+                        slow_down = self._throttle > 0
+                        if slow_down:
+                            self._throttle -= 1
+                            self.throttled += 1
                     if self.latency:
                         time.sleep(self.latency)
+                    if slow_down:  # a GET's request fits one read: answer it here
+                        src.sendall(_SLOW_DOWN)
+                        state["answered"] = True
+                        continue
                 if self._down.is_set():
                     break
                 dst.sendall(data)

@@ -278,6 +278,29 @@ def test_an_outage_shorter_than_the_retry_budget_is_survived(proxy, bucket):
     np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(TOTAL))
 
 
+def test_dropped_connections_and_throttling_are_retried(proxy, bucket):
+    ds = tabloader.Dataset(
+        f"s3://{bucket}/data/", storage_options=options(proxy), retry_seconds=30, request_timeout=5
+    )
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=500, shuffle=True, seed=5)
+    stop = threading.Event()
+
+    def cut_connections() -> None:
+        while not stop.wait(0.05):
+            proxy.drop_connections()
+
+    cutter = threading.Thread(target=cut_connections)
+    cutter.start()
+    try:
+        proxy.throttle(20)
+        ids = np.concatenate([b["id"] for b in loader])
+    finally:
+        stop.set()
+        cutter.join()
+    assert proxy.throttled == 20
+    np.testing.assert_array_equal(np.sort(ids), np.arange(TOTAL))
+
+
 def test_a_lasting_outage_fails_within_the_budget_naming_object_and_range(proxy, bucket):
     ds = tabloader.Dataset(
         f"s3://{bucket}/data/",
