@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
@@ -34,7 +34,7 @@ from tabloader.errors import (
     SourceNotFoundError,
     TabloaderError,
 )
-from tabloader.options import int_at_least, is_number
+from tabloader.options import flag, int_at_least, is_number
 from tabloader.sources.remote import (
     RangeFile,
     RemoteStore,
@@ -79,6 +79,19 @@ class Dataset:
             endpoints); see docs/remote.md for S3, GCS and Azure.
         rows_per_partition: Partition size for in-memory tables.
 
+    A directory that changes (see docs/data-layout.md, "A dataset that grows"):
+        refresh: List the directories and globs again at the start of every epoch
+            (when a loader's ``iter()`` starts it): new complete files join, deleted
+            ones leave. Files whose footer cannot be read yet (still being written) are
+            skipped with one warning and tried again next epoch. Under an initialised
+            ``torch.distributed`` process group, rank 0 lists and every rank uses its
+            list. Default False: the files are listed once, here.
+        on_missing: ``"raise"`` (default): a file deleted or truncated during an epoch
+            fails the epoch with an error naming it. ``"skip"``: its remaining rows are
+            skipped, replaced by repeats of rows read just before them so every rank
+            still gets the same number of batches, counted in :attr:`rows_skipped` and
+            warned about once per file.
+
     Object storage (URLs only; see docs/remote.md):
         max_concurrent_reads: Requests in flight at most, default 16. Row groups are
             fetched this many ahead of the one being decoded, which hides the first-byte
@@ -108,6 +121,8 @@ class Dataset:
         max_concurrent_reads: int = 16,
         retry_seconds: float = 60.0,
         request_timeout: float = 30.0,
+        refresh: bool = False,
+        on_missing: Literal["raise", "skip"] = "raise",
     ) -> None:
         if engine != "parquet":
             raise InvalidArgumentError(
@@ -126,6 +141,13 @@ class Dataset:
             raise InvalidArgumentError(
                 f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
             )
+        self.refreshes = flag(refresh, "refresh")
+        if on_missing not in ("raise", "skip"):
+            raise InvalidArgumentError(f"on_missing must be 'raise' or 'skip', got {on_missing!r}")
+        self.on_missing = on_missing
+        self._rows_skipped = 0
+        self._missing_warned: set[str] = set()
+        self._listed_epoch: int | None = None
         self._source: _Source
         if isinstance(source, pa.Table):
             self._source = _TableSource(source, int(rows_per_partition))
@@ -162,7 +184,14 @@ class Dataset:
                     retry_seconds=float(retry_seconds),
                     request_timeout=float(request_timeout),
                 )
-            self._source = _ParquetSource(specs, remote)
+            self._source = _ParquetSource(specs, remote, skip_unreadable=self.refreshes)
+        if (self.refreshes or on_missing == "skip") and not isinstance(
+            self._source, _ParquetSource
+        ):
+            raise InvalidArgumentError(
+                "refresh=True and on_missing='skip' apply to parquet files (paths, "
+                f"directories, globs, URLs), not to a {type(self._source).__name__.strip('_')}"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -194,6 +223,26 @@ class Dataset:
         """The parquet files, in load order (empty for in-memory sources)."""
         return list(self._source.files)
 
+    def refresh(self, *, epoch: int | None = None) -> bool:
+        """List the files again (``refresh=True`` datasets); returns whether they changed.
+
+        A loader calls this when an epoch starts, with its number, so the listing is
+        done once per epoch; call it yourself (with the same ``epoch``, on every rank)
+        to know ``len(loader)`` of the next epoch before it starts. Under an initialised
+        ``torch.distributed`` group this is a collective: rank 0 lists, every rank
+        builds its partitions from rank 0's list.
+        """
+        source = self._source
+        if not self.refreshes or not isinstance(source, _ParquetSource):
+            return False
+        if epoch is not None and epoch == self._listed_epoch:
+            return False
+        self._listed_epoch = epoch
+        before = (list(source.files), source.rows.copy())
+        files = _same_on_every_rank(source.list_files)
+        source.build(files)
+        return before[0] != source.files or not np.array_equal(before[1], source.rows)
+
     def describe_partition(self, index: int) -> str:
         """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
         return self._source.describe(index)
@@ -219,24 +268,111 @@ class Dataset:
         Each piece is read when the previous one has been taken, so a consumer that
         processes and drops each table holds one decoded row group at a time. (Reading
         several row groups of a file in one call was measured slower: the decoded
-        memory is larger and fresher.)
+        memory is larger and fresher.) From object storage, the next
+        ``max_concurrent_reads`` pieces are fetched meanwhile.
+
+        With ``on_missing="skip"``, a piece whose file was deleted, truncated or
+        rewritten since the listing is replaced by as many rows repeated from the
+        pieces read before it (or after it, for the first), so the epoch keeps its
+        planned number of batches; :attr:`rows_skipped` counts them.
         """
+        results = self._read_pieces(pieces, list(columns))
+        if self.on_missing == "raise":
+            for _, result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                yield result
+            return
+        source = self._source
+        assert isinstance(source, _ParquetSource)
+        gone: set[int] = set()
+        waiting: list[int] = []  # rows of missing pieces before the first good one
+        last: pa.Table | None = None
+        for (partition, first, stop), result in results:
+            f = int(source.part_file[partition])
+            if isinstance(result, BaseException):
+                if f not in gone and not source.changed(f):
+                    raise result
+                if f not in gone:
+                    gone.add(f)
+                    self._warn_missing(source.files[f], result)
+                self._rows_skipped += stop - first
+                if last is None:
+                    waiting.append(stop - first)
+                    continue
+                yield _repeat_rows(last, stop - first)
+                continue
+            last = result
+            for rows in waiting:
+                yield _repeat_rows(last, rows)
+            waiting.clear()
+            yield result
+        if waiting:
+            raise ReadError(
+                f"every file left to read this epoch disappeared ({len(gone)} file(s), first "
+                f"{source._display(source.files[min(gone)])}): nothing to fill their rows with"
+            )
+
+    def _warn_missing(self, path: str, error: BaseException) -> None:
+        if path in self._missing_warned:
+            return
+        self._missing_warned.add(path)
+        warnings.warn(
+            f"{self._source_display(path)} was deleted or changed during the epoch "
+            f"({type(error).__name__}); its remaining rows are skipped this epoch and "
+            "replaced by repeated rows so every rank keeps the same number of batches "
+            "(loader.stats().rows_skipped counts them)",
+            stacklevel=2,
+        )
+
+    def _source_display(self, path: str) -> str:
+        source = self._source
+        return source._display(path) if isinstance(source, _ParquetSource) else path
+
+    @property
+    def rows_skipped(self) -> int:
+        """Rows skipped (and replaced) because their file went away (``on_missing="skip"``)."""
+        return self._rows_skipped
+
+    def _read_pieces(
+        self, pieces: Sequence[tuple[int, int, int]], columns: list[str]
+    ) -> Iterator[tuple[tuple[int, int, int], pa.Table | BaseException]]:
+        """Each piece with its table, or the error reading it raised."""
         source = self._source
         if not (isinstance(source, _ParquetSource) and source.remote is not None):
-            for partition, first, last in pieces:
-                table = self.read_partition(partition, columns)
-                yield table.slice(first, last - first)
+            for piece in pieces:
+                partition, first, last = piece
+                try:
+                    table = self.read_partition(partition, columns)
+                except ReadError as err:
+                    yield piece, err
+                    continue
+                yield piece, table.slice(first, last - first)
             return
         # Object storage: the byte ranges of the next pieces are fetched in a bounded
         # pool while this thread decodes, so latency overlaps decoding.
-        names = list(columns)
 
-        def fetch(piece: tuple[int, int, int], stop: threading.Event) -> RangeFile:
-            return source.fetch_partition(piece[0], names, stop=stop)
+        def fetch(piece: tuple[int, int, int], stop: threading.Event) -> Any:
+            try:
+                return source.fetch_partition(piece[0], columns, stop=stop)
+            except ReadError as err:
+                return err
+            except Exception as err:
+                failure = read_error(self.describe_partition(piece[0]), err)
+                failure.__cause__ = err
+                return failure
 
-        for (partition, first, last), handle in source.remote.prefetch(pieces, fetch):
-            table = self._decode(partition, handle, names)
-            yield table.slice(first, last - first)
+        for piece, handle in source.remote.prefetch(pieces, fetch):
+            partition, first, last = piece
+            if isinstance(handle, BaseException):
+                yield piece, handle
+                continue
+            try:
+                table = self._decode(partition, handle, columns)
+            except ReadError as err:
+                yield piece, err
+                continue
+            yield piece, table.slice(first, last - first)
 
     def _decode(self, partition: int, handle: RangeFile, columns: list[str]) -> pa.Table:
         source = self._source
@@ -337,6 +473,23 @@ class Dataset:
         )
 
 
+def _same_on_every_rank(list_files: Callable[[], list[str]]) -> list[str]:
+    """``list_files()`` of rank 0, broadcast when torch.distributed is initialised."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return list_files()
+    if dist.get_world_size() == 1:
+        return list_files()
+    box: list[Any] = [list_files() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    files: list[str] = box[0]
+    return files
+
+
+def _repeat_rows(table: pa.Table, rows: int) -> pa.Table:
+    return table.take(np.arange(rows) % table.num_rows)
+
+
 def forked_dask_message(start_method: str = "fork") -> str:
     return (
         "a Dask DataFrame on a dask.distributed cluster cannot be read in worker processes "
@@ -430,18 +583,80 @@ class _Source:
 
 
 class _ParquetSource(_Source):
-    def __init__(self, specs: list[str], remote: RemoteStore | None) -> None:
+    def __init__(
+        self, specs: list[str], remote: RemoteStore | None, *, skip_unreadable: bool = False
+    ) -> None:
+        self.specs = specs
         self.remote = remote
         if remote is not None:
             self.protocol = remote.protocol
+        self.skip_unreadable = skip_unreadable
+        self._warned: set[str] = set()
+        self.files: list[str] = []
         self._sizes: list[int] = []
+        self._stamps: list[Any] = []
         self._footers: list[bytes] | None = None  # remote only: pickled instead of re-read
+        self._metadata: list[pq.FileMetaData] | None = []
+        self.build(self.list_files())
+
+    def list_files(self) -> list[str]:
+        """The files the specs name now, in load order."""
+        if self.remote is not None:
+            self.remote.filesystem.invalidate_cache()
         files: list[str] = []
-        for spec in specs:
+        for spec in self.specs:
             files.extend(self._expand(spec))
-        self.files = list(dict.fromkeys(files))
-        metadata = self._read_footers()
-        self._metadata: list[pq.FileMetaData] | None = metadata
+        return list(dict.fromkeys(files))
+
+    def build(self, files: list[str]) -> None:
+        """Partitions of ``files``, reusing the footers of files that did not change.
+
+        With ``skip_unreadable``, a file whose footer cannot be read (still being
+        written, or deleted since the listing) is left out with one warning, and tried
+        again at the next build.
+        """
+        known = {}
+        if self._metadata:
+            for f, path in enumerate(self.files):
+                footer = self._footers[f] if self._footers is not None else None
+                known[path] = (self._stamps[f], self._sizes[f], self._metadata[f], footer)
+        stamps = self._file_stamps(files) if known else [None] * len(files)
+        fresh = [
+            (path, stamp)
+            for path, stamp in zip(files, stamps, strict=True)
+            if path not in known or stamp is None or known[path][0] != stamp
+        ]
+        read = dict(
+            zip([p for p, _ in fresh], self._read_footers([p for p, _ in fresh]), strict=True)
+        )
+        entries = []
+        for path, stamp in zip(files, stamps, strict=True):
+            if path in read:
+                result = read[path]
+                if isinstance(result, InvalidFileError):
+                    if path not in self._warned:
+                        self._warned.add(path)
+                        warnings.warn(
+                            f"skipping {self._display(path)} for now: {result}. It is tried "
+                            "again when the dataset is listed next (the next epoch)",
+                            stacklevel=4,
+                        )
+                    continue
+                self._warned.discard(path)
+                entries.append((path, *result))
+            else:
+                _, size, md, footer = known[path]
+                entries.append((path, stamp, size, md, footer))
+        if not entries:
+            raise SourceNotFoundError(
+                f"no readable parquet file in {', '.join(map(repr, self.specs))} yet"
+            )
+        self.files = [e[0] for e in entries]
+        self._stamps = [e[1] for e in entries]
+        self._sizes = [e[2] for e in entries]
+        metadata = [e[3] for e in entries]
+        self._metadata = metadata
+        self._footers = [e[4] for e in entries] if self.remote is not None else None
 
         schema_ids: dict[pa.Schema, int] = {}
         self.schemas = []
@@ -465,6 +680,30 @@ class _ParquetSource(_Source):
         self.part_file = np.asarray(file_idx, dtype=np.int32)
         self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
         self.rows = np.asarray(rows, dtype=np.int64)
+
+    def _file_stamps(self, files: list[str]) -> list[Any]:
+        """What tells a changed file from an unchanged one: (size, mtime), or None."""
+        stamps: list[Any] = []
+        for path in files:
+            try:
+                if self.remote is None:
+                    st = os.stat(path)
+                    stamps.append((st.st_size, st.st_mtime_ns))
+                else:
+                    stamps.append((self.remote.size(path),))
+            except (OSError, TabloaderError):
+                stamps.append(None)
+        return stamps
+
+    def changed(self, index: int) -> bool:
+        """Whether a file was deleted, truncated or rewritten since it was listed."""
+        path = self.files[index]
+        stamp = self._file_stamps([path])[0]
+        if stamp is None:
+            return True
+        if self.remote is None:
+            return bool(stamp != self._stamps[index])
+        return bool(stamp[0] != self._sizes[index])
 
     @property
     def filesystem(self) -> Any:
@@ -532,7 +771,7 @@ class _ParquetSource(_Source):
         found = []
         for p in listing:
             rel = p[len(base) :].lstrip("/") if p.startswith(base) else os.path.basename(p)
-            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+            if any(part.startswith(("_", ".")) for part in rel.split("/")) or _hidden(p):
                 continue
             if p.endswith(PARQUET_SUFFIXES):
                 found.append(p)
@@ -546,10 +785,16 @@ class _ParquetSource(_Source):
     def _display(self, path: str) -> str:
         return path if self.remote is None else self.remote.display(path)
 
-    def _read_footer(self, path: str) -> tuple[int, pq.FileMetaData, bytes | None]:
+    def _read_footer(self, path: str) -> tuple[Any, int, pq.FileMetaData, bytes | None]:
         shown = self._display(path)
+        stamp: tuple[int, ...]
         try:
-            size = os.path.getsize(path) if self.remote is None else self.remote.size(path)
+            if self.remote is None:
+                st = os.stat(path)
+                size, stamp = st.st_size, (st.st_size, st.st_mtime_ns)
+            else:
+                size = self.remote.size(path)
+                stamp = (size,)
         except OSError as err:
             if isinstance(err, ReadError):
                 raise
@@ -561,9 +806,9 @@ class _ParquetSource(_Source):
         footer = None
         try:
             if self.remote is None:
-                return size, pq.read_metadata(path), None
+                return stamp, size, pq.read_metadata(path), None
             footer = self.remote.read_footer(path, size)
-            return size, footer_metadata(footer), footer
+            return stamp, size, footer_metadata(footer), footer
         except (pa.ArrowException, ValueError) as err:
             if isinstance(err, InvalidFileError):
                 raise
@@ -579,24 +824,30 @@ class _ParquetSource(_Source):
                 "being written, or in another format"
             ) from err
 
-    def _read_footers(self) -> list[pq.FileMetaData]:
-        if len(self.files) == 1:
-            found = [self._read_footer(self.files[0])]
-        else:
-            threads = _FOOTER_THREADS if self.remote is None else self.remote.max_concurrent_reads
-            with ThreadPoolExecutor(min(threads, len(self.files))) as pool:
-                found = list(pool.map(self._read_footer, self.files))
-        self._sizes = [size for size, _, _ in found]
-        if self.remote is not None:
-            self._footers = [footer for _, _, footer in found if footer is not None]
-        return [md for _, md, _ in found]
+    def _read_footers(self, files: list[str]) -> list[Any]:
+        """Each file's (stamp, size, metadata, footer bytes), or, with
+        ``skip_unreadable``, the :class:`InvalidFileError` that reading it raised."""
+
+        def read(path: str) -> Any:
+            try:
+                return self._read_footer(path)
+            except (InvalidFileError, SourceNotFoundError) as err:
+                if not self.skip_unreadable:
+                    raise
+                return InvalidFileError(str(err))
+
+        if len(files) <= 1:
+            return [read(f) for f in files]
+        threads = _FOOTER_THREADS if self.remote is None else self.remote.max_concurrent_reads
+        with ThreadPoolExecutor(min(threads, len(files))) as pool:
+            return list(pool.map(read, files))
 
     def metadata(self, file_index: int) -> pq.FileMetaData:
         if self._metadata is None:
             if self._footers is not None:
                 self._metadata = [footer_metadata(f) for f in self._footers]
             else:
-                self._metadata = self._read_footers()
+                self._metadata = [pq.read_metadata(path) for path in self.files]
         return self._metadata[file_index]
 
     def describe(self, index: int) -> str:
@@ -671,9 +922,14 @@ class _ParquetSource(_Source):
         return flags
 
 
+TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
+
+
 def _hidden(path: str) -> bool:
-    """Files writers leave beside the data: ``_SUCCESS``, ``_metadata``, ``.crc`` files."""
-    return os.path.basename(path).startswith(("_", "."))
+    """Files writers leave beside the data (``_SUCCESS``, ``_metadata``, ``.crc``) or are
+    still writing (``*.tmp``, ``*.inprogress``)."""
+    name = os.path.basename(path)
+    return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
 
 
 def _walk_local(root: str) -> list[str]:

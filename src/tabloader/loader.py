@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -360,6 +361,7 @@ class Loader:
 
     def iter_epoch(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> BatchIterator:
         """Iterate over one epoch, or one worker process's share of it, without advancing."""
+        self.refresh(epoch)
         plan = self.plan(epoch, worker=worker, num_workers=num_workers)
         stop = threading.Event()  # the batcher stage's own, set when the consumer closes
         make_batches = partial(
@@ -383,7 +385,19 @@ class Loader:
 
     def stats(self) -> LoaderStats:
         """Counters and timings since the loader was created (see :class:`LoaderStats`)."""
-        return self._stats.snapshot()
+        return dataclasses.replace(self._stats.snapshot(), rows_skipped=self.dataset.rows_skipped)
+
+    def refresh(self, epoch: int) -> None:
+        """List a ``refresh=True`` dataset again for ``epoch`` (once per epoch number) and
+        check the files that joined; ``len()`` and :meth:`plan` then describe that epoch.
+
+        ``iter()`` calls it; call it before to know the next epoch's ``len()`` (on every
+        rank: under torch.distributed, rank 0's listing is broadcast).
+        """
+        if self.dataset.refresh(epoch=epoch):
+            self._check_types(self.dataset.column_types(self.columns))
+            self._check_nulls()
+            self._check_size()
 
     def __repr__(self) -> str:
         return (

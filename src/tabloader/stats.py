@@ -27,6 +27,8 @@ class LoaderStats:
         wait_seconds: Time the consumer spent waiting for the next batch.
         consume_seconds: Time the consumer spent iterating (from asking for the first
             batch to the end of the epoch, or to leaving the loop).
+        rows_skipped: Rows whose file was deleted or truncated during an epoch, skipped
+            and replaced by repeated rows (``Dataset(on_missing="skip")``).
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -45,6 +47,7 @@ class LoaderStats:
     batch_seconds: float = 0.0
     wait_seconds: float = 0.0
     consume_seconds: float = 0.0
+    rows_skipped: int = 0
 
     @property
     def input_bound_fraction(self) -> float:
@@ -81,6 +84,7 @@ class StatsRecorder:
     batch_seconds: float
     wait_seconds: float
     consume_seconds: float
+    rows_skipped: int
 
     def snapshot(self) -> LoaderStats:
         return LoaderStats(**{f.name: getattr(self, f.name) for f in fields(LoaderStats)})
