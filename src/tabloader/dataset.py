@@ -307,11 +307,27 @@ class Dataset:
                 yield _repeat_rows(last, rows)
             waiting.clear()
             yield result
-        if waiting:
-            raise ReadError(
-                f"every file left to read this epoch disappeared ({len(gone)} file(s), first "
-                f"{source._display(source.files[min(gone)])}): nothing to fill their rows with"
-            )
+        if waiting:  # nothing read this time: borrow rows from a file still there
+            last = self._any_table(list(columns), gone)
+            for rows in waiting:
+                yield _repeat_rows(last, rows)
+
+    def _any_table(self, columns: list[str], gone: set[int]) -> pa.Table:
+        source = self._source
+        assert isinstance(source, _ParquetSource)
+        for partition in range(len(source.rows)):
+            f = int(source.part_file[partition])
+            if f in gone:
+                continue
+            try:
+                return self.read_partition(partition, columns)
+            except ReadError:
+                gone.add(f)
+        raise ReadError(
+            f"every file of this epoch disappeared during it (first "
+            f"{source._display(source.files[min(gone)])}): no rows are left to fill the "
+            "epoch's batches with. Check what deletes the files"
+        )
 
     def _warn_missing(self, path: str, error: BaseException) -> None:
         if path in self._missing_warned:
