@@ -322,6 +322,29 @@ def test_a_lasting_outage_fails_within_the_budget_naming_object_and_range(proxy,
     assert "corrupt" not in message
 
 
+def test_an_outage_at_construction_fails_within_the_budget(proxy, bucket):
+    proxy.outage()
+    started = time.monotonic()
+    with pytest.raises(tabloader.ReadError, match="network or storage service failure") as info:
+        tabloader.Dataset(
+            f"s3://{bucket}/data/",
+            storage_options=options(proxy),
+            retry_seconds=2,
+            request_timeout=1,
+        )
+    assert time.monotonic() - started < 2 + 2 * 1 + 2
+    assert f"the listing of s3://{bucket}/data/" in str(info.value)
+
+
+def test_a_refreshing_dataset_sees_new_objects_at_the_next_epoch(proxy, bucket, s3_server):
+    ds = tabloader.Dataset(f"s3://{bucket}/data/", storage_options=options(proxy), refresh=True)
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=1000)
+    assert len(np.concatenate([b["id"] for b in loader])) == TOTAL
+    put_table(client(s3_server), bucket, "data/part-9.parquet", make_table(TOTAL, 500), 500)
+    ids = np.concatenate([b["id"] for b in loader])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(TOTAL + 500))
+
+
 def test_corrupt_data_is_still_reported_as_corrupt(proxy, s3_server):
     name = f"c-{uuid.uuid4().hex[:12]}"
     s3 = client(s3_server)
