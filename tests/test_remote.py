@@ -470,3 +470,17 @@ def test_a_range_file_reads_the_fetched_bytes_and_zeros_between():
     assert handle.read() == b"\0" + data[15:]
     assert handle.read() == b""
     assert handle.seek(-3, io.SEEK_END) == 17
+
+
+@pytest.mark.slow
+def test_the_remote_benchmark_reports_every_case(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import remote as bench
+
+    report = bench.main(
+        ["--files", "2", "--rows-per-file", "20000", "--rounds", "1", "--latency", "0.01"]
+    )
+    assert set(report["16"]) == {"local", "remote", "remote+latency", "latency_ratio"}
+    assert all(rate > 0 for rate in report["16"].values())
