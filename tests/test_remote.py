@@ -484,3 +484,31 @@ def test_the_remote_benchmark_reports_every_case(monkeypatch):
     )
     assert set(report["16"]) == {"local", "remote", "remote+latency", "latency_ratio"}
     assert all(rate > 0 for rate in report["16"].values())
+
+
+def test_a_file_over_plain_http_is_read_even_from_a_server_ignoring_ranges(tmp_path):
+    import functools
+    import http.server
+
+    pytest.importorskip("aiohttp")
+    pq.write_table(make_table(0, 100), tmp_path / "x.parquet", row_group_size=30)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):  # answers Range with the whole file
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path))
+    )
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x.parquet"
+        ds = tabloader.Dataset(url)
+        assert ds.describe_partition(1) == f"{url} (row group 1)"
+        ids = np.concatenate([b["id"] for b in tabloader.Loader(ds, cats=["id"], batch_size=7)])
+        np.testing.assert_array_equal(ids, np.arange(100))
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
