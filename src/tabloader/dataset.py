@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
@@ -239,8 +239,7 @@ class Dataset:
             return False
         self._listed_epoch = epoch
         before = (list(source.files), source.rows.copy())
-        files = _same_on_every_rank(source.list_files)
-        source.build(files)
+        _list_on_rank_zero(source)
         return before[0] != source.files or not np.array_equal(before[1], source.rows)
 
     def describe_partition(self, index: int) -> str:
@@ -489,17 +488,35 @@ class Dataset:
         )
 
 
-def _same_on_every_rank(list_files: Callable[[], list[str]]) -> list[str]:
-    """``list_files()`` of rank 0, broadcast when torch.distributed is initialised."""
+def _list_on_rank_zero(source: _ParquetSource) -> None:
+    """List and read new footers; under torch.distributed, every rank takes rank 0's files.
+
+    Rank 0 broadcasts the files it could read (or the error it met, so that no rank
+    waits for a broadcast that never comes); the other ranks read exactly those.
+    """
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return list_files()
-    if dist.get_world_size() == 1:
-        return list_files()
-    box: list[Any] = [list_files() if dist.get_rank() == 0 else None]
+    if (
+        dist is None
+        or not dist.is_available()
+        or not dist.is_initialized()
+        or dist.get_world_size() == 1
+    ):
+        source.build(source.list_files())
+        return
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            source.build(source.list_files())
+            box[0] = list(source.files)
+        except Exception as err:
+            box[0] = err
+            dist.broadcast_object_list(box, src=0)
+            raise
     dist.broadcast_object_list(box, src=0)
-    files: list[str] = box[0]
-    return files
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    if dist.get_rank() != 0:
+        source.build(box[0], skip_unreadable=False)
 
 
 def _repeat_rows(table: pa.Table, rows: int) -> pa.Table:
@@ -624,7 +641,7 @@ class _ParquetSource(_Source):
             files.extend(self._expand(spec))
         return list(dict.fromkeys(files))
 
-    def build(self, files: list[str]) -> None:
+    def build(self, files: list[str], *, skip_unreadable: bool | None = None) -> None:
         """Partitions of ``files``, reusing the footers of files that did not change.
 
         With ``skip_unreadable``, a file whose footer cannot be read (still being
@@ -638,13 +655,12 @@ class _ParquetSource(_Source):
                 known[path] = (self._stamps[f], self._sizes[f], self._metadata[f], footer)
         stamps = self._file_stamps(files) if known else [None] * len(files)
         fresh = [
-            (path, stamp)
+            path
             for path, stamp in zip(files, stamps, strict=True)
             if path not in known or stamp is None or known[path][0] != stamp
         ]
-        read = dict(
-            zip([p for p, _ in fresh], self._read_footers([p for p, _ in fresh]), strict=True)
-        )
+        skip = self.skip_unreadable if skip_unreadable is None else skip_unreadable
+        read = dict(zip(fresh, self._read_footers(fresh, skip_unreadable=skip), strict=True))
         entries = []
         for path, stamp in zip(files, stamps, strict=True):
             if path in read:
@@ -840,7 +856,7 @@ class _ParquetSource(_Source):
                 "being written, or in another format"
             ) from err
 
-    def _read_footers(self, files: list[str]) -> list[Any]:
+    def _read_footers(self, files: list[str], *, skip_unreadable: bool) -> list[Any]:
         """Each file's (stamp, size, metadata, footer bytes), or, with
         ``skip_unreadable``, the :class:`InvalidFileError` that reading it raised."""
 
@@ -848,7 +864,7 @@ class _ParquetSource(_Source):
             try:
                 return self._read_footer(path)
             except (InvalidFileError, SourceNotFoundError) as err:
-                if not self.skip_unreadable:
+                if not skip_unreadable:
                     raise
                 return InvalidFileError(str(err))
 
