@@ -421,6 +421,20 @@ def test_wrong_credentials_are_a_clear_error_at_construction(proxy, bucket, auth
     assert f"s3://{bucket}/data/" in str(info.value)
 
 
+def test_missing_credentials_are_a_clear_error_at_once(proxy, bucket, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    no_keys = {"client_kwargs": {"endpoint_url": proxy.url, "region_name": "us-east-1"}}
+    started = time.monotonic()
+    with pytest.raises(tabloader.ReadError, match="NoCredentialsError") as info:
+        tabloader.Dataset(f"s3://{bucket}/data/", storage_options=no_keys)
+    assert time.monotonic() - started < 10
+    assert "Give the credentials in storage_options" in str(info.value)
+
+
 def test_a_storage_option_the_filesystem_rejects_is_named(proxy, bucket):
     with pytest.raises(tabloader.InvalidArgumentError, match="'retries'") as info:
         tabloader.Dataset(f"s3://{bucket}/data/", storage_options=options(proxy, retries=3))

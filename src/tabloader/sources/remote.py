@@ -55,6 +55,11 @@ _FOOTER_GUESS = 1 << 16  # the tail fetched first; most footers fit
 _FIRST_PAUSE = 0.1
 _MAX_PAUSE = 5.0
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# Configuration errors of the storage clients (by name: botocore and google-auth are
+# optional): retrying cannot fix them.
+_CREDENTIAL_ERRORS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError"}
+)
 
 
 class _Stopped(Exception):
@@ -198,6 +203,13 @@ class RemoteStore:
                     raise self._option_error(err) from err
                 raise
             except Exception as err:  # connection errors, timeouts, 5xx: all retried
+                if type(err).__name__ in _CREDENTIAL_ERRORS:
+                    raise ReadError(
+                        f"could not read {what}: {type(err).__name__}: {err}. Give the "
+                        "credentials in storage_options (for example key/secret for s3://, "
+                        "token for gs://, account_key for az://) or in the environment, or "
+                        "anon=True for public data"
+                    ) from err
                 last = err
             remaining = deadline - time.monotonic()
             if remaining <= 0:
