@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -572,3 +573,10 @@ def test_keras_adapter_passes_the_cache_through(files):
     epochs = [[int(i) for features, _ in loader for i in features["id"]] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
     assert loader.loader.stats().from_cache
+
+
+def test_a_refreshing_dataset_refuses_a_cache(tmp_path):
+    pq.write_table(pa.table({"x": np.arange(10, dtype=np.float32)}), tmp_path / "a.parquet")
+    dataset = tabloader.Dataset(str(tmp_path), refresh=True)
+    with pytest.raises(tabloader.InvalidArgumentError, match="refresh=True and lists them again"):
+        tabloader.Loader(dataset, conts=["x"], batch_size=4, cache="memory")

@@ -10,11 +10,16 @@ columns it needs.
 from __future__ import annotations
 
 import glob as globlib
+import io
+import multiprocessing
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +32,16 @@ from tabloader.errors import (
     ReadError,
     SchemaMismatchError,
     SourceNotFoundError,
+    TabloaderError,
+)
+from tabloader.options import flag, int_at_least, is_number
+from tabloader.sources.remote import (
+    RangeFile,
+    RemoteStore,
+    access_denied_error,
+    column_chunk_ranges,
+    footer_metadata,
+    merge_ranges,
 )
 
 if TYPE_CHECKING:
@@ -83,8 +98,34 @@ class Dataset:
             - a Dask DataFrame (dask or dask-cudf), one partition per Dask partition.
               Row counts are computed once at construction.
         engine: Only ``"parquet"``; accepted for NVTabular compatibility.
-        storage_options: Passed to fsspec for URLs (credentials, endpoints).
+        storage_options: Passed to the fsspec filesystem for URLs (credentials,
+            endpoints); see docs/remote.md for S3, GCS and Azure.
         rows_per_partition: Partition size for in-memory tables.
+
+    A directory that changes (see docs/data-layout.md, "A dataset that grows"):
+        refresh: List the directories and globs again at the start of every epoch
+            (when a loader's ``iter()`` starts it): new complete files join, deleted
+            ones leave. Files whose footer cannot be read yet (still being written) are
+            skipped with one warning and tried again next epoch. Under an initialised
+            ``torch.distributed`` process group, rank 0 lists and every rank uses its
+            list. Default False: the files are listed once, here.
+        on_missing: ``"raise"`` (default): a file deleted or truncated during an epoch
+            fails the epoch with an error naming it. ``"skip"``: its remaining rows are
+            skipped, replaced by repeats of rows read just before them so every rank
+            still gets the same number of batches, counted in :attr:`rows_skipped` and
+            warned about once per file.
+
+    Object storage (URLs only; see docs/remote.md):
+        max_concurrent_reads: Requests in flight at most, default 16. Row groups are
+            fetched this many ahead of the one being decoded, which hides the first-byte
+            latency of object stores; raise it for high-latency links, lower it to hold
+            fewer fetched row groups in memory. For s3:// it also raises s3fs's
+            connection pool (``config_kwargs={"max_pool_connections": ...}``) unless
+            ``storage_options`` sets it.
+        retry_seconds: How long a failing request is retried (exponential backoff with
+            jitter) before the epoch fails with a :class:`~tabloader.ReadError`, default
+            60. Missing objects and denied access are not retried.
+        request_timeout: Seconds one attempt of a request may take, default 30.
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -100,6 +141,11 @@ class Dataset:
         engine: Literal["parquet"] = "parquet",
         storage_options: dict[str, Any] | None = None,
         rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+        max_concurrent_reads: int = 16,
+        retry_seconds: float = 60.0,
+        request_timeout: float = 30.0,
+        refresh: bool = False,
+        on_missing: Literal["raise", "skip"] = "raise",
     ) -> None:
         if engine != "parquet":
             raise InvalidArgumentError(
@@ -109,6 +155,22 @@ class Dataset:
             raise InvalidArgumentError(
                 f"rows_per_partition must be a positive integer, got {rows_per_partition!r}"
             )
+        max_concurrent_reads = int_at_least(max_concurrent_reads, 1, "max_concurrent_reads")
+        if not is_number(retry_seconds) or not 0 <= retry_seconds < float("inf"):
+            raise InvalidArgumentError(
+                f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}"
+            )
+        if not is_number(request_timeout) or not 0 < request_timeout < float("inf"):
+            raise InvalidArgumentError(
+                f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
+            )
+        self.refreshes = flag(refresh, "refresh")
+        if on_missing not in ("raise", "skip"):
+            raise InvalidArgumentError(f"on_missing must be 'raise' or 'skip', got {on_missing!r}")
+        self.on_missing = on_missing
+        self._rows_skipped = 0
+        self._missing_warned: set[str] = set()
+        self._listed_epoch: int | None = None
         self._source: _Source
         if isinstance(source, pa.Table):
             self._source = _TableSource(source, int(rows_per_partition))
@@ -119,7 +181,40 @@ class Dataset:
         elif _is_dask_frame(source):
             self._source = _DaskSource(source)
         else:
-            self._source = _ParquetSource(_as_path_list(source), storage_options or {})
+            specs = _as_path_list(source)
+            remote = None
+            urls = [s for s in specs if _is_url(s)]
+            if urls:
+                if len(urls) != len(specs):
+                    raise InvalidArgumentError(
+                        "mixing local paths and URLs in one dataset is not supported; "
+                        "use file:// URLs for the local ones"
+                    )
+                protocols = {_protocol(u) for u in urls}
+                if len(protocols) > 1:
+                    raise InvalidArgumentError(
+                        f"all URLs of one dataset must use the same protocol, got "
+                        f"{sorted(protocols)}"
+                    )
+                if storage_options is not None and not isinstance(storage_options, dict):
+                    raise InvalidArgumentError(
+                        f"storage_options must be a dict, got {type(storage_options).__name__}"
+                    )
+                remote = RemoteStore(
+                    urls[0],
+                    storage_options or {},
+                    max_concurrent_reads=max_concurrent_reads,
+                    retry_seconds=float(retry_seconds),
+                    request_timeout=float(request_timeout),
+                )
+            self._source = _ParquetSource(specs, remote, skip_unreadable=self.refreshes)
+        if (self.refreshes or on_missing == "skip") and not isinstance(
+            self._source, _ParquetSource
+        ):
+            raise InvalidArgumentError(
+                "refresh=True and on_missing='skip' apply to parquet files (paths, "
+                f"directories, globs, URLs), not to a {type(self._source).__name__.strip('_')}"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -151,6 +246,25 @@ class Dataset:
         """The parquet files, in load order (empty for in-memory sources)."""
         return list(self._source.files)
 
+    def refresh(self, *, epoch: int | None = None) -> bool:
+        """List the files again (``refresh=True`` datasets); returns whether they changed.
+
+        A loader calls this when an epoch starts, with its number, so the listing is
+        done once per epoch; call it yourself (with the same ``epoch``, on every rank)
+        to know ``len(loader)`` of the next epoch before it starts. Under an initialised
+        ``torch.distributed`` group this is a collective: rank 0 lists, every rank
+        builds its partitions from rank 0's list.
+        """
+        source = self._source
+        if not self.refreshes or not isinstance(source, _ParquetSource):
+            return False
+        if epoch is not None and epoch == self._listed_epoch:
+            return False
+        self._listed_epoch = epoch
+        before = (list(source.files), source.rows.copy())
+        _list_on_rank_zero(source)
+        return before[0] != source.files or not np.array_equal(before[1], source.rows)
+
     def describe_partition(self, index: int) -> str:
         """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
         return self._source.describe(index)
@@ -176,11 +290,163 @@ class Dataset:
         Each piece is read when the previous one has been taken, so a consumer that
         processes and drops each table holds one decoded row group at a time. (Reading
         several row groups of a file in one call was measured slower: the decoded
-        memory is larger and fresher.)
+        memory is larger and fresher.) From object storage, the next
+        ``max_concurrent_reads`` pieces are fetched meanwhile.
+
+        With ``on_missing="skip"``, a piece whose file was deleted, truncated or
+        rewritten since the listing is replaced by as many rows repeated from the
+        pieces read before it (or after it, for the first), so the epoch keeps its
+        planned number of batches; :attr:`rows_skipped` counts them.
         """
-        for partition, first, last in pieces:
-            table = self.read_partition(partition, columns)
-            yield table.slice(first, last - first)
+        results = self._read_pieces(pieces, list(columns))
+        if self.on_missing == "raise":
+            for _, result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                yield result
+            return
+        source = self._source
+        assert isinstance(source, _ParquetSource)
+        gone: set[int] = set()
+        waiting: list[int] = []  # rows of missing pieces before the first good one
+        last: pa.Table | None = None
+        for (partition, first, stop), result in results:
+            f = int(source.part_file[partition])
+            if isinstance(result, BaseException):
+                if f not in gone and not source.changed(f):
+                    raise result
+                if f not in gone:
+                    gone.add(f)
+                    self._warn_missing(source.files[f], result)
+                self._rows_skipped += stop - first
+                if last is None:
+                    waiting.append(stop - first)
+                    continue
+                yield _repeat_rows(last, stop - first)
+                continue
+            last = result
+            for rows in waiting:
+                yield _repeat_rows(last, rows)
+            waiting.clear()
+            yield result
+        if waiting:  # nothing read this time: borrow rows from a file still there
+            last = self._any_table(list(columns), gone)
+            for rows in waiting:
+                yield _repeat_rows(last, rows)
+
+    def _any_table(self, columns: list[str], gone: set[int]) -> pa.Table:
+        source = self._source
+        assert isinstance(source, _ParquetSource)
+        for partition in range(len(source.rows)):
+            f = int(source.part_file[partition])
+            if f in gone:
+                continue
+            try:
+                return self.read_partition(partition, columns)
+            except ReadError:
+                gone.add(f)
+        raise ReadError(
+            f"every file of this epoch disappeared during it (first "
+            f"{source._display(source.files[min(gone)])}): no rows are left to fill the "
+            "epoch's batches with. Check what deletes the files"
+        )
+
+    def _warn_missing(self, path: str, error: BaseException) -> None:
+        if path in self._missing_warned:
+            return
+        self._missing_warned.add(path)
+        warnings.warn(
+            f"{self._source_display(path)} was deleted or changed during the epoch "
+            f"({type(error).__name__}); its remaining rows are skipped this epoch and "
+            "replaced by repeated rows so every rank keeps the same number of batches "
+            "(loader.stats().rows_skipped counts them)",
+            stacklevel=2,
+        )
+
+    def _source_display(self, path: str) -> str:
+        source = self._source
+        return source._display(path) if isinstance(source, _ParquetSource) else path
+
+    @property
+    def rows_skipped(self) -> int:
+        """Rows skipped (and replaced) because their file went away (``on_missing="skip"``)."""
+        return self._rows_skipped
+
+    def _read_pieces(
+        self, pieces: Sequence[tuple[int, int, int]], columns: list[str]
+    ) -> Iterator[tuple[tuple[int, int, int], pa.Table | BaseException]]:
+        """Each piece with its table, or the error reading it raised."""
+        source = self._source
+        if not (isinstance(source, _ParquetSource) and source.remote is not None):
+            for piece in pieces:
+                partition, first, last = piece
+                try:
+                    table = self.read_partition(partition, columns)
+                except ReadError as err:
+                    yield piece, err
+                    continue
+                yield piece, table.slice(first, last - first)
+            return
+        # Object storage: the byte ranges of the next pieces are fetched in a bounded
+        # pool while this thread decodes, so latency overlaps decoding.
+
+        def fetch(piece: tuple[int, int, int], stop: threading.Event) -> Any:
+            try:
+                return source.fetch_partition(piece[0], columns, stop=stop)
+            except ReadError as err:
+                return err
+            except Exception as err:
+                failure = read_error(self.describe_partition(piece[0]), err)
+                failure.__cause__ = err
+                return failure
+
+        for piece, handle in source.remote.prefetch(pieces, fetch):
+            partition, first, last = piece
+            if isinstance(handle, BaseException):
+                yield piece, handle
+                continue
+            try:
+                table = self._decode(partition, handle, columns)
+            except ReadError as err:
+                yield piece, err
+                continue
+            yield piece, table.slice(first, last - first)
+
+    def _decode(self, partition: int, handle: RangeFile, columns: list[str]) -> pa.Table:
+        source = self._source
+        assert isinstance(source, _ParquetSource)
+        try:
+            return source.decode(partition, handle, columns)
+        except Exception as err:
+            raise read_error(self.describe_partition(partition), err) from err
+
+    def open_row_groups(
+        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
+    ) -> io.IOBase:
+        """A binary file-like object from which a parquet reader reads these row groups.
+
+        For object storage, only the footer and the byte ranges of ``columns`` in
+        ``row_groups`` are fetched (neighbouring ranges coalesced, failed requests
+        retried); other bytes read as zeros, so give the reader the same row groups and
+        columns. For local files it is the open file. Close it when done.
+
+        Examples:
+            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
+            >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
+            >>> pq.write_table(pa.table({"a": range(6), "b": range(6)}), path, row_group_size=3)
+            >>> ds = tabloader.Dataset(path)
+            >>> with ds.open_row_groups(0, [1], ["b"]) as f:
+            ...     pq.ParquetFile(f).read_row_groups([1], columns=["b"])["b"].to_pylist()
+            [3, 4, 5]
+        """
+        source = self._source
+        if not isinstance(source, _ParquetSource):
+            raise InvalidArgumentError(
+                f"open_row_groups reads parquet files; this dataset is a {type(source).__name__}"
+            )
+        if source.remote is None:
+            return open(source.files[file_index], "rb")
+        return source.fetch_row_groups(file_index, list(row_groups), list(columns))
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
         """Arrow type of each column, checked to be present and identical in every file.
@@ -211,6 +477,28 @@ class Dataset:
                     )
         return types
 
+    def check_worker_processes(self, start_method: Any = None) -> None:
+        """Refuse worker processes that cannot read this dataset (before they start).
+
+        ``start_method`` is a multiprocessing start method or context, None for the
+        default. A Dask DataFrame with a dask.distributed Client cannot be computed in
+        forked processes; every other source can.
+
+        Raises:
+            InvalidArgumentError: with what to use instead.
+        """
+        if not isinstance(self._source, _DaskSource) or _distributed_client() is None:
+            return
+        if start_method is not None and not isinstance(start_method, str):
+            start_method = start_method.get_start_method()
+        if start_method is None:
+            start_method = (
+                multiprocessing.get_start_method(allow_none=True)
+                or multiprocessing.get_all_start_methods()[0]
+            )
+        if start_method == "fork":
+            raise InvalidArgumentError(forked_dask_message(start_method))
+
     def null_partitions(self, column: str) -> NDArray[np.int8]:
         """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
         return self._source.null_flags(column)
@@ -221,6 +509,72 @@ class Dataset:
             f"Dataset({kind}, files={len(self._source.files)}, "
             f"partitions={self.num_partitions}, rows={self.num_rows})"
         )
+
+
+def _list_on_rank_zero(source: _ParquetSource) -> None:
+    """List and read new footers; under torch.distributed, every rank takes rank 0's files.
+
+    Rank 0 broadcasts the files it could read (or the error it met, so that no rank
+    waits for a broadcast that never comes); the other ranks read exactly those.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if (
+        dist is None
+        or not dist.is_available()
+        or not dist.is_initialized()
+        or dist.get_world_size() == 1
+    ):
+        source.build(source.list_files())
+        return
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            source.build(source.list_files())
+            box[0] = list(source.files)
+        except Exception as err:
+            box[0] = err
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    if dist.get_rank() != 0:
+        source.build(box[0], skip_unreadable=False)
+
+
+def _repeat_rows(table: pa.Table, rows: int) -> pa.Table:
+    return table.take(np.arange(rows) % table.num_rows)
+
+
+def forked_dask_message(start_method: str = "fork") -> str:
+    return (
+        "a Dask DataFrame on a dask.distributed cluster cannot be read in worker processes "
+        f"started with {start_method!r}: the forked copy of the Client has no connection to "
+        "the scheduler and would wait forever. Use DataLoader(..., "
+        "multiprocessing_context='spawn'), or num_workers=0 (tabloader reads in a background "
+        "thread already, and the Dask workers do the computing)"
+    )
+
+
+def _distributed_client() -> Any:
+    """The default dask.distributed Client, without importing distributed or doing I/O."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed import default_client
+
+        return default_client()  # type: ignore[no-untyped-call]
+    except (ImportError, ValueError):
+        return None
+
+
+@contextmanager
+def _quiet_dask() -> Iterator[None]:
+    """Silence what a user of tabloader cannot act on: tabloader builds these graphs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]ending large graph.*")
+        warnings.filterwarnings("ignore", message=".*large graph.*")
+        yield
 
 
 def read_error(where: str, error: BaseException) -> ReadError:
@@ -285,23 +639,79 @@ class _Source:
 
 
 class _ParquetSource(_Source):
-    def __init__(self, specs: list[str], storage_options: dict[str, Any]) -> None:
-        remote = [s for s in specs if _is_url(s)]
-        if remote and len(remote) != len(specs):
-            raise InvalidArgumentError(
-                "mixing local paths and URLs in one dataset is not supported; "
-                "use file:// URLs for the local ones"
-            )
-        self.filesystem: Any = None
-        if remote:
-            self.filesystem = _fsspec_filesystem(remote, storage_options)
-            self.protocol = _protocol(remote[0])
+    def __init__(
+        self, specs: list[str], remote: RemoteStore | None, *, skip_unreadable: bool = False
+    ) -> None:
+        self.specs = specs
+        self.remote = remote
+        if remote is not None:
+            self.protocol = remote.protocol
+        self.skip_unreadable = skip_unreadable
+        self._warned: set[str] = set()
+        self.files: list[str] = []
+        self._sizes: list[int] = []
+        self._stamps: list[Any] = []
+        self._footers: list[bytes] | None = None  # remote only: pickled instead of re-read
+        self._metadata: list[pq.FileMetaData] | None = []
+        self.build(self.list_files())
+
+    def list_files(self) -> list[str]:
+        """The files the specs name now, in load order."""
+        if self.remote is not None:
+            self.remote.filesystem.invalidate_cache()
         files: list[str] = []
-        for spec in specs:
+        for spec in self.specs:
             files.extend(self._expand(spec))
-        self.files = list(dict.fromkeys(files))
-        metadata = self._read_footers()
-        self._metadata: list[pq.FileMetaData] | None = metadata
+        return list(dict.fromkeys(files))
+
+    def build(self, files: list[str], *, skip_unreadable: bool | None = None) -> None:
+        """Partitions of ``files``, reusing the footers of files that did not change.
+
+        With ``skip_unreadable``, a file whose footer cannot be read (still being
+        written, or deleted since the listing) is left out with one warning, and tried
+        again at the next build.
+        """
+        known = {}
+        if self._metadata:
+            for f, path in enumerate(self.files):
+                footer = self._footers[f] if self._footers is not None else None
+                known[path] = (self._stamps[f], self._sizes[f], self._metadata[f], footer)
+        stamps = self._file_stamps(files) if known else [None] * len(files)
+        fresh = [
+            path
+            for path, stamp in zip(files, stamps, strict=True)
+            if path not in known or stamp is None or known[path][0] != stamp
+        ]
+        skip = self.skip_unreadable if skip_unreadable is None else skip_unreadable
+        read = dict(zip(fresh, self._read_footers(fresh, skip_unreadable=skip), strict=True))
+        entries = []
+        for path, stamp in zip(files, stamps, strict=True):
+            if path in read:
+                result = read[path]
+                if isinstance(result, InvalidFileError):
+                    if path not in self._warned:
+                        self._warned.add(path)
+                        warnings.warn(
+                            f"skipping {self._display(path)} for now: {result}. It is tried "
+                            "again when the dataset is listed next (the next epoch)",
+                            stacklevel=4,
+                        )
+                    continue
+                self._warned.discard(path)
+                entries.append((path, *result))
+            else:
+                _, size, md, footer = known[path]
+                entries.append((path, stamp, size, md, footer))
+        if not entries:
+            raise SourceNotFoundError(
+                f"no readable parquet file in {', '.join(map(repr, self.specs))} yet"
+            )
+        self.files = [e[0] for e in entries]
+        self._stamps = [e[1] for e in entries]
+        self._sizes = [e[2] for e in entries]
+        metadata = [e[3] for e in entries]
+        self._metadata = metadata
+        self._footers = [e[4] for e in entries] if self.remote is not None else None
 
         schema_ids: dict[pa.Schema, int] = {}
         self.schemas = []
@@ -326,14 +736,42 @@ class _ParquetSource(_Source):
         self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
         self.rows = np.asarray(rows, dtype=np.int64)
 
+    def _file_stamps(self, files: list[str]) -> list[Any]:
+        """What tells a changed file from an unchanged one: (size, mtime), or None."""
+        stamps: list[Any] = []
+        for path in files:
+            try:
+                if self.remote is None:
+                    st = os.stat(path)
+                    stamps.append((st.st_size, st.st_mtime_ns))
+                else:
+                    stamps.append((self.remote.size(path),))
+            except (OSError, TabloaderError):
+                stamps.append(None)
+        return stamps
+
+    def changed(self, index: int) -> bool:
+        """Whether a file was deleted, truncated or rewritten since it was listed."""
+        path = self.files[index]
+        stamp = self._file_stamps([path])[0]
+        if stamp is None:
+            return True
+        if self.remote is None:
+            return bool(stamp != self._stamps[index])
+        return bool(stamp[0] != self._sizes[index])
+
+    @property
+    def filesystem(self) -> Any:
+        """This process's fsspec filesystem (None for local files)."""
+        return None if self.remote is None else self.remote.filesystem
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_metadata"] = None  # footers are re-read on demand in the receiving process
+        state["_metadata"] = None  # footers are re-parsed (or re-read) on demand
         return state
 
     def _expand(self, spec: str) -> list[str]:
-        fs = self.filesystem
-        if fs is None:
+        if self.remote is None:
             path = os.path.expanduser(spec)
             if globlib.has_magic(path):
                 found = sorted(
@@ -349,18 +787,38 @@ class _ParquetSource(_Source):
             if os.path.isfile(path):
                 return [path]
             raise SourceNotFoundError(f"{spec!r} does not exist")
+        remote = self.remote
+        fs = remote.filesystem
         path = fs._strip_protocol(spec)
+
+        def call(name: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return remote.call(name, *args, what=f"the listing of {spec}", **kwargs)
+            except PermissionError as err:
+                raise access_denied_error(spec, err) from err
+            except FileNotFoundError:
+                return None
+
         if globlib.has_magic(path):
-            found = sorted(p for p in fs.glob(path) if fs.isfile(p) and not _hidden(p))
+            listing = call("glob", path, detail=True) or {}
+            found = sorted(
+                p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
+            )
             if not found:
-                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+                raise SourceNotFoundError(
+                    f"the glob {spec!r} matched no files; check the bucket name, the path "
+                    "and the endpoint"
+                )
             return found
-        if fs.isdir(path):
-            listing = sorted(fs.find(path))
+        info = call("info", path)
+        if info is not None and info.get("type") == "directory":
+            listing = sorted(call("find", path) or [])
             return self._from_directory(spec, listing, root=path)
-        if fs.isfile(path):
+        if info is not None:
             return [path]
-        raise SourceNotFoundError(f"{spec!r} does not exist")
+        raise SourceNotFoundError(
+            f"{spec!r} does not exist; check the bucket name, the path and the endpoint"
+        )
 
     @staticmethod
     def _from_directory(spec: str, listing: list[str], root: str | None = None) -> list[str]:
@@ -368,7 +826,7 @@ class _ParquetSource(_Source):
         found = []
         for p in listing:
             rel = p[len(base) :].lstrip("/") if p.startswith(base) else os.path.basename(p)
-            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+            if any(part.startswith(("_", ".")) for part in rel.split("/")) or _hidden(p):
                 continue
             if p.endswith(PARQUET_SUFFIXES):
                 found.append(p)
@@ -380,38 +838,71 @@ class _ParquetSource(_Source):
         return sorted(found)
 
     def _display(self, path: str) -> str:
-        return path if self.filesystem is None else f"{self.protocol}://{path}"
+        return path if self.remote is None else self.remote.display(path)
 
-    def _read_footer(self, path: str) -> pq.FileMetaData:
+    def _read_footer(self, path: str) -> tuple[Any, int, pq.FileMetaData, bytes | None]:
         shown = self._display(path)
+        stamp: tuple[int, ...]
         try:
-            size = os.path.getsize(path) if self.filesystem is None else self.filesystem.size(path)
+            if self.remote is None:
+                st = os.stat(path)
+                size, stamp = st.st_size, (st.st_size, st.st_mtime_ns)
+            else:
+                size = self.remote.size(path)
+                stamp = (size,)
         except OSError as err:
+            if isinstance(err, ReadError):
+                raise
             raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
         if size == 0:
             raise InvalidFileError(
                 f"{shown} is empty (0 bytes): remove it, or re-write it as parquet"
             )
+        footer = None
         try:
-            if self.filesystem is None:
-                return pq.read_metadata(path)
-            with self.filesystem.open(path, "rb") as handle:
-                return pq.read_metadata(handle)
-        except (pa.ArrowException, OSError, ValueError) as err:
+            if self.remote is None:
+                return stamp, size, pq.read_metadata(path), None
+            footer = self.remote.read_footer(path, size)
+            return stamp, size, footer_metadata(footer), footer
+        except (pa.ArrowException, ValueError) as err:
+            if isinstance(err, InvalidFileError):
+                raise
+            raise InvalidFileError(
+                f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
+                "being written, or in another format"
+            ) from err
+        except OSError as err:
+            if isinstance(err, ReadError):
+                raise
             raise InvalidFileError(
                 f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
                 "being written, or in another format"
             ) from err
 
-    def _read_footers(self) -> list[pq.FileMetaData]:
-        if len(self.files) == 1:
-            return [self._read_footer(self.files[0])]
-        with ThreadPoolExecutor(min(_FOOTER_THREADS, len(self.files))) as pool:
-            return list(pool.map(self._read_footer, self.files))
+    def _read_footers(self, files: list[str], *, skip_unreadable: bool) -> list[Any]:
+        """Each file's (stamp, size, metadata, footer bytes), or, with
+        ``skip_unreadable``, the :class:`InvalidFileError` that reading it raised."""
+
+        def read(path: str) -> Any:
+            try:
+                return self._read_footer(path)
+            except (InvalidFileError, SourceNotFoundError) as err:
+                if not skip_unreadable:
+                    raise
+                return InvalidFileError(str(err))
+
+        if len(files) <= 1:
+            return [read(f) for f in files]
+        threads = _FOOTER_THREADS if self.remote is None else self.remote.max_concurrent_reads
+        with ThreadPoolExecutor(min(threads, len(files))) as pool:
+            return list(pool.map(read, files))
 
     def metadata(self, file_index: int) -> pq.FileMetaData:
         if self._metadata is None:
-            self._metadata = self._read_footers()
+            if self._footers is not None:
+                self._metadata = [footer_metadata(f) for f in self._footers]
+            else:
+                self._metadata = [pq.read_metadata(path) for path in self.files]
         return self._metadata[file_index]
 
     def describe(self, index: int) -> str:
@@ -424,11 +915,46 @@ class _ParquetSource(_Source):
     def open(self, file_index: int) -> pq.ParquetFile:
         path = self.files[file_index]
         md = self.metadata(file_index)
-        if self.filesystem is None:
+        if self.remote is None:
             return pq.ParquetFile(path, metadata=md)
-        return pq.ParquetFile(self.filesystem.open(path, "rb"), metadata=md)
+        return pq.ParquetFile(self.remote.filesystem.open(path, "rb"), metadata=md)
+
+    def fetch_row_groups(
+        self,
+        file_index: int,
+        row_groups: list[int],
+        columns: list[str],
+        *,
+        stop: threading.Event | None = None,
+    ) -> RangeFile:
+        """The footer and the column chunks of ``row_groups`` of one remote file."""
+        assert self.remote is not None
+        size = self._sizes[file_index]
+        md = self.metadata(file_index)
+        footer_start = size - md.serialized_size - 8
+        ranges = column_chunk_ranges(md, row_groups, columns)
+        ranges.append((footer_start, size))
+        return self.remote.open_ranges(
+            self.files[file_index], size, merge_ranges(ranges), stop=stop
+        )
+
+    def fetch_partition(
+        self, index: int, columns: list[str], *, stop: threading.Event | None = None
+    ) -> RangeFile:
+        f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        size = self._sizes[f]
+        ranges = merge_ranges(column_chunk_ranges(self.metadata(f), [g], columns))
+        assert self.remote is not None
+        return self.remote.open_ranges(self.files[f], size, ranges, stop=stop)
+
+    def decode(self, index: int, handle: RangeFile, columns: list[str]) -> pa.Table:
+        f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        with pq.ParquetFile(cast(IO[bytes], handle), metadata=self.metadata(f)) as parquet:
+            return parquet.read_row_group(g, columns=columns)
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
+        if self.remote is not None:
+            return self.decode(index, self.fetch_partition(index, columns), columns)
         with self.open(int(self.part_file[index])) as handle:
             return handle.read_row_group(int(self.part_row_group[index]), columns=columns)
 
@@ -451,9 +977,14 @@ class _ParquetSource(_Source):
         return flags
 
 
+TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
+
+
 def _hidden(path: str) -> bool:
-    """Files writers leave beside the data: ``_SUCCESS``, ``_metadata``, ``.crc`` files."""
-    return os.path.basename(path).startswith(("_", "."))
+    """Files writers leave beside the data (``_SUCCESS``, ``_metadata``, ``.crc``) or are
+    still writing (``*.tmp``, ``*.inprogress``)."""
+    name = os.path.basename(path)
+    return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
 
 
 def _walk_local(root: str) -> list[str]:
@@ -470,28 +1001,6 @@ def _is_url(spec: str) -> bool:
 
 def _protocol(url: str) -> str:
     return url.split("://", 1)[0]
-
-
-def _fsspec_filesystem(urls: list[str], storage_options: dict[str, Any]) -> Any:
-    try:
-        import fsspec
-    except ImportError:
-        raise ImportError(
-            "reading URLs needs fsspec: pip install fsspec (and s3fs, gcsfs, ... for the protocol)"
-        ) from None
-    protocols = {_protocol(u) for u in urls}
-    if len(protocols) > 1:
-        raise InvalidArgumentError(
-            f"all URLs of one dataset must use the same protocol, got {sorted(protocols)}"
-        )
-    try:
-        fs, _ = fsspec.core.url_to_fs(urls[0], **storage_options)
-    except (ImportError, ValueError) as err:
-        raise InvalidArgumentError(
-            f"cannot open {urls[0]!r}: {err}. Install the fsspec implementation for "
-            f"{_protocol(urls[0])}:// (for example s3fs or gcsfs)"
-        ) from err
-    return fs
 
 
 class _TableSource(_Source):
@@ -532,7 +1041,9 @@ class _DaskSource(_Source):
             "ignore", message=r"The inplace keyword in DataFrame\.reset_index", module=r"dask\."
         )
         self.frame = frame
-        counts = frame.map_partitions(len).compute()
+        self._pid = os.getpid()  # a copy in another process without unpickling was forked
+        with _quiet_dask():
+            counts = frame.map_partitions(len).compute()
         rows = np.asarray(counts, dtype=np.int64)
         self.part_index = np.flatnonzero(rows > 0).astype(np.int32)
         self.rows = rows[self.part_index]
@@ -548,8 +1059,17 @@ class _DaskSource(_Source):
     def schema_owner(self, schema_index: int) -> str:
         return "the Dask DataFrame"
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
     def compute_partition(self, index: int, columns: list[str]) -> Any:
-        return self.frame[columns].get_partition(int(self.part_index[index])).compute()
+        if os.getpid() != self._pid and _distributed_client() is not None:
+            # The client's connection lives in a thread of the parent process, which a
+            # forked child does not have: compute() would wait forever.
+            raise TabloaderError(forked_dask_message())
+        with _quiet_dask():
+            return self.frame[columns].get_partition(int(self.part_index[index])).compute()
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
         frame = self.compute_partition(index, columns)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -349,6 +350,12 @@ class Loader:
         self._check_size()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
+        if cache is not None and self.dataset.refreshes:
+            raise InvalidArgumentError(
+                f"cache={cache!r} keeps the rows of the files listed when the loader was "
+                "created, but this Dataset has refresh=True and lists them again every "
+                "epoch. Leave cache out for a growing dataset, or pass refresh=False"
+            )
         if cache is not None:
             self.cache = DecodedCache(
                 cache,
@@ -617,6 +624,7 @@ class Loader:
         fill are not read, and the batches that follow are those an iteration from the
         start would deliver.
         """
+        self.refresh(epoch)
         backend = self.backend
         if self.cache is not None:  # from the cache, into the cache, or (too big) streamed
             backend = self.cache.epoch_backend(self.backend, self._stats)
@@ -822,7 +830,19 @@ class Loader:
 
     def stats(self) -> LoaderStats:
         """Counters and timings since the loader was created (see :class:`LoaderStats`)."""
-        return self._stats.snapshot()
+        return dataclasses.replace(self._stats.snapshot(), rows_skipped=self.dataset.rows_skipped)
+
+    def refresh(self, epoch: int) -> None:
+        """List a ``refresh=True`` dataset again for ``epoch`` (once per epoch number) and
+        check the files that joined; ``len()`` and :meth:`plan` then describe that epoch.
+
+        ``iter()`` calls it; call it before to know the next epoch's ``len()`` (on every
+        rank: under torch.distributed, rank 0's listing is broadcast).
+        """
+        if self.dataset.refresh(epoch=epoch):
+            self._check_types(self.dataset.column_types(self.columns))
+            self._check_nulls()
+            self._check_size()
 
     def __repr__(self) -> str:
         return (

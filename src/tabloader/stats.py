@@ -33,6 +33,8 @@ class LoaderStats:
             (no file read at all).
         cache_epochs: Epochs served from the decoded cache.
         cache_bytes: Bytes of decoded rows the cache holds (0 until it is complete).
+        rows_skipped: Rows whose file was deleted or truncated during an epoch, skipped
+            and replaced by repeated rows (``Dataset(on_missing="skip")``).
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -55,6 +57,7 @@ class LoaderStats:
     from_cache: bool = False
     cache_epochs: int = 0
     cache_bytes: int = 0
+    rows_skipped: int = 0
 
     @property
     def input_bound_fraction(self) -> float:
@@ -95,6 +98,7 @@ class StatsRecorder:
     from_cache: bool
     cache_epochs: int
     cache_bytes: int
+    rows_skipped: int
 
     def snapshot(self) -> LoaderStats:
         return LoaderStats(**{f.name: getattr(self, f.name) for f in fields(LoaderStats)})

@@ -560,6 +560,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
 
     def _prepare_epoch(self) -> int:
         """Choose the seed of the next epoch (calling ``seed_fn`` once) and return it."""
+        self._loader.refresh(self._loader.epoch)  # before worker processes copy the dataset
         if self._epoch_seed is None:
             if self._seed_fn is None:
                 self._epoch_seed = self._loader.seed
@@ -754,6 +755,16 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
                 raise InvalidArgumentError(
                     "seed_fn cannot be used with persistent_workers=True: it would be called "
                     "inside each worker process. Pass seed= instead, or persistent_workers=False"
+                )
+            if workers:
+                dataset._loader.dataset.check_worker_processes(
+                    kwargs.get("multiprocessing_context")
+                )
+            if workers and kwargs.get("persistent_workers") and dataset._loader.dataset.refreshes:
+                raise InvalidArgumentError(
+                    "Dataset(refresh=True) cannot be used with persistent_workers=True: the "
+                    "worker processes keep the listing of the first epoch. Use "
+                    "persistent_workers=False"
                 )
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._worker_epoch: int | None = None
