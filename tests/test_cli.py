@@ -326,6 +326,7 @@ def test_version_and_examples_in_help(capsys):
         assert "examples:\n  tabloader " in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     table = pa.table({f"c{i}": pa.array(range(10), pa.int64()) for i in range(50)})
     files = [write(tmp_path / f"part-{i}.parquet", table) for i in range(200)]

@@ -195,6 +195,7 @@ def test_training_without_data_is_an_error_naming_the_path(tmp_path, script, cap
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_train_torch_learns_on_synthetic_ratings_and_reuses_them(tmp_path, capsys):
     import torch
 
