@@ -107,6 +107,29 @@ def test_inspect_checks_the_requested_columns(mixed, capsys):
     assert "column 'nope' is not in" in capsys.readouterr().out
 
 
+def test_schemas_that_disagree_only_outside_the_loaded_columns_are_a_warning(mixed, capsys):
+    files = [str(mixed / "a.parquet"), str(mixed / "c.parquet")]  # user: int64 vs double
+    assert main(["inspect", *files, "--conts", "x", "--labels", "click", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)  # x has nulls: that fails, not the schemas
+    assert report["warnings"][0].startswith("the files disagree on their schema")
+    assert report["errors"] == [
+        f"with the requested columns: column 'x' has null values in {files[0]} (row group 0) "
+        "and 1 more partition(s). Fill them in the data, or pass fill_null={'x': 0} (any number) to the loader"
+    ]
+    assert main(["inspect", *files, "--labels", "click"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the files disagree on their schema (2 schemas)" in out
+    assert "ok: nothing here would make training fail" in out
+
+
+def test_inspect_fails_when_no_column_can_be_loaded(tmp_path, capsys):
+    path = write(tmp_path / "names.parquet", pa.table({"name": ["a", "b"], "city": ["c", "d"]}))
+    assert main(["inspect", path]) == 1
+    out = capsys.readouterr().out
+    assert "suggested columns: none (no numeric columns)" in out
+    assert "error: with the suggested columns: no column can be loaded: none is numeric" in out
+
+
 def test_inspect_reports_rows_and_batches_per_rank(dataset_dir, capsys):
     (path,) = dataset_dir([[1000]])
     assert main(["inspect", path, "--ranks", "3", "--batch-size", "100"]) == 0
