@@ -659,9 +659,10 @@ examples:
   tabloader inspect data/train --cats C1,C2 --labels label   check these columns
   tabloader inspect data/train --json | jq .errors
 
-Exit status: 0 when nothing would make training fail, 1 when something would (files
-whose schemas disagree, requested columns that are missing, not numeric or hold nulls),
-2 when the files cannot be read at all.
+The columns checked are --cats/--conts/--labels, or the suggested ones. Exit status: 0
+when nothing would make training fail, 1 when something would (files whose schemas
+disagree on those columns; columns missing, not numeric or holding nulls; no rows), 2
+when the files cannot be found or read at all.
 """
 _BENCH_EXAMPLES = """\
 examples:
