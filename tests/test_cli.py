@@ -114,7 +114,8 @@ def test_schemas_that_disagree_only_outside_the_loaded_columns_are_a_warning(mix
     assert report["warnings"][0].startswith("the files disagree on their schema")
     assert report["errors"] == [
         f"with the requested columns: column 'x' has null values in {files[0]} (row group 0) "
-        "and 1 more partition(s). Fill them in the data, or pass fill_null={'x': 0} (any number) to the loader"
+        "and 1 more partition(s). Fill them in the data, or pass fill_null={'x': 0} (any "
+        "number) to the loader"
     ]
     assert main(["inspect", *files, "--labels", "click"]) == 0
     out = capsys.readouterr().out
