@@ -195,6 +195,7 @@ def test_training_without_data_is_an_error_naming_the_path(tmp_path, script, cap
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_train_torch_learns_on_synthetic_ratings_and_reuses_them(tmp_path, capsys):
     import torch
 
@@ -206,7 +207,7 @@ def test_train_torch_learns_on_synthetic_ratings_and_reuses_them(tmp_path, capsy
         history = example.main(["--synthetic", *args, "--embedding-dim", "8", "--threads", "1"])
         printed = capsys.readouterr().out
         assert f"writing 8,000 rows of generated data to {data}" in printed
-        assert "1 PyTorch threads" in printed
+        assert "PyTorch threads: 1" in printed
         assert history[1]["train_loss"] < history[0]["train_loss"]
         assert history[1]["valid_auc"] > 0.75  # the hidden user and movie biases
         assert json.loads((data / "meta.json").read_text())["rows"] == {

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     baseline = constant_loss(float(labels.float().mean()))
     print(f"valid loss of a constant predictor (the positive rate): {baseline:.4f}")
     rows = len(train.loader.dataset)
-    print(f"{rows:,} training rows in {len(train)} batches, {threads} PyTorch threads")
+    print(f"{rows:,} training rows in {len(train)} batches, PyTorch threads: {threads}")
     history = []
     for epoch in range(args.epochs):
         started = time.perf_counter()

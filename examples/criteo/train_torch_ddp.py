@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     if rank == 0:
         print(
             f"{world} ranks, {len(loader)} batches of {args.batch_size} rows per rank per "
-            f"epoch, {threads} PyTorch threads per rank"
+            f"epoch, PyTorch threads per rank: {threads}"
         )
 
     model = DistributedDataParallel(

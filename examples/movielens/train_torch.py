@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     movies = id_cardinality([train_path, valid_path], "movieId")
     print(
         f"{users} user ids, {movies} movie ids, {len(conts)} genre features, "
-        f"{threads} PyTorch threads"
+        f"PyTorch threads: {threads}"
     )
 
     train = TorchAsyncItr(

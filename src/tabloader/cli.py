@@ -27,7 +27,13 @@ from tabloader.dataset import (
     _ParquetSource,
     small_row_groups,
 )
-from tabloader.errors import TabloaderError
+from tabloader.errors import (
+    ColumnNotFoundError,
+    ColumnTypeError,
+    EmptyDatasetError,
+    SchemaMismatchError,
+    TabloaderError,
+)
 from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
 
@@ -360,6 +366,11 @@ def inspect_dataset(
         }
         for field in reference
     ]
+    requested = {"cats": list(cats), "conts": list(conts), "labels": list(labels)}
+    which = "the requested columns" if any(requested.values()) else "the suggested columns"
+    if not any(requested.values()):
+        requested = suggested
+    failure = _loader_failure(dataset, requested, batch_size=batch_size, ranks=ranks)
     errors: list[str] = []
     warns = layout_warnings(rows, sizes, ranks=ranks)
     if len(groups) > 1:
@@ -369,7 +380,9 @@ def inspect_dataset(
             + ("" if k == 0 else f": {_schema_difference(schema, reference)}")
             for k, (schema, files) in enumerate(groups)
         )
-        errors.append(
+        # An error when it touches the columns to load; else training works regardless.
+        fatal = isinstance(failure, (SchemaMismatchError, ColumnNotFoundError))
+        (errors if fatal else warns).append(
             f"the files disagree on their schema ({len(groups)} schemas): {listing}. Rewrite "
             "the odd files with the common schema"
         )
@@ -381,29 +394,8 @@ def inspect_dataset(
             + ". Encode strings as integer ids (for example with pandas factorize), or leave "
             "them out"
         )
-    requested = {"cats": list(cats), "conts": list(conts), "labels": list(labels)}
-    if not any(requested.values()):
-        requested = suggested
-    if any(requested.values()) and dataset.num_rows:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the layout is reported above
-                Loader(
-                    dataset,
-                    batch_size=batch_size,
-                    global_size=ranks,
-                    device="cpu",
-                    cats=requested["cats"],
-                    conts=requested["conts"],
-                    labels=requested["labels"],
-                )
-        except TabloaderError as error:
-            which = (
-                "the requested columns" if any((cats, conts, labels)) else "the suggested columns"
-            )
-            errors.append(f"with {which}: {error}")
-    elif not dataset.num_rows:
-        errors.append("the dataset has no rows")
+    if failure is not None:
+        errors.append(f"with {which}: {failure}")
     per_rank_rows = dataset.num_rows // ranks
     batches = count_batches(per_rank_rows, batch_size, drop_last=False)
     lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)
@@ -442,6 +434,37 @@ def inspect_dataset(
         "errors": errors,
         "warnings": warns,
     }
+
+
+def _loader_failure(
+    dataset: Dataset, columns: dict[str, list[str]], *, batch_size: int, ranks: int
+) -> TabloaderError | None:
+    """Why a loader of ``columns`` could not be built on ``dataset``, or None if it can.
+
+    The loader's own checks (columns present in every file with one type, numeric, no
+    nulls, at least one batch) decide, from the footers alone.
+    """
+    if not dataset.num_rows:
+        return EmptyDatasetError("the dataset has no rows")
+    if not any(columns.values()):
+        return ColumnTypeError(
+            "no column can be loaded: none is numeric. Encode the columns as numbers first"
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # inspect reports the layout itself
+            Loader(
+                dataset,
+                batch_size=batch_size,
+                global_size=ranks,
+                device="cpu",
+                cats=columns["cats"],
+                conts=columns["conts"],
+                labels=columns["labels"],
+            )
+    except TabloaderError as error:
+        return error
+    return None
 
 
 def _count(n: int, noun: str) -> str:
@@ -636,9 +659,10 @@ examples:
   tabloader inspect data/train --cats C1,C2 --labels label   check these columns
   tabloader inspect data/train --json | jq .errors
 
-Exit status: 0 when nothing would make training fail, 1 when something would (files
-whose schemas disagree, requested columns that are missing, not numeric or hold nulls),
-2 when the files cannot be read at all.
+The columns checked are --cats/--conts/--labels, or the suggested ones. Exit status: 0
+when nothing would make training fail, 1 when something would (files whose schemas
+disagree on those columns; columns missing, not numeric or holding nulls; no rows), 2
+when the files cannot be found or read at all.
 """
 _BENCH_EXAMPLES = """\
 examples:
