@@ -351,3 +351,42 @@ def test_keras_lists_as_ragged_and_padded_tensors(paths):
     model.compile("sgd", "mse")
     history = model.fit(dense, epochs=1, verbose=0)
     assert len(history.history["loss"]) == 1
+
+
+@pytest.mark.slow
+def test_the_list_benchmark_runs_and_reports(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "lists.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "lists_speed.py"),
+            "--rows",
+            "3000",
+            "--files",
+            "2",
+            "--row-group-size",
+            "1000",
+            "--batch-size",
+            "512",
+            "--repeat",
+            "1",
+            "--dir",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["rows"] for r in report["results"]] == [3000] * 5
+    assert report["results"][0]["vs_pyarrow"] == 1.0
