@@ -390,3 +390,50 @@ def test_the_list_benchmark_runs_and_reports(tmp_path):
     report = json.loads(out.read_text())
     assert [r["rows"] for r in report["results"]] == [3000] * 5
     assert report["results"][0]["vs_pyarrow"] == 1.0
+
+
+# -- the ragged arithmetic ----------------------------------------------------------------
+
+LISTS = st.lists(st.one_of(st.none(), st.lists(st.integers(-5, 5), max_size=6)), max_size=30)
+
+
+def ragged_of(rows: list[list[int] | None]) -> Any:
+    from tabloader.backends.cpu import list_column_to_ragged
+
+    return list_column_to_ragged(pa.array(rows, pa.list_(pa.int64())), "g", None, "here")
+
+
+def as_lists(ragged: Any) -> list[list[int]]:
+    compact = ragged.compact()
+    return rows_of(compact.values, compact.offsets)
+
+
+@given(rows=LISTS, data=st.data())
+@settings(deadline=None)
+def test_ragged_slices_gathers_and_concatenations_keep_every_row(rows, data):
+    from tabloader.batches import Ragged
+
+    want = [r or [] for r in rows]
+    ragged = ragged_of(rows)
+    assert as_lists(ragged) == want
+    n = len(want)
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    assert as_lists(ragged[lo:hi]) == want[lo:hi]
+    index = np.array(
+        data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=20) if n else st.just([])),
+        dtype=np.int64,
+    )
+    assert as_lists(ragged.take(index)) == [want[i] for i in index]
+    # A lazily reordered view: slices and gathers compose with the pending order.
+    order = np.array(data.draw(st.permutations(list(range(n)))), dtype=np.int64)
+    view = Ragged(ragged.values, ragged.offsets, rows=order)
+    assert as_lists(view) == [want[i] for i in order]
+    assert as_lists(view[lo:hi].take(np.arange(hi - lo))) == [want[i] for i in order[lo:hi]]
+    assert view.lengths().tolist() == [len(want[i]) for i in order]
+    cut = data.draw(st.integers(0, n))
+    joined = Ragged.concatenate([ragged[:cut], view[cut:]])
+    assert as_lists(joined) == want[:cut] + [want[i] for i in order[cut:]]
+    width = max((len(r) for r in want), default=0) + 1
+    dense = ragged.to_dense(width, -9, "g")
+    assert dense.tolist() == [r + [-9] * (width - len(r)) for r in want]
