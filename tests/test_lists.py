@@ -351,3 +351,89 @@ def test_keras_lists_as_ragged_and_padded_tensors(paths):
     model.compile("sgd", "mse")
     history = model.fit(dense, epochs=1, verbose=0)
     assert len(history.history["loss"]) == 1
+
+
+@pytest.mark.slow
+def test_the_list_benchmark_runs_and_reports(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "lists.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "lists_speed.py"),
+            "--rows",
+            "3000",
+            "--files",
+            "2",
+            "--row-group-size",
+            "1000",
+            "--batch-size",
+            "512",
+            "--repeat",
+            "1",
+            "--dir",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["rows"] for r in report["results"]] == [3000] * 5
+    assert report["results"][0]["vs_pyarrow"] == 1.0
+
+
+# -- the ragged arithmetic ----------------------------------------------------------------
+
+LISTS = st.lists(st.one_of(st.none(), st.lists(st.integers(-5, 5), max_size=6)), max_size=30)
+
+
+def ragged_of(rows: list[list[int] | None]) -> Any:
+    from tabloader.backends.cpu import list_column_to_ragged
+
+    return list_column_to_ragged(pa.array(rows, pa.list_(pa.int64())), "g", None, "here")
+
+
+def as_lists(ragged: Any) -> list[list[int]]:
+    compact = ragged.compact()
+    return rows_of(compact.values, compact.offsets)
+
+
+@given(rows=LISTS, data=st.data())
+@settings(deadline=None)
+def test_ragged_slices_gathers_and_concatenations_keep_every_row(rows, data):
+    from tabloader.batches import Ragged
+
+    want = [r or [] for r in rows]
+    ragged = ragged_of(rows)
+    assert as_lists(ragged) == want
+    n = len(want)
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    assert as_lists(ragged[lo:hi]) == want[lo:hi]
+    index = np.array(
+        data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=20) if n else st.just([])),
+        dtype=np.int64,
+    )
+    assert as_lists(ragged.take(index)) == [want[i] for i in index]
+    # A lazily reordered view: slices and gathers compose with the pending order.
+    order = np.array(data.draw(st.permutations(list(range(n)))), dtype=np.int64)
+    view = Ragged(ragged.values, ragged.offsets, rows=order)
+    assert as_lists(view) == [want[i] for i in order]
+    assert as_lists(view[lo:hi].take(np.arange(hi - lo))) == [want[i] for i in order[lo:hi]]
+    assert view.lengths().tolist() == [len(want[i]) for i in order]
+    cut = data.draw(st.integers(0, n))
+    joined = Ragged.concatenate([ragged[:cut], view[cut:]])
+    assert as_lists(joined) == want[:cut] + [want[i] for i in order[cut:]]
+    width = max((len(r) for r in want), default=0) + 1
+    dense = ragged.to_dense(width, -9, "g")
+    assert dense.tolist() == [r + [-9] * (width - len(r)) for r in want]

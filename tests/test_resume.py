@@ -105,6 +105,7 @@ def test_a_resumed_plan_delivers_exactly_the_rest_of_the_stream(
     batch_size=st.integers(1, 20),
     data=st.data(),
 )
+@settings(deadline=None)
 def test_resume_point_is_the_chunk_holding_the_first_undelivered_row(chunk_rows, batch_size, data):
     total = sum(chunk_rows)
     done = data.draw(st.integers(0, -(-total // batch_size)))

@@ -288,25 +288,33 @@ class Ragged:
 
     values: Any
     offsets: Any
+    rows: Any = None
+    """If set, row ``i`` is row ``rows[i]`` of ``(values, offsets)``: a reordering not
+    carried out yet, so that a shuffled chunk's lists are gathered once, batch by
+    batch, rather than reordered whole first."""
 
     @property
     def shape(self) -> tuple[int]:
-        return (len(self.offsets) - 1,)
+        return (len(self),)
 
     @property
     def dtype(self) -> Any:
         return self.values.dtype
 
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.offsets) - 1 if self.rows is None else len(self.rows)
 
     def __getitem__(self, rows: slice) -> Ragged:
         start, stop, step = rows.indices(len(self))
         if step != 1:
             raise ValueError("Ragged rows can only be sliced with step 1")
+        if self.rows is not None:
+            return Ragged(self.values, self.offsets, self.rows[start:stop])
         return Ragged(self.values, self.offsets[start : max(stop, start) + 1])
 
     def lengths(self) -> Any:
+        if self.rows is not None:
+            return self.offsets[1:][self.rows] - self.offsets[:-1][self.rows]
         return self.offsets[1:] - self.offsets[:-1]
 
     def take(self, rows: Any) -> Ragged:
@@ -315,6 +323,8 @@ class Ragged:
         Vectorised: each output value's source is its row's start plus its place in
         the row, built with one ``repeat`` and one ``arange``.
         """
+        if self.rows is not None:
+            rows = self.rows[rows]
         xp = _module(self.offsets)
         starts = self.offsets[:-1][rows]
         lengths = self.offsets[1:][rows] - starts
@@ -326,6 +336,8 @@ class Ragged:
 
     def compact(self) -> Ragged:
         """The same rows with offsets starting at 0 and values holding only them."""
+        if self.rows is not None:
+            return self.take(_module(self.rows).arange(len(self.rows)))
         first, last = int(self.offsets[0]), int(self.offsets[-1])
         if first == 0 and last == len(self.values):
             return self

@@ -278,7 +278,10 @@ def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str
     nulls inside lists take ``fill``, or raise without it."""
     if isinstance(column, pa.ChunkedArray):
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    lengths = np.diff(np.asarray(column.offsets))  # the slice's own, whatever its offset
+    if column.null_count:
+        # A null slot may still span values; flatten() leaves them out, so do the offsets.
+        lengths[column.is_null().to_numpy(zero_copy_only=False)] = 0
     offsets = np.zeros(len(column) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     values: Any = column.flatten()  # the values of the non-null lists, slice offset applied
@@ -412,13 +415,15 @@ class CPUBackend:
             offset += n
             stats.assemble_seconds += time.perf_counter() - started
         if lists:
+            # Lists stay where they are, reordered lazily: each batch gathers its rows'
+            # values once, when it is cut.
             started = time.perf_counter()
             order = inverse_permutation(places)
             for b in blocks:
                 if b.ragged:
-                    dealt = Ragged.concatenate(lists[b.name]).take(order)
-                    values = dealt.values.astype(b.dtype, copy=False)
-                    segment[b.name] = Ragged(values, dealt.offsets)
+                    whole = Ragged.concatenate(lists[b.name])
+                    values = whole.values.astype(b.dtype, copy=False)
+                    segment[b.name] = Ragged(values, whole.offsets, rows=order)
             stats.assemble_seconds += time.perf_counter() - started
         return segment
 
