@@ -56,10 +56,13 @@ def test_an_unknown_keyword_names_the_closest_one():
         tabloader.Loader(TABLE, cats=["user"], batch_size=2, suffle=True)
 
 
-@pytest.mark.parametrize(("name", "value"), [("shuffle", "no"), ("drop_last", "False")])
-def test_booleans_from_a_config_file_are_refused(name, value):
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [("shuffle", "no", "True, False or 'global'"), ("drop_last", "False", "True or False")],
+)
+def test_booleans_from_a_config_file_are_refused(name, value, allowed):
     with pytest.raises(
-        tabloader.InvalidArgumentError, match=f"{name} must be True or False, got '{value}'"
+        tabloader.InvalidArgumentError, match=f"{name} must be {allowed}, got '{value}'"
     ):
         tabloader.Loader(TABLE, cats=["user"], batch_size=2, **{name: value})
 
@@ -99,7 +102,7 @@ def test_torch_checks_its_booleans_and_names_unknown_keywords():
     from tabloader.torch import DLDataLoader, TorchAsyncItr
 
     for name, value in (("shuffle", "no"), ("drop_last", "False"), ("shuffle_within_batch", 1)):
-        with pytest.raises(tabloader.InvalidArgumentError, match=f"{name} must be True or False"):
+        with pytest.raises(tabloader.InvalidArgumentError, match=f"{name} must be True"):
             TorchAsyncItr(TABLE, cats=["user"], batch_size=2, device="cpu", **{name: value})
     with pytest.raises(TypeError, match=r"TorchAsyncItr\(\) .* 'label_dtypes'; did you mean "
                        r"'label_dtype'\?"):  # fmt: skip
@@ -150,7 +153,7 @@ def test_keras_checks_its_booleans_and_names_unknown_keywords():
 
     options = {"cat_names": ["user"], "label_names": ["y"], "batch_size": 2}
     for name, value in (("shuffle", "no"), ("drop_last", "False")):
-        with pytest.raises(tabloader.InvalidArgumentError, match=f"{name} must be True or False"):
+        with pytest.raises(tabloader.InvalidArgumentError, match=f"{name} must be True"):
             KerasSequenceLoader(TABLE, **options, **{name: value})
     with pytest.raises(TypeError, match=r"KerasSequenceLoader\(\) .* 'label_name'; did you "
                        r"mean 'label_names'\?"):  # fmt: skip
