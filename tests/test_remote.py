@@ -526,3 +526,20 @@ def test_a_file_over_plain_http_is_read_even_from_a_server_ignoring_ranges(tmp_p
         server.shutdown()
         thread.join()
         server.server_close()
+
+
+@pytest.mark.gpu
+def test_the_gpu_backend_fetches_only_the_column_chunks_it_reads(proxy, wide):
+    import cupy
+
+    name, size, column_bytes = wide
+    ds = tabloader.Dataset(f"s3://{name}/wide.parquet", storage_options=options(proxy))
+    proxy.reset_counters()
+    loader = tabloader.Loader(
+        ds, conts=["c0"], cats=["id"], batch_size=4096, shuffle=True, seed=1, device="cuda"
+    )
+    ids = [cupy.asnumpy(batch["id"]) for batch in loader]
+    np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(80_000))
+    id_bytes = column_bytes  # id is int64 and c0 float64: about the same size
+    assert proxy.bytes_down <= 1.5 * (column_bytes + id_bytes) + 2000 * proxy.requests
+    assert proxy.bytes_down < size / 2  # never the whole object

@@ -472,17 +472,6 @@ def _optional_import(name: str) -> Any:
         return None
 
 
-def _open_parquet_ranges(
-    filesystem: Any, path: str, columns: list[str], row_groups: list[int]
-) -> Any:
-    """A file object holding just the footer and the byte ranges a read needs."""
-    import fsspec.parquet
-
-    return fsspec.parquet.open_parquet_file(
-        path, fs=filesystem, columns=columns, row_groups=row_groups, engine="pyarrow"
-    )
-
-
 def _device_column(series: Any, name: str, fill: float | None, where: str, cupy: Any) -> Any:
     """One cudf column as a cupy array, nulls filled or refused exactly as on the CPU.
 
@@ -667,14 +656,26 @@ class GPUBackend:
         if len(spans) > 1:
             where += f" or one of {len(spans) - 1} other row group(s) of that file"
         try:
-            target: Any = source.files[file]
-            if source.filesystem is not None:
+            if source.filesystem is None:
+                frame = self._cudf.read_parquet(
+                    [source.files[file]],
+                    columns=columns,
+                    row_groups=[row_groups],
+                    use_pandas_metadata=False,
+                )
+            else:
                 # Only the footer and the byte ranges of these row groups and columns
-                # cross the network, as on the CPU; cudf would fetch the whole object.
-                target = _open_parquet_ranges(source.filesystem, target, columns, row_groups)
-            frame = self._cudf.read_parquet(
-                [target], columns=columns, row_groups=[row_groups], use_pandas_metadata=False
-            )
+                # cross the network (retried like the CPU's reads); cudf given the URL
+                # would fetch the whole object.
+                with dataset.open_row_groups(file, row_groups, columns) as ranges:
+                    frame = self._cudf.read_parquet(
+                        [ranges],
+                        columns=columns,
+                        row_groups=[row_groups],
+                        use_pandas_metadata=False,
+                    )
+        except ReadError:
+            raise  # a network failure, already named with its remedy
         except Exception as err:
             if is_out_of_memory(err):
                 raise
