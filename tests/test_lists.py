@@ -217,13 +217,62 @@ def test_list_options_are_checked_at_construction(paths, options, error, message
         tabloader.Loader(paths, **{"cats": ["id"], "batch_size": 8, **options})
 
 
-def test_list_columns_are_refused_on_the_gpu_backend_with_the_remedy(paths, monkeypatch):
-    from tabloader import loader as loader_module
-    from tabloader.device import Device
+def _host(value: Any) -> Any:
+    import cupy
 
-    monkeypatch.setattr(loader_module, "resolve_device", lambda device: Device("cuda", 0))
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"CPU only for now.*device='cpu'"):
-        tabloader.Loader(paths, cats=["id"], sparse_names=["genres"], batch_size=8, device="cuda")
+    if isinstance(value, tuple):
+        return tuple(_host(v) for v in value)
+    return cupy.asnumpy(value) if isinstance(value, cupy.ndarray) else np.asarray(value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True], ids=["ragged", "dense"])
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffle", "ordered"])
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_cpu_and_gpu_deliver_the_same_list_batches(paths, dense, shuffle, ranks):
+    import cupy
+
+    options: dict[str, Any] = {
+        "cats": ["id", "genres"],
+        "conts": ["scores"],
+        "sparse_names": ["genres", "scores"],
+        "labels": ["label"],
+        "batch_size": 16,
+        "shuffle": shuffle,
+        "seed": 3,
+        "parts_per_chunk": 2,
+        "global_size": ranks,
+    }
+    if dense:
+        options.update(sparse_as_dense=True, sparse_max={"genres": 5, "scores": 2})
+    for rank in range(ranks):
+        cpu = tabloader.Loader(paths, device="cpu", global_rank=rank, **options)
+        gpu = tabloader.Loader(paths, device="cuda", global_rank=rank, **options)
+        for _ in range(2):
+            cpu_batches, gpu_batches = list(cpu), list(gpu)
+            assert len(cpu_batches) == len(gpu_batches) == len(cpu)
+            for c, g in zip(cpu_batches, gpu_batches, strict=True):
+                assert c.keys() == g.keys()
+                for key in c:
+                    got = g[key] if isinstance(g[key], tuple) else (g[key],)
+                    assert all(isinstance(a, cupy.ndarray) for a in got), key
+                    want = c[key] if isinstance(c[key], tuple) else (c[key],)
+                    for w, h in zip(want, _host(got), strict=True):
+                        assert w.dtype == h.dtype and w.shape == h.shape, key
+                        assert w.tobytes() == h.tobytes(), key
+
+
+@pytest.mark.gpu
+def test_nulls_inside_lists_follow_fill_null_on_the_gpu(tmp_path):
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"g": pa.array([[1, None], None, [3]], pa.list_(pa.int64()))}), path)
+    with pytest.raises(tabloader.NullValuesError, match=r"'g' has 1 null value\(s\).*inside lists"):
+        list(tabloader.Loader(str(path), sparse_names=["g"], batch_size=3, device="cuda"))
+    loader = tabloader.Loader(
+        str(path), sparse_names=["g"], batch_size=3, fill_null={"g": 9}, device="cuda"
+    )
+    values, offsets = _host(next(iter(loader))["g"])
+    assert rows_of(values, offsets) == [[1, 9], [], [3]]
 
 
 def test_resume_with_list_columns(paths):

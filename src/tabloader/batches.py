@@ -29,6 +29,8 @@ __all__ = [
     "Layout",
     "Part",
     "Ragged",
+    "host_int",
+    "value_rows",
     "Segment",
     "cut_batches",
     "drop_leading_rows",
@@ -268,6 +270,27 @@ def _module(array: Any) -> Any:
     return sys.modules[type(array).__module__.split(".")[0]]
 
 
+def host_int(value: Any) -> int:
+    """A 0-d array (numpy or cupy) as a Python int: an explicit copy to the host, where
+    a size must be known to allocate."""
+    get = getattr(value, "get", None)
+    return int(get() if callable(get) else value)
+
+
+def value_rows(offsets: Any, total: int) -> Any:
+    """The row each of the ``total`` values laid out by ``offsets`` (from 0) belongs to.
+
+    A ``searchsorted`` over the row ends, not ``repeat(arange(rows), lengths)``: cupy
+    before v14 refuses an array of repeats.
+
+    Examples:
+        >>> value_rows(np.array([0, 2, 2, 5]), 5).tolist()
+        [0, 0, 2, 2, 2]
+    """
+    xp = _module(offsets)
+    return xp.searchsorted(offsets[1:], xp.arange(total, dtype=np.int64), side="right")
+
+
 @dataclass(frozen=True)
 class Ragged:
     """A list column: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
@@ -321,7 +344,7 @@ class Ragged:
         """Rows ``rows`` (an index array), gathered into fresh, compact arrays.
 
         Vectorised: each output value's source is its row's start plus its place in
-        the row, built with one ``repeat`` and one ``arange``.
+        the row (see :func:`value_rows`).
         """
         if self.rows is not None:
             rows = self.rows[rows]
@@ -330,15 +353,16 @@ class Ragged:
         lengths = self.offsets[1:][rows] - starts
         offsets = xp.zeros(len(rows) + 1, dtype=np.int64)
         xp.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        source = xp.repeat(starts - offsets[:-1], lengths) + xp.arange(total, dtype=np.int64)
+        total = host_int(offsets[-1])
+        row = value_rows(offsets, total)
+        source = starts[row] + (xp.arange(total, dtype=np.int64) - offsets[:-1][row])
         return Ragged(self.values[source], offsets)
 
     def compact(self) -> Ragged:
         """The same rows with offsets starting at 0 and values holding only them."""
         if self.rows is not None:
             return self.take(_module(self.rows).arange(len(self.rows)))
-        first, last = int(self.offsets[0]), int(self.offsets[-1])
+        first, last = host_int(self.offsets[0]), host_int(self.offsets[-1])
         if first == 0 and last == len(self.values):
             return self
         return Ragged(self.values[first:last], self.offsets - first)
@@ -368,7 +392,7 @@ class Ragged:
         xp = _module(self.offsets)
         ragged = self.compact()
         lengths = ragged.lengths()
-        longest = int(lengths.max()) if len(lengths) else 0
+        longest = host_int(lengths.max()) if len(lengths) else 0
         if longest > width:
             raise InvalidArgumentError(
                 f"list column {name!r} has a row of {longest} values, longer than "
@@ -376,10 +400,8 @@ class Ragged:
                 "truncates lists), or leave sparse_as_dense off to get the values ragged"
             )
         out = xp.full((len(ragged), width), pad, dtype=ragged.values.dtype)
-        rows = xp.repeat(xp.arange(len(ragged), dtype=np.int64), lengths)
-        columns = xp.arange(len(ragged.values), dtype=np.int64) - xp.repeat(
-            ragged.offsets[:-1], lengths
-        )
+        rows = value_rows(ragged.offsets, len(ragged.values))
+        columns = xp.arange(len(ragged.values), dtype=np.int64) - ragged.offsets[rows]
         out[rows, columns] = ragged.values
         return out
 

@@ -137,7 +137,8 @@ class Loader:
             other (``cat_dtype`` or ``cont_dtype``), ``offsets`` int64 of length ``B + 1``
             (row ``i`` is ``values[offsets[i]:offsets[i + 1]]``). Null lists are empty
             lists; nulls inside lists follow ``fill_null``. In the ``"stacked"`` layout
-            each list column is delivered under its own name. CPU only for now.
+            each list column is delivered under its own name. Both backends read them,
+            with the same batches for a seed.
         sparse_as_dense: Deliver list columns as ``[B, sparse_max[name]]`` arrays instead,
             each row's values then ``sparse_pad``. A list longer than its ``sparse_max``
             raises :class:`InvalidArgumentError` (lists are never truncated).
@@ -312,12 +313,6 @@ class Loader:
         }
         self.device: Device = resolve_device(device)
         """Where batches live, decided once here; adapters read it and never decide again."""
-        if self.sparse_names and self.device.is_cuda:
-            raise InvalidArgumentError(
-                f"list columns ({', '.join(map(repr, self.sparse_names))}) are read on the CPU "
-                f"only for now, but device={self.device} selects the GPU backend. Pass "
-                "device='cpu' (the batches can be moved to the GPU afterwards)"
-            )
         self.backend: Backend = get_backend(self.device)
         if cache is not None and self.device.is_cuda:
             raise InvalidArgumentError(

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabloader.backends.cpu import null_message
+from tabloader.batches import Ragged, host_int
 from tabloader.dataset import _DaskSource, _ParquetSource, read_error
 from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
 
@@ -397,6 +398,10 @@ def assemble_segments(
         rows = sum(len(next(iter(p.values()))) for p in pieces)
         segment: Segment = {}
         for b in blocks:
+            if b.ragged:  # a list column: its pieces' values one after the other
+                whole = Ragged.concatenate([piece[b.columns[0]] for piece in pieces])
+                segment[b.name] = Ragged(whole.values.astype(b.dtype, copy=False), whole.offsets)
+                continue
             out = xp.empty((rows, len(b.columns)), dtype=b.dtype)
             offset = 0
             for piece in pieces:
@@ -411,6 +416,11 @@ def assemble_segments(
         segment = {}
         for b in blocks:
             cols = [piece[c] for c in b.columns]
+            if b.ragged:
+                segment[b.name] = Ragged(
+                    cols[0].values.astype(b.dtype, copy=False), cols[0].offsets
+                )
+                continue
             if len(cols) == 1 and cols[0].dtype == b.dtype:
                 segment[b.name] = cols[0].reshape(-1, 1)
                 continue
@@ -470,6 +480,31 @@ def _optional_import(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def _nbytes(array: Any) -> int:
+    if isinstance(array, Ragged):
+        return int(array.values.nbytes) + int(array.offsets.nbytes)
+    return int(array.nbytes)
+
+
+def _device_list_column(
+    series: Any, name: str, fill: float | None, where: str, cupy: Any
+) -> Ragged:
+    """A cudf list column as a :class:`Ragged` of cupy arrays, as on the CPU: null lists
+    are empty lists, nulls inside lists take ``fill`` (or raise)."""
+    lengths = series.list.len().fillna(0).values
+    offsets = cupy.zeros(len(lengths) + 1, dtype=np.int64)
+    cupy.cumsum(lengths, out=offsets[1:])
+    leaves = series.list.leaves
+    values = _device_column(leaves, name, fill, where + " (inside lists)", cupy)
+    if len(values) != host_int(offsets[-1]):
+        raise ReadError(
+            f"the list column {name!r} in {where} has null lists that still span values; "
+            "tabloader reads them as empty lists. Rewrite the file with empty lists for "
+            "nulls (pyarrow does so), or read it with device='cpu'"
+        )
+    return Ragged(values, offsets)
 
 
 def _device_column(series: Any, name: str, fill: float | None, where: str, cupy: Any) -> Any:
@@ -588,6 +623,7 @@ class GPUBackend:
     ) -> list[Part]:
         cupy = self._cupy
         columns = [c for b in blocks for c in b.columns]
+        lists = {c for b in blocks if b.ragged for c in b.columns}
         rows = sum(last - first for _, first, last in pieces)
         doing = f"reading a chunk of {rows:,} rows"
         with cupy.cuda.Device(self.device), _out_of_memory_as_error(self.device, doing):
@@ -596,9 +632,14 @@ class GPUBackend:
             for partition, frame in self._read_frames(dataset, pieces, columns):
                 where = dataset.describe_partition(partition)
                 arrays.append(
-                    {c: _device_column(frame[c], c, fill_null.get(c), where, cupy) for c in columns}
+                    {
+                        c: (_device_list_column if c in lists else _device_column)(
+                            frame[c], c, fill_null.get(c), where, cupy
+                        )
+                        for c in columns
+                    }
                 )
-            stats.bytes_read += sum(int(a.nbytes) for piece in arrays for a in piece.values())
+            stats.bytes_read += sum(_nbytes(a) for piece in arrays for a in piece.values())
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
             # Shuffled, the chunk is gathered batch by batch in delivery order: on the

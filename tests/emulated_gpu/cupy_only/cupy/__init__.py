@@ -554,8 +554,28 @@ def _unary(func: Any) -> Any:
 
 
 isnan, isinf, isfinite = _unary(np.isnan), _unary(np.isinf), _unary(np.isfinite)
-cumsum, diff, argsort = _unary(np.cumsum), _unary(np.diff), _unary(np.argsort)
-repeat, sort, unique = _unary(np.repeat), _unary(np.sort), _unary(np.unique)
+diff, argsort = _unary(np.diff), _unary(np.argsort)
+sort, unique = _unary(np.sort), _unary(np.unique)
+
+
+def cumsum(a: ndarray, axis: Any = None, dtype: Any = None, out: Any = None) -> ndarray:
+    _launch(a, out)
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    return _write(np.cumsum(a._host, axis=axis, dtype=dtype), out)
+
+
+def repeat(a: ndarray, repeats: Any, axis: Any = None) -> ndarray:
+    """Repeats of an int, list or tuple. A device array of repeats is refused, as cupy's
+    ``_repeat`` does before v14 (cupy/_core/_routines_manipulation.pyx: "cupy.ndaray
+    cannot be specified as `repeats` argument."), although numpy accepts it: code that
+    repeats by array lengths must use another construction (e.g. searchsorted)."""
+    if isinstance(repeats, ndarray):
+        raise ValueError("cupy.ndaray cannot be specified as `repeats` argument.")
+    _launch(a)
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    return _to_device(np.asarray(np.repeat(a._host, repeats, axis=axis)))
 
 
 def where(condition: ndarray, x: Any = None, y: Any = None) -> Any:
