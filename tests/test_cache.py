@@ -347,14 +347,16 @@ def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files,
     assert len(published(tmp_path / "c")) == 2
 
 
-def test_an_identical_loader_shares_the_cache(files, tmp_path):
-    base = dict(**COLS, batch_size=20, cache="disk", cache_dir=tmp_path / "c")
+def test_loaders_differing_in_batching_share_the_cache(files, tmp_path):
+    base = dict(**COLS, batch_size=20, shuffle=True, cache="disk", cache_dir=tmp_path / "c")
     list(tabloader.Loader(files, **base))
-    # Batch size, shuffling, seeds and drop_last do not change what is stored.
-    other = tabloader.Loader(files, **{**base, "batch_size": 7}, shuffle=True, seed=9,
-                             drop_last=True)  # fmt: skip
+    # Batch size, seeds, drop_last and the layout do not change what is stored.
+    other = tabloader.Loader(
+        files, **{**base, "batch_size": 7}, seed=9, drop_last=True, layout="stacked"
+    )
     list(other)
     assert other.stats().from_cache
+    assert len(published(tmp_path / "c")) == 1
 
 
 # -- where caches live ----------------------------------------------------------------
@@ -420,6 +422,7 @@ def test_a_cache_larger_than_the_free_space_is_not_written(files, tmp_path):
         "disk",
         dataset=tabloader.Dataset(files),
         blocks=tabloader.Loader(files, **COLS, batch_size=8).layout_plan.blocks,
+        layout=tabloader.Loader(files, **COLS, batch_size=8).layout_plan,
         fill_null={},
         global_rank=0,
         global_size=1,
@@ -512,7 +515,9 @@ def test_a_worker_fills_the_whole_cache_and_the_next_reads_it(files, tmp_path):
     got = ids(first + second)
     assert len(got) == len(set(got.tolist())) == 16 * (ROWS // 16)
     # The rows the epoch dropped are in the cache too.
-    whole = tabloader.Loader(files, **COLS, batch_size=16, cache="disk", cache_dir=tmp_path)
+    whole = tabloader.Loader(
+        files, **COLS, batch_size=16, shuffle=True, seed=0, cache="disk", cache_dir=tmp_path
+    )
     assert sorted(ids(list(whole)).tolist()) == list(range(ROWS))
     assert whole.stats().from_cache
 

@@ -46,15 +46,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tabloader.backends.cpu import column_to_numpy
+from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
-from tabloader.plan import fixed_share, inverse_permutation
+from tabloader.plan import fixed_share
 from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from tabloader.backends import Backend
-    from tabloader.batches import Block, Part
+    from tabloader.batches import Block, Layout, Part, Segment
     from tabloader.dataset import Dataset
     from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
@@ -197,6 +198,7 @@ class DecodedCache:
         *,
         dataset: Dataset,
         blocks: Sequence[Block],
+        layout: Layout,
         fill_null: Mapping[str, float],
         global_rank: int,
         global_size: int,
@@ -205,6 +207,9 @@ class DecodedCache:
     ) -> None:
         self.mode = mode
         self.blocks = tuple(blocks)
+        """The stored blocks: the layout's, or (for gathers) one row-major block per kind."""
+        self.layout = layout
+        """How batches are delivered."""
         self.max_bytes = max_bytes
         files = dataset.files
         if mode == "disk" and not files:
@@ -491,15 +496,14 @@ class DecodedCache:
         """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``.
 
         Without shuffling, the chunk's pieces are zero-copy views of the cache. With
-        shuffling, the rows are dealt into their batches as for streaming (see
-        :meth:`~tabloader.plan.EpochPlan.deal`): each batch's rows are gathered from the
-        cache in stored order (increasing addresses, which memory serves fast) into a
-        window of their own, one window at a time (so memory holds a few batches, not a
-        chunk), and the batcher then puts each window in the plan's order.
+        shuffling, each batch's rows are gathered from the cache in the plan's order,
+        one batch window at a time (so memory holds a few batches, not a chunk). Rows
+        are stored row-major per kind, so a gathered row is a few contiguous cache
+        lines, not one random access per column.
         """
         pieces = plan.pieces(chunk)
         order = plan.batch_order(chunk)
-        if order is None:
+        if order is None and self.blocks == self.layout.blocks:
             first = [int(self._base[p]) + s for p, s, _ in pieces]
             yield [
                 ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
@@ -509,15 +513,28 @@ class DecodedCache:
         rows = np.concatenate(
             [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
         )
-        if plan.shuffle_within_batch:
-            dealt = plan.deal(chunk, order)
-            index: NDArray[np.int64] | None = inverse_permutation(dealt)[order]
-        else:  # the order is already dealt: stored order within each batch
-            dealt, index = order, None
+        if order is not None:
+            rows = rows[order]
         for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
-            window = rows[dealt[lo:hi]]
-            segment = {name: xp.take(a, window, axis=0) for name, a in arrays.items()}
-            yield [(segment, None if index is None else index[lo:hi] - lo)]
+            window = rows[lo:hi]
+            gathered = {name: xp.take(a, window, axis=0) for name, a in arrays.items()}
+            yield [(self._as_layout(gathered, xp), None)]
+
+    def _as_layout(self, gathered: Segment, xp: Any) -> Segment:
+        """Stored blocks as the layout's blocks: each kind's columns made contiguous."""
+        if self.blocks == self.layout.blocks:
+            return gathered
+        segment: Segment = {}
+        for b in self.blocks:
+            rows = gathered[b.name]
+            # Column-major: column j of the block is one contiguous run.
+            (columns,) = empty_segment(
+                len(rows), [(b.name, len(b.columns), b.dtype)], xp, column_major=True
+            ).values()
+            np.copyto(columns, rows)
+            for j, c in enumerate(b.columns):
+                segment[c] = columns[:, j : j + 1]
+        return segment
 
 
 class _CacheBackend:
