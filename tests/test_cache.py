@@ -40,12 +40,31 @@ def check_rows_intact(batches) -> None:
         np.testing.assert_array_equal(b["label"], (i % 2).astype(np.float32))
 
 
+def run(loader) -> list:
+    """One epoch, then wait for a disk cache written in the background to be published."""
+    batches = list(loader)
+    if loader.cache is not None:
+        loader.cache.wait()
+    return batches
+
+
 def published(root: Path) -> list[Path]:
     return [p.parent for p in root.glob(f"*/{MANIFEST}") if not p.parent.name.startswith(".")]
 
 
 def temporary(root: Path) -> list[Path]:
     return list(root.glob(".tmp-*"))
+
+
+@pytest.fixture(params=["plenty", "scarce"])
+def memory(request, monkeypatch) -> str:
+    """With scarce memory, a disk cache is filled and read through file mappings."""
+    if request.param == "scarce":
+        import tabloader.cache
+
+        # Room for a memory cache of the test data (~10 kB), not for a disk cache's copy.
+        monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -163,7 +182,7 @@ def test_a_fixed_share_is_the_unshuffled_shard():
 @pytest.mark.parametrize("world", [1, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_cached_epochs_deliver_every_row_of_the_share_once(
-    files, tmp_path, shuffle, world, drop_last
+    files, tmp_path, shuffle, world, drop_last, memory
 ):
     per_rank = ROWS // world
     loaders = [
@@ -186,7 +205,7 @@ def test_cached_epochs_deliver_every_row_of_the_share_once(
     for epoch in range(3):
         seen = []
         for rank, loader in enumerate(loaders):
-            batches = list(loader)
+            batches = run(loader)
             assert loader.stats().from_cache == (epoch > 0)
             assert len(batches) == len(loader) == loaders[0].num_batches()
             check_rows_intact(batches)
@@ -214,15 +233,15 @@ def test_global_shuffle_mixes_rows_from_the_whole_share(tmp_path):
     everywhere = tabloader.Loader(paths, shuffle="global", **options)
     for epoch in range(2):
         # Rows of one chunk (one row group here) can only share a batch with a neighbour.
-        assert all(len(np.unique(b["id"] // 100)) <= 2 for b in chunked)
-        spread = [len(np.unique(b["id"] // 100)) for b in everywhere]
+        assert all(len(np.unique(b["id"] // 100)) <= 2 for b in run(chunked))
+        spread = [len(np.unique(b["id"] // 100)) for b in run(everywhere)]
         assert min(spread) >= 5, (epoch, spread)
 
 
 def test_changing_a_batch_in_place_cannot_change_the_cache(files):
     loader = tabloader.Loader(files, **COLS, batch_size=16, cache="memory")
     for _ in range(3):
-        batches = list(loader)
+        batches = run(loader)
         check_rows_intact(batches)
         assert sorted(ids(batches).tolist()) == list(range(ROWS))
         for batch in batches:
@@ -248,14 +267,14 @@ def test_changing_a_batch_in_place_cannot_change_the_cache(files):
         dict(layout="columns", shuffle=False),
     ],
 )
-def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options):
+def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options, memory):
     options = {"shuffle": True, **options}
     streamed = tabloader.Loader(files, **COLS, batch_size=24, seed=11, **options)
     cached = tabloader.Loader(
         files, **COLS, batch_size=24, seed=11, cache=mode, cache_dir=tmp_path / "c", **options
     )
     for epoch in range(3):
-        a, b = list(streamed), list(cached)
+        a, b = run(streamed), run(cached)
         assert cached.stats().from_cache == (epoch > 0)
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
@@ -268,20 +287,22 @@ def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options):
 # -- reuse and invalidation -----------------------------------------------------------
 
 
-def test_a_second_loader_reads_only_the_cache(files, tmp_path):
+def test_a_second_loader_reads_only_the_cache(files, tmp_path, memory):
     options = dict(**COLS, batch_size=32, shuffle=True, seed=3, cache="disk",
                    cache_dir=tmp_path / "c")  # fmt: skip
     first = tabloader.Loader(files, **options)
-    expected = [list(first) for _ in range(2)]
+    expected = [run(first) for _ in range(2)]
     second = tabloader.Loader(files, **options)
     for path in files:  # streaming would fail from here on
         os.rename(path, path + ".moved")
     for epoch in range(2):
-        batches = list(second)
+        batches = run(second)
         assert second.stats().from_cache and second.stats().cache_epochs == epoch + 1
         assert second.stats().bytes_read == 0 and second.stats().read_seconds == 0
         for x, y in zip(expected[epoch], batches, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
+    mapped = [isinstance(a.base, np.memmap) for a in second.cache.arrays.values()]
+    assert all(mapped) if memory == "scarce" else not any(mapped)
     # 412 rows of int64 id and cat, float32 x and label
     assert second.stats().cache_bytes == ROWS * (8 + 8 + 4 + 4)
 
@@ -289,11 +310,11 @@ def test_a_second_loader_reads_only_the_cache(files, tmp_path):
 def test_memory_cache_serves_later_epochs_without_the_files(files):
     loader = tabloader.Loader(files, **COLS, batch_size=50, shuffle=True, seed=0,
                               cache="memory")  # fmt: skip
-    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
     for path in files:
         os.remove(path)
     for _ in range(2):
-        batches = list(loader)
+        batches = run(loader)
         check_rows_intact(batches)
         assert sorted(ids(batches).tolist()) == list(range(ROWS))
         assert loader.stats().from_cache
@@ -303,7 +324,7 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     paths = write_dataset(tmp_path / "d", [[50], [50]])
     options = dict(cats=["id"], batch_size=10, cache="disk", cache_dir=tmp_path / "c")
     loader = tabloader.Loader(paths, **options)
-    list(loader)
+    run(loader)
     old = published(tmp_path / "c")
     assert len(old) == 1
 
@@ -315,12 +336,12 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     pq.write_table(table, paths[1])
     os.utime(paths[1], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     renewed = tabloader.Loader(paths, **options)
-    batches = list(renewed)
+    batches = run(renewed)
     assert not renewed.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(50)) + list(range(1000, 1050))
     # The stale version is gone, the new one serves the next epoch.
     assert published(tmp_path / "c") != old and len(published(tmp_path / "c")) == 1
-    assert sorted(ids(list(renewed)).tolist()) == list(range(50)) + list(range(1000, 1050))
+    assert sorted(ids(run(renewed)).tolist()) == list(range(50)) + list(range(1000, 1050))
     assert renewed.stats().from_cache
 
 
@@ -337,9 +358,9 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
 def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files, tmp_path, change):
     base = dict(cats=["id", "cat"], conts=["x"], batch_size=20, cache="disk",
                 cache_dir=tmp_path / "c")  # fmt: skip
-    list(tabloader.Loader(files, **base))
+    run(tabloader.Loader(files, **base))
     loader = tabloader.Loader(files, **{**base, **change})
-    first = list(loader)
+    first = run(loader)
     assert not loader.stats().from_cache
     assert {k: v.dtype for k, v in first[0].items()} == {
         k: v.dtype for k, v in next(iter(tabloader.Loader(files, **{**base, **change}))).items()
@@ -349,12 +370,12 @@ def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files,
 
 def test_loaders_differing_in_batching_share_the_cache(files, tmp_path):
     base = dict(**COLS, batch_size=20, shuffle=True, cache="disk", cache_dir=tmp_path / "c")
-    list(tabloader.Loader(files, **base))
+    run(tabloader.Loader(files, **base))
     # Batch size, seeds, drop_last and the layout do not change what is stored.
     other = tabloader.Loader(
         files, **{**base, "batch_size": 7}, seed=9, drop_last=True, layout="stacked"
     )
-    list(other)
+    run(other)
     assert other.stats().from_cache
     assert len(published(tmp_path / "c")) == 1
 
@@ -367,9 +388,9 @@ def test_the_cache_directory_comes_from_the_argument_the_environment_or_xdg(
 ):
     monkeypatch.setenv("TABLOADER_CACHE_DIR", str(tmp_path / "from-env"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk"))
+    run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk"))
     assert len(published(tmp_path / "from-env")) == 1
-    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path / "a"))
+    run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path / "a"))
     assert len(published(tmp_path / "a")) == 1
     monkeypatch.delenv("TABLOADER_CACHE_DIR")
     assert cache_directory() == tmp_path / "xdg" / "tabloader"
@@ -378,7 +399,7 @@ def test_the_cache_directory_comes_from_the_argument_the_environment_or_xdg(
 
 
 def test_a_manifest_describes_the_cache(files, tmp_path):
-    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
+    run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
     (directory,) = published(tmp_path)
     manifest = json.loads((directory / MANIFEST).read_text())
     assert manifest["rows"] == ROWS
@@ -406,7 +427,7 @@ def test_a_cache_over_the_limit_warns_once_and_streams(files, tmp_path, shuffle)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            batches = list(loader)
+            batches = run(loader)
             check_rows_intact(batches)
             assert sorted(ids(batches).tolist()) == list(range(ROWS))
             assert not loader.stats().from_cache
@@ -445,10 +466,10 @@ def test_an_interrupted_first_epoch_publishes_nothing(files, tmp_path):
             break
     assert not published(tmp_path / "c")
     assert not temporary(tmp_path / "c")  # the partial cache was removed
-    batches = list(loader)  # streams again, and writes again
+    batches = run(loader)  # streams again, and writes again
     assert not loader.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
-    list(loader)
+    run(loader)
     assert loader.stats().from_cache
 
 
@@ -479,26 +500,26 @@ def test_a_writer_killed_mid_write_leaves_nothing_a_later_loader_trusts(files, t
         writer.send_signal(signal.SIGKILL)
         writer.wait()
     loader = tabloader.Loader(files, cats=["id"], batch_size=8, cache="disk", cache_dir=root)
-    batches = list(loader)
+    batches = run(loader)
     assert not loader.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
     assert len(published(root)) == 1
     assert not temporary(root)  # the dead writer's directory was cleaned up
-    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
     assert loader.stats().from_cache
 
 
 def test_a_damaged_cache_is_rebuilt(files, tmp_path):
     options = dict(**COLS, batch_size=50, cache="disk", cache_dir=tmp_path)
-    list(tabloader.Loader(files, **options))
+    run(tabloader.Loader(files, **options))
     (directory,) = published(tmp_path)
     block = directory / "block0.npy"
     block.write_bytes(block.read_bytes()[:100])  # truncated
     loader = tabloader.Loader(files, **options)
-    batches = list(loader)
+    batches = run(loader)
     assert not loader.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
-    list(loader)
+    run(loader)
     assert loader.stats().from_cache
 
 
@@ -509,6 +530,7 @@ def test_a_worker_fills_the_whole_cache_and_the_next_reads_it(files, tmp_path):
     loader = tabloader.Loader(files, **COLS, batch_size=16, shuffle=True, seed=4,
                               drop_last=True, cache="disk", cache_dir=tmp_path)  # fmt: skip
     first = list(loader.iter_epoch(0, worker=0, num_workers=2))
+    loader.cache.wait()
     assert not loader.stats().from_cache
     second = list(loader.iter_epoch(0, worker=1, num_workers=2))
     assert loader.stats().from_cache
@@ -518,7 +540,7 @@ def test_a_worker_fills_the_whole_cache_and_the_next_reads_it(files, tmp_path):
     whole = tabloader.Loader(
         files, **COLS, batch_size=16, shuffle=True, seed=0, cache="disk", cache_dir=tmp_path
     )
-    assert sorted(ids(list(whole)).tolist()) == list(range(ROWS))
+    assert sorted(ids(run(whole)).tolist()) == list(range(ROWS))
     assert whole.stats().from_cache
 
 
