@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -505,6 +506,26 @@ def test_a_writer_killed_mid_write_leaves_nothing_a_later_loader_trusts(files, t
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
     assert len(published(root)) == 1
     assert not temporary(root)  # the dead writer's directory was cleaned up
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
+    assert loader.stats().from_cache
+
+
+def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, tmp_path):
+    loader = tabloader.Loader(files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk",
+                              cache_dir=tmp_path / "c")  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        iterator = iter(loader)
+        batches = [next(iterator)]
+        for temp in temporary(tmp_path / "c"):  # the files' directory disappears
+            shutil.rmtree(temp)
+        batches += list(iterator)
+        loader.cache.wait()
+    messages = [str(w.message) for w in caught if issubclass(w.category, tabloader.CacheWarning)]
+    assert len(messages) == 1 and "could not write the decoded cache" in messages[0]
+    assert "keeps serving it from memory" in messages[0]
+    assert sorted(ids(batches).tolist()) == list(range(ROWS))
+    assert not published(tmp_path / "c")
     assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
     assert loader.stats().from_cache
 
