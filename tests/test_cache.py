@@ -171,8 +171,9 @@ def test_a_fixed_share_is_the_unshuffled_shard():
     rows = np.array([5, 5, 5])
     parts, starts, stops = fixed_share(rows, global_rank=2, global_size=3)
     assert (parts.tolist(), starts.tolist(), stops.tolist()) == ([2], [0], [5])
-    plan = plan_epoch(rows, batch_size=2, shuffle=False, seed=0, epoch=0, global_rank=2,
-                      global_size=3)  # fmt: skip
+    plan = plan_epoch(
+        rows, batch_size=2, shuffle=False, seed=0, epoch=0, global_rank=2, global_size=3
+    )
     assert plan.partitions.tolist() == [2]
 
 
@@ -289,8 +290,9 @@ def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options, m
 
 
 def test_a_second_loader_reads_only_the_cache(files, tmp_path, memory):
-    options = dict(**COLS, batch_size=32, shuffle=True, seed=3, cache="disk",
-                   cache_dir=tmp_path / "c")  # fmt: skip
+    options = dict(
+        **COLS, batch_size=32, shuffle=True, seed=3, cache="disk", cache_dir=tmp_path / "c"
+    )
     first = tabloader.Loader(files, **options)
     expected = [run(first) for _ in range(2)]
     second = tabloader.Loader(files, **options)
@@ -309,8 +311,7 @@ def test_a_second_loader_reads_only_the_cache(files, tmp_path, memory):
 
 
 def test_memory_cache_serves_later_epochs_without_the_files(files):
-    loader = tabloader.Loader(files, **COLS, batch_size=50, shuffle=True, seed=0,
-                              cache="memory")  # fmt: skip
+    loader = tabloader.Loader(files, **COLS, batch_size=50, shuffle=True, seed=0, cache="memory")
     assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
     for path in files:
         os.remove(path)
@@ -357,8 +358,9 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     ],
 )
 def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files, tmp_path, change):
-    base = dict(cats=["id", "cat"], conts=["x"], batch_size=20, cache="disk",
-                cache_dir=tmp_path / "c")  # fmt: skip
+    base = dict(
+        cats=["id", "cat"], conts=["x"], batch_size=20, cache="disk", cache_dir=tmp_path / "c"
+    )
     run(tabloader.Loader(files, **base))
     loader = tabloader.Loader(files, **{**base, **change})
     first = run(loader)
@@ -460,8 +462,9 @@ def test_a_cache_larger_than_the_free_space_is_not_written(files, tmp_path):
 
 
 def test_an_interrupted_first_epoch_publishes_nothing(files, tmp_path):
-    loader = tabloader.Loader(files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk",
-                              cache_dir=tmp_path / "c")  # fmt: skip
+    loader = tabloader.Loader(
+        files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk", cache_dir=tmp_path / "c"
+    )
     for i, _ in enumerate(loader):
         if i == 3:
             break
@@ -511,8 +514,9 @@ def test_a_writer_killed_mid_write_leaves_nothing_a_later_loader_trusts(files, t
 
 
 def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, tmp_path):
-    loader = tabloader.Loader(files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk",
-                              cache_dir=tmp_path / "c")  # fmt: skip
+    loader = tabloader.Loader(
+        files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk", cache_dir=tmp_path / "c"
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         iterator = iter(loader)
@@ -548,8 +552,16 @@ def test_a_damaged_cache_is_rebuilt(files, tmp_path):
 
 
 def test_a_worker_fills_the_whole_cache_and_the_next_reads_it(files, tmp_path):
-    loader = tabloader.Loader(files, **COLS, batch_size=16, shuffle=True, seed=4,
-                              drop_last=True, cache="disk", cache_dir=tmp_path)  # fmt: skip
+    loader = tabloader.Loader(
+        files,
+        **COLS,
+        batch_size=16,
+        shuffle=True,
+        seed=4,
+        drop_last=True,
+        cache="disk",
+        cache_dir=tmp_path,
+    )
     first = list(loader.iter_epoch(0, worker=0, num_workers=2))
     loader.cache.wait()
     assert not loader.stats().from_cache
@@ -604,8 +616,17 @@ def test_the_gpu_backend_refuses_a_cache(files):
 def test_torch_adapter_passes_the_cache_through(files, tmp_path):
     from tabloader.torch import TorchAsyncItr
 
-    itr = TorchAsyncItr(files, cats=["id"], labels=["label"], batch_size=40, shuffle="global",
-                        seed=1, device="cpu", cache="disk", cache_dir=tmp_path)  # fmt: skip
+    itr = TorchAsyncItr(
+        files,
+        cats=["id"],
+        labels=["label"],
+        batch_size=40,
+        shuffle="global",
+        seed=1,
+        device="cpu",
+        cache="disk",
+        cache_dir=tmp_path,
+    )
     epochs = [[int(i) for x_cat, _, _ in itr for i in x_cat[:, 0]] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
     assert itr._loader.stats().from_cache
@@ -615,8 +636,61 @@ def test_torch_adapter_passes_the_cache_through(files, tmp_path):
 def test_keras_adapter_passes_the_cache_through(files):
     from tabloader.tensorflow import KerasSequenceLoader
 
-    loader = KerasSequenceLoader(files, batch_size=40, cat_names=["id"], label_names=["label"],
-                                 seed=1, device="cpu", cache="memory")  # fmt: skip
+    loader = KerasSequenceLoader(
+        files,
+        batch_size=40,
+        cat_names=["id"],
+        label_names=["label"],
+        seed=1,
+        device="cpu",
+        cache="memory",
+    )
     epochs = [[int(i) for features, _ in loader for i in features["id"]] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
     assert loader.loader.stats().from_cache
+
+
+# -- benchmarks ---------------------------------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.slow
+def test_the_cache_benchmarks_run_and_report_every_figure(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    import cache_speed
+    import cases_cache
+    from common import Context
+
+    small = [
+        "--rows",
+        "20000",
+        "--files",
+        "2",
+        "--row-group-size",
+        "2500",
+        "--batch-size",
+        "1024",
+        "--passes",
+        "1",
+        "--rounds",
+        "1",
+        "--data",
+        str(tmp_path / "data"),
+    ]
+    report = cache_speed.main([*small, "--cache-dir", str(tmp_path)])
+    figures = report["figures"]
+    for shuffle in ("no shuffle", "shuffle", "global shuffle"):
+        assert figures[f"cache, {shuffle}: epochs 1+"][0] > 0
+        assert figures[f"cache, {shuffle}: epoch 0 / streaming epoch 0"][0] > 0
+    assert figures["numpy.copyto (the ceiling)"][0] > 0
+
+    files = cache_speed.dataset(20000, 2, 2500, tmp_path / "data")
+    from tabloader.synthetic import CATS, CONTS, LABELS
+
+    ctx = Context(files, CATS, CONTS, LABELS, batch_size=1024, rows=20000)
+    for case in cases_cache.cases(ctx):
+        if case.setup is not None:
+            case.setup()
+        assert case.run() == 20000, case.name

@@ -39,7 +39,9 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
@@ -74,6 +76,8 @@ _OWNER = "owner.json"
 _DISK_RESERVE_BYTES = 1 << 30
 _DISK_RESERVE_FRACTION = 0.05
 _INTERLEAVE_ROWS = 4096
+_GATHER_THREADS = 4
+"""Most threads gathering a cached epoch's batch windows at once."""
 _WRITERS: dict[str, threading.Thread] = {}
 """Background writers of disk caches, by key digest, until a loader waits for one."""
 _WRITERS_LOCK = threading.Lock()
@@ -565,8 +569,9 @@ class DecodedCache:
 
     def chunk_parts(
         self, arrays: Mapping[str, NDArray[Any]], plan: EpochPlan, chunk: int, xp: Any
-    ) -> Iterator[list[Part]]:
-        """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``.
+    ) -> Iterator[Callable[[], list[Part]]]:
+        """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``, as tasks that
+        gather them (run in order by :func:`_run_ahead`, several at once).
 
         Without shuffling, the chunk's pieces are zero-copy views of the cache. With
         shuffling, each batch's rows are gathered from the cache in the plan's order,
@@ -578,10 +583,11 @@ class DecodedCache:
         order = plan.batch_order(chunk)
         if order is None and self.blocks == self.layout.blocks:
             first = [int(self._base[p]) + s for p, s, _ in pieces]
-            yield [
+            views: list[Part] = [
                 ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
                 for lo, (_, s, e) in zip(first, pieces, strict=True)
             ]
+            yield lambda: views
             return
         rows = np.concatenate(
             [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
@@ -589,9 +595,13 @@ class DecodedCache:
         if order is not None:
             rows = rows[order]
         for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
-            window = rows[lo:hi]
-            gathered = {name: xp.take(a, window, axis=0) for name, a in arrays.items()}
-            yield [(self._as_layout(gathered, xp), None)]
+            yield partial(self._gather, arrays, rows[lo:hi], xp)
+
+    def _gather(
+        self, arrays: Mapping[str, NDArray[Any]], rows: NDArray[np.int64], xp: Any
+    ) -> list[Part]:
+        gathered = {name: xp.take(a, rows, axis=0) for name, a in arrays.items()}
+        return [(self._as_layout(gathered, xp), None)]
 
     def _as_layout(self, gathered: Segment, xp: Any) -> Segment:
         """Stored blocks as the layout's blocks: each kind's columns made contiguous."""
@@ -633,7 +643,7 @@ class _CacheBackend:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
             for chunk in range(plan.num_chunks):
-                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+                yield from _run_ahead(cache.chunk_parts(served, plan, chunk, self.xp))
             return
         arrays, temp = cache._new_arrays()
         published = False
@@ -653,7 +663,7 @@ class _CacheBackend:
                     started = time.perf_counter()
                     cache._write(arrays, int(cache._base[p]) + a, piece)
                     stats.assemble_seconds += time.perf_counter() - started
-                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+                yield from _run_ahead(cache.chunk_parts(served, plan, chunk, self.xp))
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
                 missing, _decode(dataset, missing, columns, fill_null, stats), strict=True
@@ -666,6 +676,26 @@ class _CacheBackend:
             decoded.close()
             if not published and temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
+    """The tasks' results in order, computed by a few threads ahead of the consumer.
+
+    Gathers release the GIL, so windows are gathered on several cores at once; at most
+    two per thread are done or in progress, which bounds the memory they hold.
+    """
+    threads = max(1, min(_GATHER_THREADS, os.cpu_count() or 1))
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
+    pending: deque[Future[list[Part]]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(task))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _mapping(array: NDArray[Any]) -> np.memmap[Any, Any] | None:
