@@ -383,19 +383,20 @@ class DecodedCache:
         A disk cache that does not fit in memory is filled as memory-mapped ``.npy``
         files; one that fits is filled in memory and written out when complete.
         """
-        if self.root is None or self._fits_in_memory():
+        in_memory = self.root is None or self._fits_in_memory()
+        arrays: dict[str, NDArray[Any]] = {}
+        if in_memory:
             arrays = {b.name: np.empty((self.rows, len(b.columns)), b.dtype) for b in self.blocks}
-            if self.root is None:
-                return arrays, None
+        if self.root is None:
+            return arrays, None
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_abandoned()
         temp = self.root / f"{_TEMP_PREFIX}{self.digest}-{os.getpid()}-{secrets.token_hex(4)}"
         temp.mkdir()
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         (temp / _OWNER).write_text(json.dumps(owner))
-        if self._fits_in_memory():
+        if in_memory:
             return arrays, temp
-        arrays = {}
         for i, b in enumerate(self.blocks):
             arrays[b.name] = np.asarray(
                 np.lib.format.open_memmap(
@@ -642,8 +643,11 @@ class _CacheBackend:
         if not self.write:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
-            for chunk in range(plan.num_chunks):
-                yield from _run_ahead(cache.chunk_parts(served, plan, chunk, self.xp))
+            yield from _run_ahead(
+                task
+                for chunk in range(plan.num_chunks)
+                for task in cache.chunk_parts(served, plan, chunk, self.xp)
+            )
             return
         arrays, temp = cache._new_arrays()
         published = False
@@ -654,8 +658,11 @@ class _CacheBackend:
             depth=1,
             name="tabloader-decoder",
         )
-        try:
-            served = _read_only(arrays)
+        served = _read_only(arrays)
+
+        def tasks() -> Iterator[Callable[[], list[Part]]]:
+            # A chunk's windows are gathered once its rows are written; meanwhile the
+            # gather threads still work on the previous chunk's.
             for chunk in range(plan.num_chunks):
                 s = plan.chunk_pieces(chunk)
                 for p, a, _ in pieces[s]:
@@ -663,7 +670,10 @@ class _CacheBackend:
                     started = time.perf_counter()
                     cache._write(arrays, int(cache._base[p]) + a, piece)
                     stats.assemble_seconds += time.perf_counter() - started
-                yield from _run_ahead(cache.chunk_parts(served, plan, chunk, self.xp))
+                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+
+        try:
+            yield from _run_ahead(tasks())
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
                 missing, _decode(dataset, missing, columns, fill_null, stats), strict=True
