@@ -534,6 +534,38 @@ def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, t
     assert loader.stats().from_cache
 
 
+def test_leaving_a_cached_epoch_stops_its_threads(files):
+    import threading
+    import time
+
+    loader = tabloader.Loader(files, **COLS, batch_size=8, shuffle=True, seed=0, cache="memory")
+    run(loader)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(
+        t.name.startswith(("tabloader-gather", "tabloader-reader", "tabloader-batcher"))
+        for t in threading.enumerate()
+    ):
+        time.sleep(0.01)
+    gather_threads = [
+        t.name for t in threading.enumerate() if t.name.startswith("tabloader-gather")
+    ]
+    assert not gather_threads
+
+
+def test_a_read_error_while_writing_reaches_the_consumer_and_publishes_nothing(tmp_path):
+    paths = write_dataset(tmp_path / "d", [[50], [50]])
+    loader = tabloader.Loader(
+        paths, cats=["id"], batch_size=10, cache="disk", cache_dir=tmp_path / "c"
+    )
+    Path(paths[1]).write_bytes(Path(paths[1]).read_bytes()[:200] + b"\0" * 100)
+    with pytest.raises(tabloader.ReadError, match=r"part-001\.parquet"):
+        run(loader)
+    assert not published(tmp_path / "c") and not temporary(tmp_path / "c")
+
+
 def test_a_damaged_cache_is_rebuilt(files, tmp_path):
     options = dict(**COLS, batch_size=50, cache="disk", cache_dir=tmp_path)
     run(tabloader.Loader(files, **options))

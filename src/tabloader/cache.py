@@ -2,9 +2,11 @@
 
 Decoding parquet sets the pace of a streaming loader. With ``cache="memory"`` or
 ``cache="disk"`` the first epoch reads the files as usual and writes every decoded row
-of the rank's share into one row-major array per block of the loader's
-:class:`~tabloader.batches.Layout` (``[rows, k]``, in the delivered dtype, nulls filled),
-at the row's place in the share's stored order. Every epoch, the first one included,
+of the rank's share into row-major ``[rows, k]`` arrays (in the delivered dtype, nulls
+filled) at the row's place in the share's stored order: one array per kind (cats,
+conts, labels) for shuffled or stacked loaders, whose gathers then read whole rows; one
+per column for unshuffled ``layout="columns"`` loaders, whose batches are then
+zero-copy views. Every epoch, the first one included,
 then gathers its batches from those arrays following the same
 :class:`~tabloader.plan.EpochPlan`, so a cached epoch delivers exactly the batches a
 streamed one would. Later epochs read nothing but the cache.
@@ -17,7 +19,7 @@ and a ``manifest.json``. It is written into a temporary directory and published 
 that a later loader would trust.
 
 Examples:
-    >>> import pyarrow as pa, tempfile, tabloader
+    >>> import pyarrow as pa, tabloader
     >>> table = pa.table({"x": [0.5, 1.5, 2.5, 3.5]})
     >>> loader = tabloader.Loader(table, conts=["x"], batch_size=2, cache="memory")
     >>> [b["x"].tolist() for b in loader], loader.stats().from_cache
