@@ -128,6 +128,8 @@ def measure_loader(
         if options.get("cache") and epoch > 0:
             assert loader.stats().from_cache, "a later epoch was not served from the cache"
         assert rows == len(loader.dataset) or loader.drop_last
+    if loader.cache is not None:
+        loader.cache.wait()  # files written in the background, before they are removed
     return times
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,12 +42,31 @@ def check_rows_intact(batches) -> None:
         np.testing.assert_array_equal(b["label"], (i % 2).astype(np.float32))
 
 
+def run(loader) -> list:
+    """One epoch, then wait for a disk cache written in the background to be published."""
+    batches = list(loader)
+    if loader.cache is not None:
+        loader.cache.wait()
+    return batches
+
+
 def published(root: Path) -> list[Path]:
     return [p.parent for p in root.glob(f"*/{MANIFEST}") if not p.parent.name.startswith(".")]
 
 
 def temporary(root: Path) -> list[Path]:
     return list(root.glob(".tmp-*"))
+
+
+@pytest.fixture(params=["plenty", "scarce"])
+def memory(request, monkeypatch) -> str:
+    """With scarce memory, a disk cache is filled and read through file mappings."""
+    if request.param == "scarce":
+        import tabloader.cache
+
+        # Room for a memory cache of the test data (~10 kB), not for a disk cache's copy.
+        monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -152,8 +172,9 @@ def test_a_fixed_share_is_the_unshuffled_shard():
     rows = np.array([5, 5, 5])
     parts, starts, stops = fixed_share(rows, global_rank=2, global_size=3)
     assert (parts.tolist(), starts.tolist(), stops.tolist()) == ([2], [0], [5])
-    plan = plan_epoch(rows, batch_size=2, shuffle=False, seed=0, epoch=0, global_rank=2,
-                      global_size=3)  # fmt: skip
+    plan = plan_epoch(
+        rows, batch_size=2, shuffle=False, seed=0, epoch=0, global_rank=2, global_size=3
+    )
     assert plan.partitions.tolist() == [2]
 
 
@@ -164,7 +185,7 @@ def test_a_fixed_share_is_the_unshuffled_shard():
 @pytest.mark.parametrize("world", [1, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_cached_epochs_deliver_every_row_of_the_share_once(
-    files, tmp_path, shuffle, world, drop_last
+    files, tmp_path, shuffle, world, drop_last, memory
 ):
     per_rank = ROWS // world
     loaders = [
@@ -187,7 +208,7 @@ def test_cached_epochs_deliver_every_row_of_the_share_once(
     for epoch in range(3):
         seen = []
         for rank, loader in enumerate(loaders):
-            batches = list(loader)
+            batches = run(loader)
             assert loader.stats().from_cache == (epoch > 0)
             assert len(batches) == len(loader) == loaders[0].num_batches()
             check_rows_intact(batches)
@@ -215,15 +236,15 @@ def test_global_shuffle_mixes_rows_from_the_whole_share(tmp_path):
     everywhere = tabloader.Loader(paths, shuffle="global", **options)
     for epoch in range(2):
         # Rows of one chunk (one row group here) can only share a batch with a neighbour.
-        assert all(len(np.unique(b["id"] // 100)) <= 2 for b in chunked)
-        spread = [len(np.unique(b["id"] // 100)) for b in everywhere]
+        assert all(len(np.unique(b["id"] // 100)) <= 2 for b in run(chunked))
+        spread = [len(np.unique(b["id"] // 100)) for b in run(everywhere)]
         assert min(spread) >= 5, (epoch, spread)
 
 
 def test_changing_a_batch_in_place_cannot_change_the_cache(files):
     loader = tabloader.Loader(files, **COLS, batch_size=16, cache="memory")
     for _ in range(3):
-        batches = list(loader)
+        batches = run(loader)
         check_rows_intact(batches)
         assert sorted(ids(batches).tolist()) == list(range(ROWS))
         for batch in batches:
@@ -249,14 +270,14 @@ def test_changing_a_batch_in_place_cannot_change_the_cache(files):
         dict(layout="columns", shuffle=False),
     ],
 )
-def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options):
+def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options, memory):
     options = {"shuffle": True, **options}
     streamed = tabloader.Loader(files, **COLS, batch_size=24, seed=11, **options)
     cached = tabloader.Loader(
         files, **COLS, batch_size=24, seed=11, cache=mode, cache_dir=tmp_path / "c", **options
     )
     for epoch in range(3):
-        a, b = list(streamed), list(cached)
+        a, b = run(streamed), run(cached)
         assert cached.stats().from_cache == (epoch > 0)
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
@@ -269,32 +290,34 @@ def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options):
 # -- reuse and invalidation -----------------------------------------------------------
 
 
-def test_a_second_loader_reads_only_the_cache(files, tmp_path):
-    options = dict(**COLS, batch_size=32, shuffle=True, seed=3, cache="disk",
-                   cache_dir=tmp_path / "c")  # fmt: skip
+def test_a_second_loader_reads_only_the_cache(files, tmp_path, memory):
+    options = dict(
+        **COLS, batch_size=32, shuffle=True, seed=3, cache="disk", cache_dir=tmp_path / "c"
+    )
     first = tabloader.Loader(files, **options)
-    expected = [list(first) for _ in range(2)]
+    expected = [run(first) for _ in range(2)]
     second = tabloader.Loader(files, **options)
     for path in files:  # streaming would fail from here on
         os.rename(path, path + ".moved")
     for epoch in range(2):
-        batches = list(second)
+        batches = run(second)
         assert second.stats().from_cache and second.stats().cache_epochs == epoch + 1
         assert second.stats().bytes_read == 0 and second.stats().read_seconds == 0
         for x, y in zip(expected[epoch], batches, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
+    mapped = [isinstance(a.base, np.memmap) for a in second.cache.arrays.values()]
+    assert all(mapped) if memory == "scarce" else not any(mapped)
     # 412 rows of int64 id and cat, float32 x and label
     assert second.stats().cache_bytes == ROWS * (8 + 8 + 4 + 4)
 
 
 def test_memory_cache_serves_later_epochs_without_the_files(files):
-    loader = tabloader.Loader(files, **COLS, batch_size=50, shuffle=True, seed=0,
-                              cache="memory")  # fmt: skip
-    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    loader = tabloader.Loader(files, **COLS, batch_size=50, shuffle=True, seed=0, cache="memory")
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
     for path in files:
         os.remove(path)
     for _ in range(2):
-        batches = list(loader)
+        batches = run(loader)
         check_rows_intact(batches)
         assert sorted(ids(batches).tolist()) == list(range(ROWS))
         assert loader.stats().from_cache
@@ -304,7 +327,7 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     paths = write_dataset(tmp_path / "d", [[50], [50]])
     options = dict(cats=["id"], batch_size=10, cache="disk", cache_dir=tmp_path / "c")
     loader = tabloader.Loader(paths, **options)
-    list(loader)
+    run(loader)
     old = published(tmp_path / "c")
     assert len(old) == 1
 
@@ -316,12 +339,12 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     pq.write_table(table, paths[1])
     os.utime(paths[1], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     renewed = tabloader.Loader(paths, **options)
-    batches = list(renewed)
+    batches = run(renewed)
     assert not renewed.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(50)) + list(range(1000, 1050))
     # The stale version is gone, the new one serves the next epoch.
     assert published(tmp_path / "c") != old and len(published(tmp_path / "c")) == 1
-    assert sorted(ids(list(renewed)).tolist()) == list(range(50)) + list(range(1000, 1050))
+    assert sorted(ids(run(renewed)).tolist()) == list(range(50)) + list(range(1000, 1050))
     assert renewed.stats().from_cache
 
 
@@ -336,11 +359,12 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     ],
 )
 def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files, tmp_path, change):
-    base = dict(cats=["id", "cat"], conts=["x"], batch_size=20, cache="disk",
-                cache_dir=tmp_path / "c")  # fmt: skip
-    list(tabloader.Loader(files, **base))
+    base = dict(
+        cats=["id", "cat"], conts=["x"], batch_size=20, cache="disk", cache_dir=tmp_path / "c"
+    )
+    run(tabloader.Loader(files, **base))
     loader = tabloader.Loader(files, **{**base, **change})
-    first = list(loader)
+    first = run(loader)
     assert not loader.stats().from_cache
     assert {k: v.dtype for k, v in first[0].items()} == {
         k: v.dtype for k, v in next(iter(tabloader.Loader(files, **{**base, **change}))).items()
@@ -348,14 +372,16 @@ def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files,
     assert len(published(tmp_path / "c")) == 2
 
 
-def test_an_identical_loader_shares_the_cache(files, tmp_path):
-    base = dict(**COLS, batch_size=20, cache="disk", cache_dir=tmp_path / "c")
-    list(tabloader.Loader(files, **base))
-    # Batch size, shuffling, seeds and drop_last do not change what is stored.
-    other = tabloader.Loader(files, **{**base, "batch_size": 7}, shuffle=True, seed=9,
-                             drop_last=True)  # fmt: skip
-    list(other)
+def test_loaders_differing_in_batching_share_the_cache(files, tmp_path):
+    base = dict(**COLS, batch_size=20, shuffle=True, cache="disk", cache_dir=tmp_path / "c")
+    run(tabloader.Loader(files, **base))
+    # Batch size, seeds, drop_last and the layout do not change what is stored.
+    other = tabloader.Loader(
+        files, **{**base, "batch_size": 7}, seed=9, drop_last=True, layout="stacked"
+    )
+    run(other)
     assert other.stats().from_cache
+    assert len(published(tmp_path / "c")) == 1
 
 
 # -- where caches live ----------------------------------------------------------------
@@ -366,9 +392,9 @@ def test_the_cache_directory_comes_from_the_argument_the_environment_or_xdg(
 ):
     monkeypatch.setenv("TABLOADER_CACHE_DIR", str(tmp_path / "from-env"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk"))
+    run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk"))
     assert len(published(tmp_path / "from-env")) == 1
-    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path / "a"))
+    run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path / "a"))
     assert len(published(tmp_path / "a")) == 1
     monkeypatch.delenv("TABLOADER_CACHE_DIR")
     assert cache_directory() == tmp_path / "xdg" / "tabloader"
@@ -377,7 +403,7 @@ def test_the_cache_directory_comes_from_the_argument_the_environment_or_xdg(
 
 
 def test_a_manifest_describes_the_cache(files, tmp_path):
-    list(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
+    run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
     (directory,) = published(tmp_path)
     manifest = json.loads((directory / MANIFEST).read_text())
     assert manifest["rows"] == ROWS
@@ -405,7 +431,7 @@ def test_a_cache_over_the_limit_warns_once_and_streams(files, tmp_path, shuffle)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            batches = list(loader)
+            batches = run(loader)
             check_rows_intact(batches)
             assert sorted(ids(batches).tolist()) == list(range(ROWS))
             assert not loader.stats().from_cache
@@ -421,6 +447,7 @@ def test_a_cache_larger_than_the_free_space_is_not_written(files, tmp_path):
         "disk",
         dataset=tabloader.Dataset(files),
         blocks=tabloader.Loader(files, **COLS, batch_size=8).layout_plan.blocks,
+        layout=tabloader.Loader(files, **COLS, batch_size=8).layout_plan,
         fill_null={},
         global_rank=0,
         global_size=1,
@@ -436,17 +463,18 @@ def test_a_cache_larger_than_the_free_space_is_not_written(files, tmp_path):
 
 
 def test_an_interrupted_first_epoch_publishes_nothing(files, tmp_path):
-    loader = tabloader.Loader(files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk",
-                              cache_dir=tmp_path / "c")  # fmt: skip
+    loader = tabloader.Loader(
+        files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk", cache_dir=tmp_path / "c"
+    )
     for i, _ in enumerate(loader):
         if i == 3:
             break
     assert not published(tmp_path / "c")
     assert not temporary(tmp_path / "c")  # the partial cache was removed
-    batches = list(loader)  # streams again, and writes again
+    batches = run(loader)  # streams again, and writes again
     assert not loader.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
-    list(loader)
+    run(loader)
     assert loader.stats().from_cache
 
 
@@ -477,26 +505,79 @@ def test_a_writer_killed_mid_write_leaves_nothing_a_later_loader_trusts(files, t
         writer.send_signal(signal.SIGKILL)
         writer.wait()
     loader = tabloader.Loader(files, cats=["id"], batch_size=8, cache="disk", cache_dir=root)
-    batches = list(loader)
+    batches = run(loader)
     assert not loader.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
     assert len(published(root)) == 1
     assert not temporary(root)  # the dead writer's directory was cleaned up
-    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
     assert loader.stats().from_cache
+
+
+def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, tmp_path):
+    loader = tabloader.Loader(
+        files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk", cache_dir=tmp_path / "c"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        iterator = iter(loader)
+        batches = [next(iterator)]
+        for temp in temporary(tmp_path / "c"):  # the files' directory disappears
+            shutil.rmtree(temp)
+        batches += list(iterator)
+        loader.cache.wait()
+    messages = [str(w.message) for w in caught if issubclass(w.category, tabloader.CacheWarning)]
+    assert len(messages) == 1 and "could not write the decoded cache" in messages[0]
+    assert "keeps serving it from memory" in messages[0]
+    assert sorted(ids(batches).tolist()) == list(range(ROWS))
+    assert not published(tmp_path / "c")
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
+    assert loader.stats().from_cache
+
+
+def test_leaving_a_cached_epoch_stops_its_threads(files):
+    import threading
+    import time
+
+    loader = tabloader.Loader(files, **COLS, batch_size=8, shuffle=True, seed=0, cache="memory")
+    run(loader)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(
+        t.name.startswith(("tabloader-gather", "tabloader-reader", "tabloader-batcher"))
+        for t in threading.enumerate()
+    ):
+        time.sleep(0.01)
+    gather_threads = [
+        t.name for t in threading.enumerate() if t.name.startswith("tabloader-gather")
+    ]
+    assert not gather_threads
+
+
+def test_a_read_error_while_writing_reaches_the_consumer_and_publishes_nothing(tmp_path):
+    paths = write_dataset(tmp_path / "d", [[50], [50]])
+    loader = tabloader.Loader(
+        paths, cats=["id"], batch_size=10, cache="disk", cache_dir=tmp_path / "c"
+    )
+    Path(paths[1]).write_bytes(Path(paths[1]).read_bytes()[:200] + b"\0" * 100)
+    with pytest.raises(tabloader.ReadError, match=r"part-001\.parquet"):
+        run(loader)
+    assert not published(tmp_path / "c") and not temporary(tmp_path / "c")
 
 
 def test_a_damaged_cache_is_rebuilt(files, tmp_path):
     options = dict(**COLS, batch_size=50, cache="disk", cache_dir=tmp_path)
-    list(tabloader.Loader(files, **options))
+    run(tabloader.Loader(files, **options))
     (directory,) = published(tmp_path)
     block = directory / "block0.npy"
     block.write_bytes(block.read_bytes()[:100])  # truncated
     loader = tabloader.Loader(files, **options)
-    batches = list(loader)
+    batches = run(loader)
     assert not loader.stats().from_cache
     assert sorted(ids(batches).tolist()) == list(range(ROWS))
-    list(loader)
+    run(loader)
     assert loader.stats().from_cache
 
 
@@ -504,17 +585,28 @@ def test_a_damaged_cache_is_rebuilt(files, tmp_path):
 
 
 def test_a_worker_fills_the_whole_cache_and_the_next_reads_it(files, tmp_path):
-    loader = tabloader.Loader(files, **COLS, batch_size=16, shuffle=True, seed=4,
-                              drop_last=True, cache="disk", cache_dir=tmp_path)  # fmt: skip
+    loader = tabloader.Loader(
+        files,
+        **COLS,
+        batch_size=16,
+        shuffle=True,
+        seed=4,
+        drop_last=True,
+        cache="disk",
+        cache_dir=tmp_path,
+    )
     first = list(loader.iter_epoch(0, worker=0, num_workers=2))
+    loader.cache.wait()
     assert not loader.stats().from_cache
     second = list(loader.iter_epoch(0, worker=1, num_workers=2))
     assert loader.stats().from_cache
     got = ids(first + second)
     assert len(got) == len(set(got.tolist())) == 16 * (ROWS // 16)
     # The rows the epoch dropped are in the cache too.
-    whole = tabloader.Loader(files, **COLS, batch_size=16, cache="disk", cache_dir=tmp_path)
-    assert sorted(ids(list(whole)).tolist()) == list(range(ROWS))
+    whole = tabloader.Loader(
+        files, **COLS, batch_size=16, shuffle=True, seed=0, cache="disk", cache_dir=tmp_path
+    )
+    assert sorted(ids(run(whole)).tolist()) == list(range(ROWS))
     assert whole.stats().from_cache
 
 
@@ -557,8 +649,17 @@ def test_the_gpu_backend_refuses_a_cache(files):
 def test_torch_adapter_passes_the_cache_through(files, tmp_path):
     from tabloader.torch import TorchAsyncItr
 
-    itr = TorchAsyncItr(files, cats=["id"], labels=["label"], batch_size=40, shuffle="global",
-                        seed=1, device="cpu", cache="disk", cache_dir=tmp_path)  # fmt: skip
+    itr = TorchAsyncItr(
+        files,
+        cats=["id"],
+        labels=["label"],
+        batch_size=40,
+        shuffle="global",
+        seed=1,
+        device="cpu",
+        cache="disk",
+        cache_dir=tmp_path,
+    )
     epochs = [[int(i) for x_cat, _, _ in itr for i in x_cat[:, 0]] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
     assert itr._loader.stats().from_cache
@@ -568,8 +669,15 @@ def test_torch_adapter_passes_the_cache_through(files, tmp_path):
 def test_keras_adapter_passes_the_cache_through(files):
     from tabloader.tensorflow import KerasSequenceLoader
 
-    loader = KerasSequenceLoader(files, batch_size=40, cat_names=["id"], label_names=["label"],
-                                 seed=1, device="cpu", cache="memory")  # fmt: skip
+    loader = KerasSequenceLoader(
+        files,
+        batch_size=40,
+        cat_names=["id"],
+        label_names=["label"],
+        seed=1,
+        device="cpu",
+        cache="memory",
+    )
     epochs = [[int(i) for features, _ in loader for i in features["id"]] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS))
     assert loader.loader.stats().from_cache
@@ -580,3 +688,49 @@ def test_a_refreshing_dataset_refuses_a_cache(tmp_path):
     dataset = tabloader.Dataset(str(tmp_path), refresh=True)
     with pytest.raises(tabloader.InvalidArgumentError, match="refresh=True and lists them again"):
         tabloader.Loader(dataset, conts=["x"], batch_size=4, cache="memory")
+
+
+# -- benchmarks ---------------------------------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.slow
+def test_the_cache_benchmarks_run_and_report_every_figure(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    import cache_speed
+    import cases_cache
+    from common import Context
+
+    small = [
+        "--rows",
+        "20000",
+        "--files",
+        "2",
+        "--row-group-size",
+        "2500",
+        "--batch-size",
+        "1024",
+        "--passes",
+        "1",
+        "--rounds",
+        "1",
+        "--data",
+        str(tmp_path / "data"),
+    ]
+    report = cache_speed.main([*small, "--cache-dir", str(tmp_path)])
+    figures = report["figures"]
+    for shuffle in ("no shuffle", "shuffle", "global shuffle"):
+        assert figures[f"cache, {shuffle}: epochs 1+"][0] > 0
+        assert figures[f"cache, {shuffle}: epoch 0 / streaming epoch 0"][0] > 0
+    assert figures["numpy.copyto (the ceiling)"][0] > 0
+
+    files = cache_speed.dataset(20000, 2, 2500, tmp_path / "data")
+    from tabloader.synthetic import CATS, CONTS, LABELS
+
+    ctx = Context(files, CATS, CONTS, LABELS, batch_size=1024, rows=20000)
+    for case in cases_cache.cases(ctx):
+        run = case.make()  # in its own process in the benchmark; here, in this one
+        assert run() == 20000, case.name  # the epoch that writes the cache
+        assert run() == 20000, case.name  # an epoch from the cache

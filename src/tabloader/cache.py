@@ -2,9 +2,11 @@
 
 Decoding parquet sets the pace of a streaming loader. With ``cache="memory"`` or
 ``cache="disk"`` the first epoch reads the files as usual and writes every decoded row
-of the rank's share into one row-major array per block of the loader's
-:class:`~tabloader.batches.Layout` (``[rows, k]``, in the delivered dtype, nulls filled),
-at the row's place in the share's stored order. Every epoch, the first one included,
+of the rank's share into row-major ``[rows, k]`` arrays (in the delivered dtype, nulls
+filled) at the row's place in the share's stored order: one array per kind (cats,
+conts, labels) for shuffled or stacked loaders, whose gathers then read whole rows; one
+per column for unshuffled ``layout="columns"`` loaders, whose batches are then
+zero-copy views. Every epoch, the first one included,
 then gathers its batches from those arrays following the same
 :class:`~tabloader.plan.EpochPlan`, so a cached epoch delivers exactly the batches a
 streamed one would. Later epochs read nothing but the cache.
@@ -17,7 +19,7 @@ and a ``manifest.json``. It is written into a temporary directory and published 
 that a later loader would trust.
 
 Examples:
-    >>> import pyarrow as pa, tempfile, tabloader
+    >>> import pyarrow as pa, tabloader
     >>> table = pa.table({"x": [0.5, 1.5, 2.5, 3.5]})
     >>> loader = tabloader.Loader(table, conts=["x"], batch_size=2, cache="memory")
     >>> [b["x"].tolist() for b in loader], loader.stats().from_cache
@@ -35,9 +37,13 @@ import os
 import secrets
 import shutil
 import socket
+import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
@@ -46,15 +52,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tabloader.backends.cpu import column_to_numpy
+from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
-from tabloader.plan import fixed_share, inverse_permutation
+from tabloader.plan import fixed_share
 from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from tabloader.backends import Backend
-    from tabloader.batches import Block, Part
+    from tabloader.batches import Block, Layout, Part, Segment
     from tabloader.dataset import Dataset
     from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
@@ -71,6 +78,11 @@ _OWNER = "owner.json"
 _DISK_RESERVE_BYTES = 1 << 30
 _DISK_RESERVE_FRACTION = 0.05
 _INTERLEAVE_ROWS = 4096
+_GATHER_THREADS = 4
+"""Most threads gathering a cached epoch's batch windows at once."""
+_WRITERS: dict[str, threading.Thread] = {}
+"""Background writers of disk caches, by key digest, until a loader waits for one."""
+_WRITERS_LOCK = threading.Lock()
 
 
 def cache_directory(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -197,6 +209,7 @@ class DecodedCache:
         *,
         dataset: Dataset,
         blocks: Sequence[Block],
+        layout: Layout,
         fill_null: Mapping[str, float],
         global_rank: int,
         global_size: int,
@@ -205,6 +218,9 @@ class DecodedCache:
     ) -> None:
         self.mode = mode
         self.blocks = tuple(blocks)
+        """The stored blocks: the layout's, or (for gathers) one row-major block per kind."""
+        self.layout = layout
+        """How batches are delivered."""
         self.max_bytes = max_bytes
         files = dataset.files
         if mode == "disk" and not files:
@@ -256,26 +272,43 @@ class DecodedCache:
             return True
         if self.root is None:
             return False
-        arrays = self._open(self.root / self.digest)
+        with _WRITERS_LOCK:
+            writer = _WRITERS.pop(self.digest, None)
+        if writer is not None:
+            writer.join()
+        arrays = self._open(self.root / self.digest, load=True)
         if arrays is not None:
             self.arrays = arrays
         return self.arrays is not None
 
-    def _open(self, directory: Path) -> dict[str, NDArray[Any]] | None:
-        """The published cache in ``directory`` if it is complete and has this key."""
+    def wait(self) -> None:
+        """Wait until this cache's files, written in the background, are published."""
+        with _WRITERS_LOCK:
+            writer = _WRITERS.get(self.digest)
+        if writer is not None:
+            writer.join()
+
+    def _open(self, directory: Path, *, load: bool = False) -> dict[str, NDArray[Any]] | None:
+        """The published cache in ``directory`` if it is complete and has this key.
+
+        With ``load``, a cache that fits in memory (see :meth:`_fits_in_memory`) is read
+        into memory rather than mapped.
+        """
         try:
             manifest = json.loads((directory / MANIFEST).read_text())
         except (OSError, ValueError):
             return None
         if manifest.get("key") != self.key:
             return None
+        read = load and self._fits_in_memory()
         arrays = {}
         try:
             for b, entry in zip(self.blocks, manifest["blocks"], strict=True):
-                array = np.load(directory / entry["file"], mmap_mode="r")
+                path = directory / entry["file"]
+                array = np.load(path, mmap_mode="r")
                 if array.shape != (self.rows, len(b.columns)) or array.dtype != b.dtype:
                     return None
-                arrays[b.name] = np.asarray(array)
+                arrays[b.name] = np.load(path) if read else np.asarray(array)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return arrays
@@ -339,19 +372,33 @@ class DecodedCache:
 
     # -- writing ------------------------------------------------------------------
 
+    def _fits_in_memory(self) -> bool:
+        """Whether a disk cache is small enough to be kept in memory too (a quarter of
+        the available memory): random row gathers from ordinary memory, which can use
+        huge pages, run about twice as fast as from a file mapping."""
+        available = _available_memory()
+        return available is not None and self.nbytes <= available // 4
+
     def _new_arrays(self) -> tuple[dict[str, NDArray[Any]], Path | None]:
-        """Empty arrays to fill: in memory, or ``.npy`` files in a fresh temporary directory."""
+        """Empty arrays to fill, and the temporary directory of a disk cache.
+
+        A disk cache that does not fit in memory is filled as memory-mapped ``.npy``
+        files; one that fits is filled in memory and written out when complete.
+        """
+        in_memory = self.root is None or self._fits_in_memory()
+        arrays: dict[str, NDArray[Any]] = {}
+        if in_memory:
+            arrays = {b.name: np.empty((self.rows, len(b.columns)), b.dtype) for b in self.blocks}
         if self.root is None:
-            return {
-                b.name: np.empty((self.rows, len(b.columns)), b.dtype) for b in self.blocks
-            }, None
+            return arrays, None
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_abandoned()
         temp = self.root / f"{_TEMP_PREFIX}{self.digest}-{os.getpid()}-{secrets.token_hex(4)}"
         temp.mkdir()
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         (temp / _OWNER).write_text(json.dumps(owner))
-        arrays = {}
+        if in_memory:
+            return arrays, temp
         for i, b in enumerate(self.blocks):
             arrays[b.name] = np.asarray(
                 np.lib.format.open_memmap(
@@ -380,21 +427,60 @@ class DecodedCache:
             if stale:
                 shutil.rmtree(temp, ignore_errors=True)
 
-    def _publish(self, arrays: dict[str, NDArray[Any]], temp: Path | None) -> None:
-        """Make the filled ``arrays`` the cache: atomically, for a disk cache."""
-        if temp is None:
-            for array in arrays.values():
-                array.flags.writeable = False
-            if self.arrays is None:
-                self.arrays = arrays
-            return
-        assert self.root is not None
+    def _complete(self, arrays: dict[str, NDArray[Any]], temp: Path | None) -> None:
+        """Make the filled ``arrays`` the cache.
+
+        A disk cache filled in memory is served from memory at once and written out by
+        a background thread (``tabloader-cache-writer``), which publishes it when its
+        files are on disk; a loader on the same cache waits for that thread first.
+        """
+        mapped = any(_mapping(a) is not None for a in arrays.values())
+        if temp is not None and mapped:
+            self._persist(arrays, temp)
+            return  # the next epoch maps the published files
         for array in arrays.values():
-            base = array.base
-            while base is not None and not isinstance(base, np.memmap):
-                base = getattr(base, "base", None)
-            if isinstance(base, np.memmap):
-                base.flush()
+            array.flags.writeable = False
+        if self.arrays is None:
+            self.arrays = arrays
+        if temp is None:
+            return
+        writer = threading.Thread(
+            target=self._persist_or_warn,
+            args=(arrays, temp),
+            name="tabloader-cache-writer",
+            daemon=True,
+        )
+        with _WRITERS_LOCK:
+            _WRITERS[self.digest] = writer
+        writer.start()
+        # Wait for the files at exit, rather than leave them unpublished.
+        weakref.finalize(writer, writer.join)
+
+    def _persist_or_warn(self, arrays: dict[str, NDArray[Any]], temp: Path) -> None:
+        try:
+            self._persist(arrays, temp)
+        except Exception as error:  # the loader goes on from memory; the user is told
+            shutil.rmtree(temp, ignore_errors=True)
+            warnings.warn(
+                f"could not write the decoded cache to {self.root}: "
+                f"{type(error).__name__}: {error}. This loader keeps serving it from memory; "
+                "the next one will decode the files again",
+                CacheWarning,
+                stacklevel=1,
+            )
+
+    def _persist(self, arrays: dict[str, NDArray[Any]], temp: Path) -> None:
+        """Write ``arrays`` into ``temp`` and publish it atomically as the cache."""
+        assert self.root is not None
+        for i, array in enumerate(arrays.values()):
+            mapping = _mapping(array)
+            if mapping is not None:
+                mapping.flush()
+                continue
+            with open(temp / f"block{i}.npy", "wb") as f:
+                np.lib.format.write_array(f, array, allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
         manifest = {
             "format": FORMAT,
             "key": self.key,
@@ -428,7 +514,6 @@ class DecodedCache:
                     os.replace(temp, target)
             shutil.rmtree(temp, ignore_errors=True)
         self._remove_older_versions()
-        self.arrays = self._open(target)
 
     def _remove_older_versions(self) -> None:
         """Delete published caches of earlier versions of the same files (now stale)."""
@@ -487,37 +572,55 @@ class DecodedCache:
 
     def chunk_parts(
         self, arrays: Mapping[str, NDArray[Any]], plan: EpochPlan, chunk: int, xp: Any
-    ) -> Iterator[list[Part]]:
-        """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``.
+    ) -> Iterator[Callable[[], list[Part]]]:
+        """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``, as tasks that
+        gather them (run in order by :func:`_run_ahead`, several at once).
 
         Without shuffling, the chunk's pieces are zero-copy views of the cache. With
-        shuffling, the rows are dealt into their batches as for streaming (see
-        :meth:`~tabloader.plan.EpochPlan.deal`): each batch's rows are gathered from the
-        cache in stored order (increasing addresses, which memory serves fast) into a
-        window of their own, one window at a time (so memory holds a few batches, not a
-        chunk), and the batcher then puts each window in the plan's order.
+        shuffling, each batch's rows are gathered from the cache in the plan's order,
+        one batch window at a time (so memory holds a few batches, not a chunk). Rows
+        are stored row-major per kind, so a gathered row is a few contiguous cache
+        lines, not one random access per column.
         """
         pieces = plan.pieces(chunk)
         order = plan.batch_order(chunk)
-        if order is None:
+        if order is None and self.blocks == self.layout.blocks:
             first = [int(self._base[p]) + s for p, s, _ in pieces]
-            yield [
+            views: list[Part] = [
                 ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
                 for lo, (_, s, e) in zip(first, pieces, strict=True)
             ]
+            yield lambda: views
             return
         rows = np.concatenate(
             [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
         )
-        if plan.shuffle_within_batch:
-            dealt = plan.deal(chunk, order)
-            index: NDArray[np.int64] | None = inverse_permutation(dealt)[order]
-        else:  # the order is already dealt: stored order within each batch
-            dealt, index = order, None
+        if order is not None:
+            rows = rows[order]
         for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
-            window = rows[dealt[lo:hi]]
-            segment = {name: xp.take(a, window, axis=0) for name, a in arrays.items()}
-            yield [(segment, None if index is None else index[lo:hi] - lo)]
+            yield partial(self._gather, arrays, rows[lo:hi], xp)
+
+    def _gather(
+        self, arrays: Mapping[str, NDArray[Any]], rows: NDArray[np.int64], xp: Any
+    ) -> list[Part]:
+        gathered = {name: xp.take(a, rows, axis=0) for name, a in arrays.items()}
+        return [(self._as_layout(gathered, xp), None)]
+
+    def _as_layout(self, gathered: Segment, xp: Any) -> Segment:
+        """Stored blocks as the layout's blocks: each kind's columns made contiguous."""
+        if self.blocks == self.layout.blocks:
+            return gathered
+        segment: Segment = {}
+        for b in self.blocks:
+            rows = gathered[b.name]
+            # Column-major: column j of the block is one contiguous run.
+            (columns,) = empty_segment(
+                len(rows), [(b.name, len(b.columns), b.dtype)], xp, column_major=True
+            ).values()
+            np.copyto(columns, rows)
+            for j, c in enumerate(b.columns):
+                segment[c] = columns[:, j : j + 1]
+        return segment
 
 
 class _CacheBackend:
@@ -542,8 +645,11 @@ class _CacheBackend:
         if not self.write:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
-            for chunk in range(plan.num_chunks):
-                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+            yield from _run_ahead(
+                task
+                for chunk in range(plan.num_chunks)
+                for task in cache.chunk_parts(served, plan, chunk, self.xp)
+            )
             return
         arrays, temp = cache._new_arrays()
         published = False
@@ -554,8 +660,11 @@ class _CacheBackend:
             depth=1,
             name="tabloader-decoder",
         )
-        try:
-            served = _read_only(arrays)
+        served = _read_only(arrays)
+
+        def tasks() -> Iterator[Callable[[], list[Part]]]:
+            # A chunk's windows are gathered once its rows are written; meanwhile the
+            # gather threads still work on the previous chunk's.
             for chunk in range(plan.num_chunks):
                 s = plan.chunk_pieces(chunk)
                 for p, a, _ in pieces[s]:
@@ -564,18 +673,49 @@ class _CacheBackend:
                     cache._write(arrays, int(cache._base[p]) + a, piece)
                     stats.assemble_seconds += time.perf_counter() - started
                 yield from cache.chunk_parts(served, plan, chunk, self.xp)
+
+        try:
+            yield from _run_ahead(tasks())
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
                 missing, _decode(dataset, missing, columns, fill_null, stats), strict=True
             ):
                 cache._write(arrays, int(cache._base[p]) + a, piece)
-            cache._publish(arrays, temp)
+            cache._complete(arrays, temp)
             published = True
             stats.cache_bytes = cache.nbytes
         finally:
             decoded.close()
             if not published and temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
+    """The tasks' results in order, computed by a few threads ahead of the consumer.
+
+    Gathers release the GIL, so windows are gathered on several cores at once; at most
+    two per thread are done or in progress, which bounds the memory they hold.
+    """
+    threads = max(1, min(_GATHER_THREADS, os.cpu_count() or 1))
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
+    pending: deque[Future[list[Part]]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(task))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _mapping(array: NDArray[Any]) -> np.memmap[Any, Any] | None:
+    """The file mapping ``array`` is a view of, if any."""
+    base = array.base
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    return base if isinstance(base, np.memmap) else None
 
 
 def _read_only(arrays: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:

@@ -352,10 +352,18 @@ class Loader:
                 "epoch. Leave cache out for a growing dataset, or pass refresh=False"
             )
         if cache is not None:
+            # Shuffled rows are gathered: stored row-major per kind, a row is a few cache
+            # lines rather than one random access per column.
+            stored = Layout.build(
+                {"cats": self.cats, "conts": self.conts, "labels": self.labels},
+                self.dtypes,
+                stacked=self.shuffle or layout == "stacked",
+            )
             self.cache = DecodedCache(
                 cache,
                 dataset=self.dataset,
-                blocks=self.layout_plan.blocks,
+                blocks=stored.blocks,
+                layout=self.layout_plan,
                 fill_null=self.fill_null,
                 global_rank=self.global_rank,
                 global_size=self.global_size,
