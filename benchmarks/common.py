@@ -48,4 +48,3 @@ class Case:
     every_size: bool = True
     """False: run at the smallest dataset size only (a baseline stopping on a row budget,
     whose rate does not depend on the size of the data)."""
-

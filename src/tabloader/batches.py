@@ -117,21 +117,16 @@ def _cut(part: Part, start: int, stop: int, xp: Any) -> Segment:
     return out
 
 
-def empty_segment(
-    rows: int, shapes: Iterable[tuple[str, int, Any]], xp: Any, *, column_major: bool = False
-) -> Segment:
+def empty_segment(rows: int, shapes: Iterable[tuple[str, int, Any]], xp: Any) -> Segment:
     """A segment of ``(name, columns, dtype)`` blocks carved out of one allocation.
 
     One allocation per segment keeps a pooled allocator's buffers few and large, so they
-    are reused rather than mapped afresh. Every block starts 64-byte aligned. With
-    ``column_major`` each block's columns are contiguous (a Fortran-ordered 2-D array).
+    are reused rather than mapped afresh. Every block starts 64-byte aligned.
 
     Examples:
         >>> segment = empty_segment(3, [("a", 2, "int64"), ("x", 1, "float32")], np)
         >>> {name: (array.shape, str(array.dtype)) for name, array in segment.items()}
         {'a': ((3, 2), 'int64'), 'x': ((3, 1), 'float32')}
-        >>> empty_segment(3, [("a", 2, "int64")], np, column_major=True)["a"].strides
-        (8, 24)
     """
     shapes = [(name, k, np.dtype(dtype)) for name, k, dtype in shapes]
     sizes = [rows * k * dtype.itemsize for _, k, dtype in shapes]
@@ -141,7 +136,7 @@ def empty_segment(
     offset = 0
     for (name, k, dtype), size, span in zip(shapes, sizes, spans, strict=True):
         block = memory[offset : offset + size].view(dtype)
-        segment[name] = block.reshape(k, rows).T if column_major else block.reshape(rows, k)
+        segment[name] = block.reshape(rows, k)
         offset += span
     return segment
 
