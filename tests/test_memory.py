@@ -6,6 +6,7 @@ loader's pool) does not hide another's growth.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 MiB = 2**20
 # Row groups of uneven sizes: chunks, and the rows carried between them, differ in size
@@ -85,6 +87,7 @@ def _write(directory: Path, files: int) -> list[str]:
     return paths
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     small = _write(tmp_path / "small", 2)  # 564k rows, 6 chunks
     large = _write(tmp_path / "large", 8)  # 2.3M rows, 23 chunks
@@ -97,6 +100,7 @@ def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_over_epochs_in_a_fresh_process(tmp_path):
     paths = _write(tmp_path / "data", 4)
     measured = _run(paths, epochs=12)
@@ -108,3 +112,48 @@ def test_memory_stays_flat_over_epochs_in_a_fresh_process(tmp_path):
     after = [x / MiB for x in measured["after"]]
     early, late = np.mean(after[1:4]), np.mean(after[-3:])
     assert late <= early * 1.1 + 16, f"RSS after each epoch (MiB): {after}"
+
+
+@pytest.mark.tensorflow
+def test_keras_tensors_share_aligned_batch_memory_and_keep_it_lent():
+    tf = pytest.importorskip("tensorflow")
+    from tabloader.backends.cpu import BufferPool
+    from tabloader.device import Device
+    from tabloader.tensorflow import _TensorMaker
+
+    maker = _TensorMaker()
+    maker.set_columns(["id"], ["x"], [], device=Device("cpu"))
+    pool = BufferPool()
+    ids = pool.empty((1 << 18,), "int64")
+    ids[:] = 5
+    frozen = np.full(1 << 18, 2.5, np.float32)
+    frozen.flags.writeable = False
+    features = maker({"id": ids, "x": frozen})
+    ids[0] = 7  # shared, not copied
+    assert int(features["id"][0]) == 7 and int(tf.reduce_sum(features["id"])) == 5 * (1 << 18) + 2
+    assert float(tf.reduce_sum(features["x"])) == 2.5 * (1 << 18)  # read-only: a copy
+    del ids
+    gc.collect()
+    assert pool.idle_bytes() == 0  # the tensor keeps the buffer lent
+    del features
+    gc.collect()
+    assert pool.idle_bytes() == pool.pooled_bytes() > 0
+
+
+@pytest.mark.torch
+def test_torch_tensors_wrap_the_gathered_blocks():
+    torch = pytest.importorskip("torch")
+    import tabloader
+    from tabloader.torch import TorchAsyncItr
+
+    table = pa.table({"c": np.arange(1000), "d": np.arange(1000) * 2, "y": np.ones(1000)})
+    itr = TorchAsyncItr(
+        table, cats=["c", "d"], labels=["y"], batch_size=256, shuffle=True, seed=0, device="cpu"
+    )
+    loader = tabloader.Loader(
+        table, cats=["c", "d"], labels=["y"], batch_size=256, shuffle=True, seed=0, layout="stacked"
+    )
+    for (x_cat, _, y), batch in zip(itr, loader, strict=True):
+        assert x_cat.is_contiguous() and x_cat.shape == (len(y), 2)
+        assert torch.equal(x_cat, torch.from_numpy(batch["cats"]))
+        assert torch.equal(x_cat[:, 1], 2 * x_cat[:, 0])
