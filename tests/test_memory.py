@@ -48,7 +48,7 @@ after, pooled = [], []
 for _ in range(epochs):
     rows = sum(len(batch["c0"]) for batch in loader)
     after.append(rss())
-    pooled.append(pool.pooled_bytes())
+    pooled.append(sum(len(b[0] if isinstance(b, tuple) else b) for b in pool._buffers))
 print(json.dumps({"base": base, "peak": max(peak(), *after), "after": after, "rows": rows,
                   "pooled": pooled}))
 """
@@ -90,23 +90,30 @@ def _write(directory: Path, files: int) -> list[str]:
 @pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     small = _write(tmp_path / "small", 2)  # 564k rows, 6 chunks
-    large = _write(tmp_path / "large", 8)  # 2.3M rows, 23 chunks
+    large = _write(tmp_path / "large", 12)  # 3.4M rows, 34 chunks
     measured = {name: _run(paths, epochs=2) for name, paths in (("small", small), ("large", large))}
-    assert measured["large"]["rows"] == 4 * measured["small"]["rows"]
+    assert measured["large"]["rows"] == 6 * measured["small"]["rows"]
     grown = {k: (v["peak"] - v["base"]) / MiB for k, v in measured.items()}
-    assert grown["large"] <= 1.1 * grown["small"] + 16, (
+    # Allowance: the threads' timing decides whether two or three chunks (of at most
+    # 18 MiB here) are in flight at the worst moment, and the allocators' caches jitter.
+    assert grown["large"] <= 1.1 * grown["small"] + 32, (
         f"peak memory above the start grew from {grown['small']:.0f} MiB to "
-        f"{grown['large']:.0f} MiB for 4x the rows"
+        f"{grown['large']:.0f} MiB for 6x the rows"
     )
+    # The buffers kept: the pool's slack over at most prefetch + 2 = 3 chunks in flight
+    # (of at most 161k rows, 18 MiB, rounded up to 20 MiB), whatever the dataset's size.
+    for name, run in measured.items():
+        pooled = max(run["pooled"]) / MiB
+        assert pooled <= 1.25 * 3 * 20, f"{name}: the pool kept {pooled:.0f} MiB"
 
 
 @pytest.mark.slow
 def test_memory_stays_flat_over_epochs_in_a_fresh_process(tmp_path):
     paths = _write(tmp_path / "data", 4)
     measured = _run(paths, epochs=12)
-    # The buffers the loader keeps: settled after the first epochs, never growing.
+    # The buffers kept, as above.
     pooled = [x / MiB for x in measured["pooled"]]
-    assert max(pooled[2:]) <= pooled[1] * 1.1, f"pooled MiB after each epoch: {pooled}"
+    assert max(pooled) <= 1.25 * 3 * 20, f"pooled MiB after each epoch: {pooled}"
     # The process as a whole: the allocators' own caches make single readings jitter,
     # so compare the last epochs with the first ones.
     after = [x / MiB for x in measured["after"]]
