@@ -5,6 +5,12 @@ its peak memory, for two dataset sizes, next to the parquet decode limit of the 
         --table benchmarks/results/cpu.md --plot benchmarks/results/cpu.png \\
         --doc docs/performance.md
 
+To redraw the table, chart and document from a saved report without measuring:
+
+    python benchmarks/throughput.py --from-json benchmarks/results/cpu.json \
+        --table benchmarks/results/cpu.md --plot benchmarks/results/cpu.png \
+        --doc docs/performance.md
+
 The data (label, I1..I13 float32, C1..C26 int64 with Zipf-like ids; see
 ``tabloader.synthetic``) is written once under ``benchmarks/data/``: by default 4M rows in
 8 files and 16M rows in 32 files, row groups of 131,072 rows (``--sizes``,
@@ -249,6 +255,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--table", type=Path, help="write the markdown tables here")
     parser.add_argument("--plot", type=Path, help="draw the chart here (needs matplotlib)")
     parser.add_argument("--doc", type=Path, help="put the tables into this markdown file")
+    parser.add_argument(
+        "--from-json", type=Path, help="measure nothing: redraw the outputs from this report"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = sorted(int(s) for s in args.sizes.split(","))
@@ -260,6 +269,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (case,) = [c for c in collect_cases(ctx) if c.name == args.child]
         print(json.dumps(run_child(case, args.epochs)))
         return {}
+
+    if args.from_json:
+        report = json.loads(args.from_json.read_text())
+        write_outputs(report, args)
+        return report  # type: ignore[no-any-return]
 
     load_before = os.getloadavg()
     started = time.time()
@@ -294,10 +308,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sizes": sections,
         "soak": soaked,
     }
-    table = markdown(report)
-    print("\n" + table)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    write_outputs(report, args)
+    return report
+
+
+def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
+    table = markdown(report)
+    print("\n" + table)
     if args.table:
         args.table.write_text(table)
     if args.plot:
@@ -306,7 +325,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plot.plot(report, args.plot)
     if args.doc:
         fill_doc(args.doc, table)
-    return report
 
 
 # -- the tables -----------------------------------------------------------------------
