@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -222,7 +223,8 @@ def measure_size(
                 later_ratio=statistics.median(later_ratios),
                 first_over_later=statistics.median(s / f for f, s in rates),
                 cpu_first_over_later=statistics.median(
-                    x["cpu_seconds"][0] / statistics.median(x["cpu_seconds"][1:]) for x in good
+                    x["cpu_seconds"][0] / (statistics.median(x["cpu_seconds"][1:]) or math.nan)
+                    for x in good
                 ),
                 setup_seconds=statistics.median(x["setup_seconds"] for x in good),
                 first_cpu_seconds=statistics.median(x["cpu_seconds"][0] for x in good),
