@@ -24,7 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 STAGES = (
-    ("decode", ("read_row_group", "read_partition", "iter_pieces", "Dataset.", "Source.", "_decode")),
+    (
+        "decode",
+        ("read_row_group", "read_partition", "iter_pieces", "Dataset.", "Source.", "_decode"),
+    ),
     ("deal", ("_dealt_segment", "_scatter_rows")),
     ("gather", ("PooledNumpy.take", "_staged", "_cut", "_concat")),
     ("permutation", ("chunk_permutation", "deal_into_batches", "inverse_permutation", "deal")),
