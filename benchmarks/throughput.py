@@ -5,6 +5,12 @@ its peak memory, for two dataset sizes, next to the parquet decode limit of the 
         --table benchmarks/results/cpu.md --plot benchmarks/results/cpu.png \\
         --doc docs/performance.md
 
+To redraw the table, chart and document from a saved report without measuring:
+
+    python benchmarks/throughput.py --from-json benchmarks/results/cpu.json \
+        --table benchmarks/results/cpu.md --plot benchmarks/results/cpu.png \
+        --doc docs/performance.md
+
 The data (label, I1..I13 float32, C1..C26 int64 with Zipf-like ids; see
 ``tabloader.synthetic``) is written once under ``benchmarks/data/``: by default 4M rows in
 8 files and 16M rows in 32 files, row groups of 131,072 rows (``--sizes``,
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -114,15 +121,21 @@ def run_child(case: Case, epochs: int) -> dict[str, Any]:
     started = time.perf_counter()
     run = case.make()
     setup = time.perf_counter() - started
-    seconds, rows, rss = [], [], []
+    seconds, cpu, rows, rss = [], [], [], []
     for _ in range(epochs):
-        started = time.perf_counter()
+        started, times = time.perf_counter(), os.times()
         rows.append(run())
         seconds.append(time.perf_counter() - started)
+        # CPU time of this process (user and system, all threads; worker processes
+        # not included): what the pass cost, less sensitive to a busy machine than
+        # its wall time.
+        done = os.times()
+        cpu.append(done.user - times.user + done.system - times.system)
         rss.append(_rss())
     return {
         "setup_seconds": setup,
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "rows": rows,
         "rss_start": started_rss,
         "rss_after_epoch": rss,
@@ -209,7 +222,15 @@ def measure_size(
                 first_ratio=statistics.median(first_ratios),
                 later_ratio=statistics.median(later_ratios),
                 first_over_later=statistics.median(s / f for f, s in rates),
+                cpu_first_over_later=statistics.median(
+                    x["cpu_seconds"][0] / (statistics.median(x["cpu_seconds"][1:]) or math.nan)
+                    for x in good
+                ),
                 setup_seconds=statistics.median(x["setup_seconds"] for x in good),
+                first_cpu_seconds=statistics.median(x["cpu_seconds"][0] for x in good),
+                later_cpu_seconds=statistics.median(
+                    statistics.median(x["cpu_seconds"][1:]) for x in good
+                ),
                 peak_rss=max(x["peak_rss"] for x in good),
                 rss_start=min(x["rss_start"] for x in good),
             )
@@ -249,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--table", type=Path, help="write the markdown tables here")
     parser.add_argument("--plot", type=Path, help="draw the chart here (needs matplotlib)")
     parser.add_argument("--doc", type=Path, help="put the tables into this markdown file")
+    parser.add_argument(
+        "--from-json", type=Path, help="measure nothing: redraw the outputs from this report"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = sorted(int(s) for s in args.sizes.split(","))
@@ -260,6 +284,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (case,) = [c for c in collect_cases(ctx) if c.name == args.child]
         print(json.dumps(run_child(case, args.epochs)))
         return {}
+
+    if args.from_json:
+        report = json.loads(args.from_json.read_text())
+        write_outputs(report, args)
+        return report  # type: ignore[no-any-return]
 
     load_before = os.getloadavg()
     started = time.time()
@@ -294,10 +323,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sizes": sections,
         "soak": soaked,
     }
-    table = markdown(report)
-    print("\n" + table)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    write_outputs(report, args)
+    return report
+
+
+def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
+    table = markdown(report)
+    print("\n" + table)
     if args.table:
         args.table.write_text(table)
     if args.plot:
@@ -306,7 +340,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plot.plot(report, args.plot)
     if args.doc:
         fill_doc(args.doc, table)
-    return report
 
 
 # -- the tables -----------------------------------------------------------------------
@@ -329,7 +362,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{config['row_group_size']:,}, {config['epochs']} epochs per process, "
         f"{config['rounds']} round(s). Every row: a fresh process; *first* is its first "
         "epoch, *later* the median of its later epochs; xlimit is the ratio to the pyarrow "
-        "decode limit measured in the same round; peak RSS is the process's high-water mark.",
+        "decode limit measured in the same round; CPU s is the process's CPU time (user + "
+        "system, all threads) for the first / a later epoch, which a busy machine inflates "
+        "less than wall time; peak RSS is the process's high-water mark.",
         "",
     ]
     peaks: dict[str, dict[int, float]] = {}
@@ -339,18 +374,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"**{rows / 1e6:g}M rows** ({section['files']} files)",
             "",
             "| case | first epoch s | first rows/s | first xlimit | later rows/s | later xlimit"
-            " | first/later time | peak RSS MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            " | first/later time | CPU s first / later | peak RSS MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in section["results"]:
             if "first_rows_per_second" not in r:
-                lines.append(f"| {r['name']} | failed | | | | | | |")
+                lines.append(f"| {r['name']} | failed | | | | | | | |")
                 continue
             first_s = statistics.median(x["seconds"][0] for x in r["runs"] if "error" not in x)
             lines.append(
                 f"| {r['name']} | {first_s:.2f} | {r['first_rows_per_second'] / 1e6:.2f}M | "
                 f"{_num(r['first_ratio'])} | {r['later_rows_per_second'] / 1e6:.2f}M | "
                 f"{_num(r['later_ratio'])} | {_num(r['first_over_later'])} | "
+                f"{_num(r.get('first_cpu_seconds'))} / {_num(r.get('later_cpu_seconds'))} | "
                 f"{r['peak_rss'] / MiB:,.0f} |"
             )
             peaks.setdefault(r["name"], {})[rows] = r["peak_rss"] / MiB
@@ -371,6 +407,7 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{by_size[large] / by_size[small] - 1:+.0%} |"
                 )
         lines.append("")
+    lines += goals(report)
     soaked = report.get("soak") or {}
     if "rss_after_epoch" in soaked:
         after = [x / MiB for x in soaked["rss_after_epoch"]]
@@ -383,6 +420,78 @@ def markdown(report: dict[str, Any]) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+GOALS = (
+    # (what, case, measure, goal, comparison): the goals of the throughput issue
+    ("Loader shuffle, first epoch", "Loader, shuffle", "first_ratio", 0.6, ">="),
+    ("Loader no shuffle, first epoch", "Loader, no shuffle", "first_ratio", 0.9, ">="),
+    ("Loader shuffle, first/later epoch time", "Loader, shuffle", "first_over_later", 1.2, "<="),
+    ("Loader no shuffle, first/later", "Loader, no shuffle", "first_over_later", 1.2, "<="),
+    ("Loader shuffle, first/later CPU time", "Loader, shuffle", "cpu_first_over_later", 1.2, "<="),
+)
+PAIRS = (
+    # (what, case, reference): speed ratios within one size
+    ("TorchAsyncItr / Loader, shuffle", "TorchAsyncItr + DLDataLoader, shuffle", "Loader, shuffle"),
+    (
+        "TorchAsyncItr / Loader, no shuffle",
+        "TorchAsyncItr + DLDataLoader, no shuffle",
+        "Loader, no shuffle",
+    ),
+    ("KerasSequenceLoader / Loader, shuffle", "KerasSequenceLoader, shuffle", "Loader, shuffle"),
+    (
+        "KerasSequenceLoader / Loader, no shuffle",
+        "KerasSequenceLoader, no shuffle",
+        "Loader, no shuffle",
+    ),
+    (
+        "stored order within batches / shuffle",
+        "Loader, shuffle, stored order within batches",
+        "Loader, shuffle",
+    ),
+    ("stacked [B, k] / columns, shuffle", "Loader, shuffle, stacked [B, k]", "Loader, shuffle"),
+)
+
+
+def goals(report: dict[str, Any]) -> list[str]:
+    """The figures the throughput goals are stated in, derived from the tables above."""
+    sections = report["sizes"]
+    head = " | ".join(f"{s['rows'] / 1e6:g}M rows" for s in sections)
+    lines = [
+        "**Derived figures** (from the rows above; speeds are rows/s ratios)",
+        "",
+        f"| figure | goal | {head} |",
+        "|---|---|" + "---:|" * len(sections),
+    ]
+    by_size = [{r["name"]: r for r in s["results"]} for s in sections]
+    for what, name, measure, goal, sign in GOALS:
+        cells = [_num(rows[name].get(measure)) if name in rows else "-" for rows in by_size]
+        lines.append(f"| {what} | {sign} {goal:g} | {' | '.join(cells)} |")
+    for what, name, reference in PAIRS:
+        cells = []
+        for rows in by_size:
+            if name in rows and reference in rows and "first_rows_per_second" in rows[name]:
+                a, b = rows[name], rows[reference]
+                first = a["first_rows_per_second"] / b["first_rows_per_second"]
+                later = a["later_rows_per_second"] / b["later_rows_per_second"]
+                cells.append(f"{first:.2f} first, {later:.2f} later")
+            else:
+                cells.append("-")
+        goal = ">= 0.9" if what.startswith("TorchAsyncItr") else ""
+        lines.append(f"| {what} | {goal} | {' | '.join(cells)} |")
+    limit = sections[0]["results"][0]
+    rss_cells = []
+    for rows in by_size:
+        lim = next(r for r in rows.values() if r["group"] == "limit")
+        shuffled = rows.get("Loader, shuffle", {})
+        if "peak_rss" in shuffled and "peak_rss" in lim:
+            rss_cells.append(f"{shuffled['peak_rss'] / lim['peak_rss']:.2f}")
+        else:
+            rss_cells.append("-")
+    if "peak_rss" in limit:
+        lines.append(f"| Loader shuffle peak RSS / the limit's | <= 2 | {' | '.join(rss_cells)} |")
+    lines.append("")
+    return lines
 
 
 def fill_doc(path: Path, table: str) -> None:

@@ -15,7 +15,7 @@ nothing about real click logs.
 
 The model hashes each categorical id into at most ``--buckets`` embedding rows,
 log-scales and batch-normalises the continuous columns, and runs an MLP over the lot.
-The shared flags are described in ``examples/common.py``.
+The shared flags are described in ``examples/example_flags.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tabloader.synthetic import CARDINALITIES, CATS, CONTS, LABELS
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import common
+import example_flags as common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 

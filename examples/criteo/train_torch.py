@@ -12,7 +12,7 @@ with the Criteo columns (``label``, ``I1..I13``, ``C1..C26``), as
 (``tabloader.synthetic``: not real click data), written on the first run to
 ``examples/criteo/data/synthetic/`` (or ``--data``). Categorical ids are hashed into
 ``--buckets`` rows per column, so the embedding tables stay small whatever the ids are.
-The shared flags are described in ``examples/common.py``.
+The shared flags are described in ``examples/example_flags.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tabloader.synthetic import CATS, CONTS, LABELS
 from tabloader.torch import DLDataLoader, TorchAsyncItr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import common
+import example_flags as common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 

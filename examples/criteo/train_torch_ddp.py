@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_torch import ClickModel, build_parser
 
-import common
+import example_flags as common
 
 
 def broadcast_seed(device: torch.device) -> int:

@@ -6,7 +6,7 @@ Run ``prepare.py`` first, then::
 
 (``--data`` names another directory that ``prepare.py`` wrote; a missing one is an
 error. ``--synthetic`` trains on generated ratings instead. The shared flags are
-described in ``examples/common.py``.)
+described in ``examples/example_flags.py``.)
 
 The model embeds users and movies (and reads the genre columns when ``prepare.py``
 wrote them), feeds the embeddings and their product through a small MLP and predicts
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import common
+import example_flags as common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 

@@ -14,7 +14,7 @@ files are an error. ``--synthetic`` trains on generated ratings instead. ::
 The model embeds users and movies, feeds the two embeddings, their product and the
 genres through an MLP, and prints per epoch the training loss, the validation loss and
 the validation AUC, next to the AUC of a constant predictor (0.5) for comparison. The
-shared flags are described in ``examples/common.py``.
+shared flags are described in ``examples/example_flags.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import tabloader
 from tabloader.torch import DLDataLoader, TorchAsyncItr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import common
+import example_flags as common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 CATS = ["userId", "movieId"]

@@ -558,13 +558,15 @@ class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
 class _TensorMaker:
     """The core loader's ``transform``: a batch of arrays in, ``(features, labels)`` out.
 
-    Runs in the loader's background thread. The columns of each dtype are copied into
-    the rows of one 64-byte aligned 2-D buffer (rows padded to 64 bytes), and each row
-    becomes a tensor through DLPack without a further copy. The copy is needed anyway:
-    a batch's columns are separate arrays (an unshuffled batch's, read-only views of
-    Arrow memory), and TensorFlow aborts the process on
-    memory that is not 64-byte aligned. Fresh buffers also keep the loader's chunk
-    memory from being pinned by tensors that training still holds.
+    Runs in the loader's background thread. On the CPU, a column the core already
+    delivers as a writable, contiguous, 64-byte aligned array (every column of a
+    shuffled batch: the core gathers each batch into one pooled allocation whose
+    blocks start on 64-byte boundaries) becomes a tensor through DLPack as it is, with
+    no copy. The other columns (an unshuffled batch's read-only views of Arrow memory,
+    views that start off a 64-byte boundary, device arrays) are copied into the rows
+    of one 64-byte aligned 2-D buffer per dtype (rows padded to 64 bytes), and each row
+    becomes a tensor: TensorFlow aborts the process on memory that is not 64-byte
+    aligned, and a tensor must not write into Arrow's immutable buffers.
     """
 
     def __init__(self) -> None:
@@ -601,16 +603,35 @@ class _TensorMaker:
             return contextlib.nullcontext()
         return self.xp.cuda.Device(self.device.index)
 
+    def _shareable(self, array: Any, dtype: np.dtype[Any]) -> bool:
+        """Whether TensorFlow may use ``array``'s memory as it is."""
+        return (
+            not self.on_gpu
+            and isinstance(array, np.ndarray)
+            and array.dtype == dtype
+            and array.ndim == 1
+            and array.flags.c_contiguous
+            and array.flags.writeable
+            and _address(array) % _ALIGN == 0
+        )
+
     def __call__(self, batch: Mapping[str, Any]) -> Any:
         rows = int(next(iter(batch.values())).shape[0])
         tensors: dict[str, Any] = {}
         # New threads start on GPU 0: allocate on the loader's GPU (cuda:N), not there.
         with self._on_device():
             for dtype, names in self.groups:
-                block = aligned_rows(self.xp, len(names), rows, dtype)
-                for j, name in enumerate(names):
+                copied = [name for name in names if not self._shareable(batch[name], dtype)]
+                for name in names:
+                    if name not in copied:
+                        column = batch[name].__dlpack__()
+                        tensors[name] = tf.experimental.dlpack.from_dlpack(column)
+                if not copied:
+                    continue
+                block = aligned_rows(self.xp, len(copied), rows, dtype)
+                for j, name in enumerate(copied):
                     block[j, :rows] = batch[name]
-                for j, name in enumerate(names):
+                for j, name in enumerate(copied):
                     column = block[j, :rows].__dlpack__()
                     tensors[name] = tf.experimental.dlpack.from_dlpack(column)
             if self.on_gpu:

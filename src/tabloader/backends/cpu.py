@@ -202,11 +202,6 @@ class PooledNumpy:
             shape = list(array.shape)
             shape[axis] = len(indices)
             out = self.empty(tuple(shape), array.dtype)
-        if axis == 0 and array.ndim == 2 and array.shape[1] > 1 and not array.flags.c_contiguous:
-            # Columns stored apart (a dealt stacked block): gather column by column.
-            for j in range(array.shape[1]):
-                out[:, j] = self._gather(array[:, j], indices)
-            return out
         if axis == 0 and array.nbytes <= _STAGE_BYTES:
             array = self._staged(array)
         # Indices come from a permutation of the rows, so they are in range: "clip" skips
@@ -226,18 +221,6 @@ class PooledNumpy:
         source = stage[: array.nbytes].view(array.dtype).reshape(array.shape)
         np.copyto(source, array)
         return source
-
-    def _gather(self, column: NDArray[Any], indices: NDArray[np.int64]) -> NDArray[Any]:
-        """``column[indices]`` of a 1-D column, into this thread's second scratch buffer."""
-        if column.nbytes <= _STAGE_BYTES:
-            column = self._staged(column)
-        nbytes = len(indices) * column.dtype.itemsize
-        buffer = getattr(self._local, "gathered", None)
-        if buffer is None or buffer.nbytes < nbytes:
-            buffer = self._local.gathered = np.empty(nbytes, np.uint8)
-        out = buffer[:nbytes].view(column.dtype)
-        np.take(column, indices, out=out, mode="clip")
-        return out
 
     def concatenate(
         self, arrays: Sequence[NDArray[Any]], axis: int = 0, out: NDArray[Any] | None = None
@@ -366,11 +349,9 @@ class CPUBackend:
             places = inverse_permutation(plan.deal(chunk, order))
             segment = self._dealt_segment(pieces, places, blocks, stats)
             index = places[order]
-        else:  # the order is already dealt into batches
+        else:  # the order is already dealt into batches: they are slices of the chunk
             segment = self._dealt_segment(pieces, inverse_permutation(order), blocks, stats)
-            if all(len(b.columns) == 1 for b in blocks):
-                return [(segment, None)]  # batches are slices of the chunk
-            index = np.arange(len(order))  # [B, k] blocks are still laid out per batch
+            return [(segment, None)]
         bounds = plan.batch_bounds(chunk).tolist()
         return [
             ({name: a[lo:hi] for name, a in segment.items()}, index[lo:hi] - lo)
@@ -388,14 +369,13 @@ class CPUBackend:
 
         Every decoded value is written once, straight to its place. Rows dealt into
         batches keep their stored order within each, so the writes go to one
-        sequential run per batch.
+        sequential run per batch. Blocks are row-major, so a batch's rows are gathered
+        whole, and a batch of rows in stored order is a slice.
         """
-        # Blocks are column-major, so every column is written as one contiguous run.
         segment = empty_segment(
             len(places),
             [(b.name, len(b.columns), b.dtype) for b in blocks if not b.ragged],
             self.xp,
-            column_major=True,
         )
         lists: dict[str, list[Ragged]] = {b.name: [] for b in blocks if b.ragged}
         offset = 0
@@ -409,9 +389,11 @@ class CPUBackend:
                     lists[b.name].append(ragged)
                     continue
                 out = segment[b.name]
-                for j, c in enumerate(b.columns):
-                    column = out[:, j]
-                    column[rows] = arrays[c]  # scatter and cast in one pass
+                if len(b.columns) == 1:
+                    column = out[:, 0]
+                    column[rows] = arrays[b.columns[0]]  # scatter and cast in one pass
+                else:
+                    self._scatter_rows([arrays[c] for c in b.columns], rows, out)
             offset += n
             stats.assemble_seconds += time.perf_counter() - started
         if lists:
@@ -426,6 +408,24 @@ class CPUBackend:
                     segment[b.name] = Ragged(values, whole.offsets, rows=order)
             stats.assemble_seconds += time.perf_counter() - started
         return segment
+
+    def _scatter_rows(
+        self, arrays: Sequence[NDArray[Any]], rows: NDArray[np.int64], out: NDArray[Any]
+    ) -> None:
+        """``out[rows[i], j] = arrays[j][i]``: columns interleaved, rows scattered.
+
+        A few thousand rows at a time are interleaved in a scratch block that stays in
+        cache, then written out row by row: every row of ``out`` is written once, whole,
+        where a column-by-column scatter would sweep all of ``out`` once per column.
+        """
+        step = _BLOCK_ROWS
+        scratch = np.empty((min(step, len(rows)), len(arrays)), out.dtype)
+        for start in range(0, len(rows), step):
+            stop = min(start + step, len(rows))
+            block = scratch[: stop - start]
+            for j, array in enumerate(arrays):
+                block[:, j] = array[start:stop]
+            out[rows[start:stop]] = block
 
     def _piece_segment(
         self,

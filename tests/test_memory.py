@@ -1,0 +1,166 @@
+"""Memory is bounded by the chunk buffer: flat in the dataset's size and over epochs.
+
+Each measurement runs in a fresh process, so that one test's memory (or another
+loader's pool) does not hide another's growth.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+MiB = 2**20
+# Row groups of uneven sizes: chunks, and the rows carried between them, differ in size
+# from one chunk to the next, which is what made buffers pile up.
+ROW_GROUPS = [37_000, 52_000, 61_000, 45_000, 29_000, 58_000]
+CATS = [f"c{i}" for i in range(12)]
+# 12 int64 + 3 float32 + 1 float32 = 112 bytes a row: chunks of 100k rows hold 11 MiB,
+# well above the allocator's noise.
+
+CHILD = """
+import json, sys
+import tabloader
+
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+def peak():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmHWM"))
+
+paths, epochs = json.loads(sys.argv[1]), int(sys.argv[2])
+loader = tabloader.Loader(paths, cats=[f"c{i}" for i in range(12)], conts=["x", "y", "z"],
+                          labels=["label"], batch_size=8192, shuffle=True, seed=0,
+                          chunk_rows=100_000)
+pool = loader.backend.xp.pool
+base = rss()
+after, pooled = [], []
+for _ in range(epochs):
+    rows = sum(len(batch["c0"]) for batch in loader)
+    after.append(rss())
+    pooled.append(sum(len(b[0] if isinstance(b, tuple) else b) for b in pool._buffers))
+print(json.dumps({"base": base, "peak": max(peak(), *after), "after": after, "rows": rows,
+                  "pooled": pooled}))
+"""
+
+
+def _run(paths: list[str], epochs: int) -> dict[str, object]:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(paths), str(epochs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _write(directory: Path, files: int) -> list[str]:
+    """``files`` files of 282k rows in row groups of uneven sizes."""
+    directory.mkdir()
+    ids = np.arange(sum(ROW_GROUPS), dtype=np.int64)
+    columns = {name: ids * (i + 1) for i, name in enumerate(CATS)}
+    columns.update({name: ids.astype(np.float32) for name in ("x", "y", "z", "label")})
+    table = pa.table(columns)
+    paths = []
+    for f in range(files):
+        path = directory / f"part-{f}.parquet"
+        with pq.ParquetWriter(path, table.schema) as writer:
+            offset = 0
+            for rows in np.roll(ROW_GROUPS, f).tolist():
+                writer.write_table(table.slice(offset, rows), row_group_size=rows)
+                offset += rows
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
+    small = _write(tmp_path / "small", 2)  # 564k rows, 6 chunks
+    large = _write(tmp_path / "large", 12)  # 3.4M rows, 34 chunks
+    measured = {name: _run(paths, epochs=2) for name, paths in (("small", small), ("large", large))}
+    assert measured["large"]["rows"] == 6 * measured["small"]["rows"]
+    grown = {k: (v["peak"] - v["base"]) / MiB for k, v in measured.items()}
+    # Allowance: the threads' timing decides whether two or three chunks (of at most
+    # 18 MiB here) are in flight at the worst moment, and the allocators' caches jitter.
+    assert grown["large"] <= 1.1 * grown["small"] + 32, (
+        f"peak memory above the start grew from {grown['small']:.0f} MiB to "
+        f"{grown['large']:.0f} MiB for 6x the rows"
+    )
+    # The buffers kept: the pool's slack over at most prefetch + 2 = 3 chunks in flight
+    # (of at most 161k rows, 18 MiB, rounded up to 20 MiB), whatever the dataset's size.
+    for name, run in measured.items():
+        pooled = max(run["pooled"]) / MiB
+        assert pooled <= 1.25 * 3 * 20, f"{name}: the pool kept {pooled:.0f} MiB"
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_epochs_in_a_fresh_process(tmp_path):
+    paths = _write(tmp_path / "data", 4)
+    measured = _run(paths, epochs=12)
+    # The buffers kept, as above.
+    pooled = [x / MiB for x in measured["pooled"]]
+    assert max(pooled) <= 1.25 * 3 * 20, f"pooled MiB after each epoch: {pooled}"
+    # The process as a whole: the allocators' own caches make single readings jitter,
+    # so compare the last epochs with the first ones.
+    after = [x / MiB for x in measured["after"]]
+    early, late = np.mean(after[1:4]), np.mean(after[-3:])
+    assert late <= early * 1.1 + 16, f"RSS after each epoch (MiB): {after}"
+
+
+@pytest.mark.tensorflow
+def test_keras_tensors_share_aligned_batch_memory_and_keep_it_lent():
+    tf = pytest.importorskip("tensorflow")
+    from tabloader.backends.cpu import BufferPool
+    from tabloader.device import Device
+    from tabloader.tensorflow import _TensorMaker
+
+    maker = _TensorMaker()
+    maker.set_columns(["id"], ["x"], [], device=Device("cpu"))
+    pool = BufferPool()
+    ids = pool.empty((1 << 18,), "int64")
+    ids[:] = 5
+    frozen = np.full(1 << 18, 2.5, np.float32)
+    frozen.flags.writeable = False
+    features = maker({"id": ids, "x": frozen})
+    ids[0] = 7  # shared, not copied
+    assert int(features["id"][0]) == 7 and int(tf.reduce_sum(features["id"])) == 5 * (1 << 18) + 2
+    assert float(tf.reduce_sum(features["x"])) == 2.5 * (1 << 18)  # read-only: a copy
+    del ids
+    gc.collect()
+    assert pool.idle_bytes() == 0  # the tensor keeps the buffer lent
+    del features
+    gc.collect()
+    assert pool.idle_bytes() == pool.pooled_bytes() > 0
+
+
+@pytest.mark.torch
+def test_torch_tensors_wrap_the_gathered_blocks():
+    torch = pytest.importorskip("torch")
+    import tabloader
+    from tabloader.torch import TorchAsyncItr
+
+    table = pa.table({"c": np.arange(1000), "d": np.arange(1000) * 2, "y": np.ones(1000)})
+    itr = TorchAsyncItr(
+        table, cats=["c", "d"], labels=["y"], batch_size=256, shuffle=True, seed=0, device="cpu"
+    )
+    loader = tabloader.Loader(
+        table, cats=["c", "d"], labels=["y"], batch_size=256, shuffle=True, seed=0, layout="stacked"
+    )
+    for (x_cat, _, y), batch in zip(itr, loader, strict=True):
+        assert x_cat.is_contiguous() and x_cat.shape == (len(y), 2)
+        assert torch.equal(x_cat, torch.from_numpy(batch["cats"]))
+        assert torch.equal(x_cat[:, 1], 2 * x_cat[:, 0])
