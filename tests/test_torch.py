@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -176,6 +178,14 @@ def test_tensors_are_built_in_the_background_thread(paths, monkeypatch):
         threads.append(threading.current_thread().name)
         return _as_tensor(array)
 
+    # Loaders other tests dropped stop their threads when collected: let them, so that
+    # only this test's batches are recorded.
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        t.name.startswith("tabloader-") for t in threading.enumerate()
+    ):
+        time.sleep(0.05)
     monkeypatch.setattr(adapter, "_as_tensor", recording)
     for shuffle in (True, False):
         threads.clear()
