@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from tabloader.backends import get_backend
+from tabloader.backends import ReadRequest, get_backend
 from tabloader.batches import (
-    Block,
     Layout,
     Part,
     cut_batches,
@@ -926,18 +925,10 @@ class BatchIterator:
         return [self._stage.thread]
 
 
-def _read_chunks(
-    *,
-    dataset: Dataset,
-    backend: Backend,
-    plan: EpochPlan,
-    blocks: Sequence[Block],
-    fill_null: Mapping[str, float],
-    stats: StatsRecorder,
-) -> Iterator[list[Part]]:
+def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[list[Part]]:
     """Reader thread: each planned chunk, as parts in delivery order."""
-    for parts in backend.read_chunks(dataset, plan, blocks, fill_null, stats=stats):
-        stats.chunks += 1
+    for parts in backend.read_chunks(request):
+        request.stats.chunks += 1
         yield parts
 
 
@@ -957,15 +948,7 @@ def _batch_stream(
 ) -> Iterator[tuple[int, Any]]:
     """Batcher thread: shuffle each chunk, cut batches, transform them."""
     chunks = Prefetcher(
-        partial(
-            _read_chunks,
-            dataset=dataset,
-            backend=backend,
-            plan=plan,
-            blocks=layout.blocks,
-            fill_null=fill_null,
-            stats=stats,
-        ),
+        partial(_read_chunks, backend, ReadRequest(dataset, plan, layout.blocks, fill_null, stats)),
         depth=prefetch,
         name="tabloader-reader",
         linked=stop,
