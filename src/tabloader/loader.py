@@ -560,28 +560,16 @@ class Loader:
         """The epoch plan this loader follows (see :mod:`tabloader.plan`)."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
+        plan_for: Callable[..., EpochPlan] = plan_epoch
+        shuffle: bool | Literal["global"] = self.shuffle
         if self.cache is not None:
             # Without a usable cache, "global" streams with shuffle=True's chunks.
             global_shuffle = self.global_shuffle and self.cache.usable
-            return plan_cached_epoch(
-                self.dataset.partition_rows,
-                batch_size=self.batch_size,
-                shuffle="global" if global_shuffle else self.shuffle,
-                shuffle_within_batch=self.shuffle_within_batch,
-                seed=self.seed,
-                epoch=epoch,
-                global_rank=self.global_rank,
-                global_size=self.global_size,
-                worker=worker,
-                num_workers=num_workers,
-                parts_per_chunk=self.parts_per_chunk,
-                chunk_rows=self.chunk_rows,
-                drop_last=self.drop_last,
-            )
-        return plan_epoch(
+            plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else self.shuffle
+        return plan_for(
             self.dataset.partition_rows,
             batch_size=self.batch_size,
-            shuffle=self.shuffle,
+            shuffle=shuffle,
             shuffle_within_batch=self.shuffle_within_batch,
             seed=self.seed,
             epoch=epoch,
