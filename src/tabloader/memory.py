@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -23,6 +24,7 @@ from tabloader.errors import InvalidArgumentError
 __all__ = [
     "aligned_rows",
     "chunk_rows_for",
+    "chunk_rows_for_buffer",
     "gpu_total_mb",
     "memory_limit_mb",
     "total_memory_bytes",
@@ -88,6 +90,41 @@ def chunk_rows_for(
         )
     rows = int(fraction * total_memory_bytes(device)) // row_bytes
     return max(rows, batch_size)
+
+
+def chunk_rows_for_buffer(
+    buffer_size: object,
+    *,
+    parts_per_chunk: int | None,
+    kinds: tuple[str | Sequence[str] | None, ...],
+    batch_size: object,
+    device: str | int | None = None,
+) -> int | None:
+    """Rows per chunk for NVTabular's ``buffer_size`` (None when it is not given).
+
+    ``kinds`` are the cats, conts and labels columns, delivered as int64, float32 and
+    float32: their bytes per row turn a fraction of memory into rows.
+
+    Examples:
+        >>> chunk_rows_for_buffer(None, parts_per_chunk=2, kinds=(), batch_size=8) is None
+        True
+        >>> chunk_rows_for_buffer(500, parts_per_chunk=None, kinds=("a", ["b"], []),
+        ...                       batch_size=8)
+        500
+    """
+    if buffer_size is None:
+        return None
+    if parts_per_chunk is not None:
+        raise InvalidArgumentError(
+            "give buffer_size (rows per chunk) or parts_per_chunk (row groups per chunk), not both"
+        )
+    cats, conts, labels = (1 if isinstance(v, str) else len(v or ()) for v in kinds)
+    return chunk_rows_for(
+        buffer_size,
+        row_bytes=max(8 * cats + 4 * conts + 4 * labels, 1),
+        batch_size=batch_size if isinstance(batch_size, int) else 1,
+        device=device,
+    )
 
 
 def memory_limit_mb(value: str, *, total_mb: float | None) -> int:

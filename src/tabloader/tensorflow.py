@@ -42,7 +42,7 @@ from tabloader.device import Device
 from tabloader.errors import InvalidArgumentError
 from tabloader.indexed import IndexedEpochs
 from tabloader.loader import Loader
-from tabloader.memory import aligned_rows, chunk_rows_for, memory_limit_mb
+from tabloader.memory import aligned_rows, chunk_rows_for_buffer, memory_limit_mb
 from tabloader.memory import gpu_total_mb as _gpu_total_mb
 from tabloader.memory import total_memory_bytes as total_memory_bytes  # moved, importable here
 from tabloader.options import keywords_of, one_spelling, reject_unknown
@@ -230,21 +230,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             if not callable(seed_fn):
                 raise InvalidArgumentError(f"seed_fn must be callable, got {seed_fn!r}")
             seed = seed_fn()
-        if buffer_size is not None and parts_per_chunk is not None:
-            raise InvalidArgumentError(
-                "give buffer_size (rows per chunk) or parts_per_chunk (row groups per chunk), "
-                "not both"
-            )
-        chunk_rows = None
-        if buffer_size is not None:
-            kinds = {"cats": cat_names, "conts": cont_names, "labels": label_names}
-            counts = {k: 1 if isinstance(v, str) else len(v or ()) for k, v in kinds.items()}
-            chunk_rows = chunk_rows_for(
-                buffer_size,
-                row_bytes=max(8 * counts["cats"] + 4 * counts["conts"] + 4 * counts["labels"], 1),
-                batch_size=batch_size if isinstance(batch_size, int) else 1,
-                device=device,
-            )
+        chunk_rows = chunk_rows_for_buffer(
+            buffer_size,
+            parts_per_chunk=parts_per_chunk,
+            kinds=(cat_names, cont_names, label_names),
+            batch_size=batch_size,
+            device=device,
+        )
         dataset = (
             paths_or_dataset if isinstance(paths_or_dataset, Dataset) else Dataset(paths_or_dataset)
         )

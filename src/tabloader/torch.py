@@ -47,7 +47,7 @@ from tabloader.errors import (
     TabloaderError,
 )
 from tabloader.loader import Loader
-from tabloader.options import keywords_of, one_spelling, reject_unknown
+from tabloader.options import keywords_of, one_spelling, ranks, reject_unknown
 
 __all__ = ["DLDataLoader", "TorchAsyncItr"]
 
@@ -84,24 +84,10 @@ def _staging_target(device: object) -> torch.device:
 
 
 def _resolve_ranks(global_rank: int | None, global_size: int | None) -> tuple[int, int]:
-    initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if global_rank is None and global_size is None:
-        if initialised:
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-    if global_rank is None or global_size is None:
-        if not initialised:
-            given = "global_size" if global_rank is None else "global_rank"
-            missing = "global_rank" if global_rank is None else "global_size"
-            raise InvalidArgumentError(
-                f"{given} is given but {missing} is not, and torch.distributed is not "
-                f"initialised to supply it: pass both global_rank= and global_size="
-            )
-        if global_rank is None:
-            global_rank = torch.distributed.get_rank()
-        if global_size is None:
-            global_size = torch.distributed.get_world_size()
-    return global_rank, global_size
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    group = (dist.get_rank(), dist.get_world_size()) if initialised else None
+    return ranks(global_rank, global_size, group, "torch.distributed")
 
 
 def _worker() -> tuple[int, int]:
