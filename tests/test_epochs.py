@@ -127,3 +127,11 @@ def test_seed_value_takes_only_non_negative_integers():
     for bad in (True, -1, 1.5, "3"):
         with pytest.raises(tabloader.InvalidArgumentError, match="seed must be a non-negative"):
             seed_value(bad, "seed")
+
+
+def test_persistent_workers_are_refused_a_seed_fn():
+    make(seed_fn=lambda: 1).check_workers(persistent=False)  # fresh copies every epoch: fine
+    with pytest.raises(
+        tabloader.InvalidArgumentError, match="seed_fn cannot be used with persistent_workers"
+    ):
+        make(seed_fn=lambda: 1).check_workers(persistent=True)

@@ -221,6 +221,23 @@ class Epochs:
         self.advance()
         return started
 
+    def check_workers(self, start_method: Any = None, *, persistent: bool = False) -> None:
+        """Refuse worker processes (``persistent``: kept from epoch to epoch) that could
+        not deliver these epochs: the dataset's own checks, then ``seed_fn`` and a
+        refreshing dataset, which persistent copies would never see change."""
+        if persistent and self.seed_fn is not None:
+            raise InvalidArgumentError(
+                "seed_fn cannot be used with persistent_workers=True: it would be called "
+                "inside each worker process. Pass seed= instead, or persistent_workers=False"
+            )
+        self.loader.dataset.check_worker_processes(start_method)
+        if persistent and self.loader.dataset.refreshes:
+            raise InvalidArgumentError(
+                "Dataset(refresh=True) cannot be used with persistent_workers=True: the "
+                "worker processes keep the listing of the first epoch. Use "
+                "persistent_workers=False"
+            )
+
     # -- resuming -------------------------------------------------------------------
 
     def state_dict(self, worker: int = 0, num_workers: int = 1) -> dict[str, Any]:

@@ -587,20 +587,10 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
                     "pin_memory=True, but TorchAsyncItr already delivers batches on "
                     f"{dataset.device}, staged through pinned memory. Leave pin_memory out"
                 )
-            if workers and kwargs.get("persistent_workers") and dataset._epochs.seed_fn is not None:
-                raise InvalidArgumentError(
-                    "seed_fn cannot be used with persistent_workers=True: it would be called "
-                    "inside each worker process. Pass seed= instead, or persistent_workers=False"
-                )
             if workers:
-                dataset._loader.dataset.check_worker_processes(
-                    kwargs.get("multiprocessing_context")
-                )
-            if workers and kwargs.get("persistent_workers") and dataset._loader.dataset.refreshes:
-                raise InvalidArgumentError(
-                    "Dataset(refresh=True) cannot be used with persistent_workers=True: the "
-                    "worker processes keep the listing of the first epoch. Use "
-                    "persistent_workers=False"
+                dataset._epochs.check_workers(
+                    kwargs.get("multiprocessing_context"),
+                    persistent=bool(kwargs.get("persistent_workers")),
                 )
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._worker_epoch: int | None = None
