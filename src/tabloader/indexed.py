@@ -54,6 +54,7 @@ class IndexedEpochs:
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
+        """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
         self._num_batches = len(loader)  # of the epoch being served
         self._start = 0  # batches of that epoch delivered before a resume
         self._lock = threading.RLock()
@@ -101,7 +102,7 @@ class IndexedEpochs:
             return batch
 
     def on_epoch_begin(self) -> None:
-        """Before each epoch: starts reading if nothing is under way."""
+        """Called by Keras before each epoch: starts reading if nothing is under way."""
         with self._lock:
             if len(self._given) == self._num_batches:
                 self._advance()
@@ -110,7 +111,7 @@ class IndexedEpochs:
                 self._start_iterator()
 
     def on_epoch_end(self) -> None:
-        """After each epoch: a finished epoch makes way for the next."""
+        """Called by Keras after each epoch: a finished epoch makes way for the next."""
         with self._lock:
             if len(self._given) == self._num_batches:
                 self._advance()
@@ -133,9 +134,12 @@ class IndexedEpochs:
             self._start, self._num_batches = 0, len(self.loader)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the epochs stand: mid-epoch the next batch of the epoch being served
-        (batches served count, those read ahead do not); after an epoch's last batch,
-        the start of the next epoch. See :meth:`tabloader.Loader.state_dict`."""
+        """Where this loader stands, to continue exactly there after a restart.
+
+        Mid-epoch it points at the next batch of the epoch being served (batches
+        handed to Keras count, those read ahead do not); after an epoch's last batch,
+        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
+        """
         with self._lock:
             served = len(self._used)
             if served >= self._num_batches:
@@ -144,8 +148,19 @@ class IndexedEpochs:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
-        comes next, then the later epochs. Until that epoch ends, ``len()`` is the
-        number of its batches still to come."""
+        comes next, bit-identical to the run that saved it, then the later epochs.
+
+        Until that epoch ends, ``len()`` is the number of its batches still to come.
+        Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
+        with one call and run the later ones with another::
+
+            loader.load_state_dict(state)
+            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
+            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
+
+        A state from a different dataset or different options raises
+        :class:`tabloader.InvalidArgumentError` naming what differs.
+        """
         epoch, batches, seed = self.loader.check_state(state)
         full = len(self.loader)
         if batches >= full and full:

@@ -80,7 +80,7 @@ _NVTABULAR_ONLY = {
 }
 
 
-class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
+class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore[misc]
     """Batches of parquet rows as ``tf.Tensor`` dicts, for ``model.fit`` and friends.
 
     Each item is ``(features, labels)``. ``features`` maps every categorical and
@@ -214,7 +214,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
                 "them model.fit fails later with 'None values not supported'. To predict on "
                 "data without labels, pass label_names=[]"
             )
-        super().__init__()
+        keras.utils.PyDataset.__init__(self)
         if feature_columns is not None:
             if cat_names is not None or cont_names is not None:
                 raise InvalidArgumentError("give feature_columns or cat_names/cont_names, not both")
@@ -271,17 +271,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         conts = [c for c in loader.conts if c not in loader.sparse_names]
         make_tensors.set_columns(cats, conts, loader.labels, device=loader.device)
         self.buffer_size = buffer_size
-        self.loader = loader
-        """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
-        self._epochs = IndexedEpochs(loader)
+        IndexedEpochs.__init__(self, loader)  # self.loader: the core loader
 
-    # -- the Keras interface ------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self._epochs)
+    # -- the Keras interface: the epochs (len(), on_epoch_begin/end, epoch, set_epoch,
+    # state_dict, load_state_dict, close) are those of IndexedEpochs.
 
     def __getitem__(self, index: int) -> Any:
-        return self._epochs.batch(index, stacklevel=2)
+        return self.batch(index, stacklevel=2)
 
     def __iter__(self) -> Iterator[Any]:
         """One epoch: ``on_epoch_begin``, every batch in order, ``on_epoch_end``."""
@@ -289,55 +285,6 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         for i in range(len(self)):
             yield self[i]
         self.on_epoch_end()
-
-    def on_epoch_begin(self) -> None:
-        """Called by Keras before each epoch: starts reading if nothing is under way."""
-        self._epochs.on_epoch_begin()
-
-    def on_epoch_end(self) -> None:
-        """Called by Keras after each epoch: a finished epoch makes way for the next."""
-        self._epochs.on_epoch_end()
-
-    # -- epochs -------------------------------------------------------------------
-
-    @property
-    def epoch(self) -> int:
-        """The epoch being served (or about to be): 0, 1, 2, ..."""
-        return self._epochs.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Serve epoch ``epoch`` from its start next (to resume a training run)."""
-        self._epochs.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands, to continue exactly there after a restart.
-
-        Mid-epoch it points at the next batch of the epoch being served (batches
-        handed to Keras count, those read ahead do not); after an epoch's last batch,
-        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
-        """
-        return self._epochs.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
-        comes next, bit-identical to the run that saved it, then the later epochs.
-
-        Until that epoch ends, ``len()`` is the number of its batches still to come.
-        Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
-        with one call and run the later ones with another::
-
-            loader.load_state_dict(state)
-            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
-            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
-
-        A state from a different dataset or different options raises
-        :class:`tabloader.InvalidArgumentError` naming what differs.
-        """
-        self._epochs.load_state_dict(state)
-
-    def close(self) -> None:
-        """Stop the background threads of an unfinished epoch and drop its kept batches."""
-        self._epochs.close()
 
     def __repr__(self) -> str:
         return f"KerasSequenceLoader({self.loader!r}, epoch={self.epoch})"
