@@ -51,16 +51,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tabloader.backends.cpu import column_to_numpy
+from tabloader.backends.cpu import decode_ahead, decode_pieces
 from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
 from tabloader.plan import fixed_share
-from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from tabloader.backends import Backend
+    from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Layout, Part, Segment
     from tabloader.dataset import Dataset
     from tabloader.plan import EpochPlan
@@ -632,16 +631,8 @@ class _CacheBackend:
         self.xp = backend.xp
         self.write = write
 
-    def read_chunks(
-        self,
-        dataset: Dataset,
-        plan: EpochPlan,
-        blocks: Sequence[Block],
-        fill_null: Mapping[str, float],
-        *,
-        stats: StatsRecorder,
-    ) -> Iterator[list[Part]]:
-        cache = self.cache
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        cache, plan, stats = self.cache, request.plan, request.stats
         if not self.write:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
@@ -655,11 +646,7 @@ class _CacheBackend:
         published = False
         columns = [c for b in cache.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
-        decoded = Prefetcher(
-            partial(_decode, dataset, pieces, columns, fill_null, stats),
-            depth=1,
-            name="tabloader-decoder",
-        )
+        decoded = decode_ahead(request, columns, lists=False)
         served = _read_only(arrays)
 
         def tasks() -> Iterator[Callable[[], list[Part]]]:
@@ -678,7 +665,7 @@ class _CacheBackend:
             yield from _run_ahead(tasks())
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
-                missing, _decode(dataset, missing, columns, fill_null, stats), strict=True
+                missing, decode_pieces(request, missing, columns, lists=False), strict=True
             ):
                 cache._write(arrays, int(cache._base[p]) + a, piece)
             cache._complete(arrays, temp)
@@ -726,21 +713,3 @@ def _read_only(arrays: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
         view.flags.writeable = False
         views[name] = view
     return views
-
-
-def _decode(
-    dataset: Dataset,
-    pieces: Sequence[tuple[int, int, int]],
-    columns: Sequence[str],
-    fill_null: Mapping[str, float],
-    stats: StatsRecorder,
-) -> Iterator[dict[str, NDArray[Any]]]:
-    """Each piece's columns as numpy arrays, nulls filled (zero-copy where there are none)."""
-    tables = dataset.iter_pieces(pieces, columns)
-    for partition, _, _ in pieces:
-        started = time.perf_counter()
-        table = next(tables)
-        stats.read_seconds += time.perf_counter() - started
-        stats.bytes_read += table.nbytes
-        where = dataset.describe_partition(partition)
-        yield {c: column_to_numpy(table.column(c), c, fill_null.get(c), where) for c in columns}

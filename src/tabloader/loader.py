@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from tabloader.backends import get_backend
+from tabloader.backends import ReadRequest, get_backend
 from tabloader.batches import (
-    Block,
     Layout,
     Part,
     cut_batches,
@@ -564,28 +563,16 @@ class Loader:
         """The epoch plan this loader follows (see :mod:`tabloader.plan`)."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
+        plan_for: Callable[..., EpochPlan] = plan_epoch
+        shuffle: bool | Literal["global"] = self.shuffle
         if self.cache is not None:
             # Without a usable cache, "global" streams with shuffle=True's chunks.
             global_shuffle = self.global_shuffle and self.cache.usable
-            return plan_cached_epoch(
-                self.dataset.partition_rows,
-                batch_size=self.batch_size,
-                shuffle="global" if global_shuffle else self.shuffle,
-                shuffle_within_batch=self.shuffle_within_batch,
-                seed=self.seed,
-                epoch=epoch,
-                global_rank=self.global_rank,
-                global_size=self.global_size,
-                worker=worker,
-                num_workers=num_workers,
-                parts_per_chunk=self.parts_per_chunk,
-                chunk_rows=self.chunk_rows,
-                drop_last=self.drop_last,
-            )
-        return plan_epoch(
+            plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else self.shuffle
+        return plan_for(
             self.dataset.partition_rows,
             batch_size=self.batch_size,
-            shuffle=self.shuffle,
+            shuffle=shuffle,
             shuffle_within_batch=self.shuffle_within_batch,
             seed=self.seed,
             epoch=epoch,
@@ -929,18 +916,10 @@ class BatchIterator:
         return [self._stage.thread]
 
 
-def _read_chunks(
-    *,
-    dataset: Dataset,
-    backend: Backend,
-    plan: EpochPlan,
-    blocks: Sequence[Block],
-    fill_null: Mapping[str, float],
-    stats: StatsRecorder,
-) -> Iterator[list[Part]]:
+def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[list[Part]]:
     """Reader thread: each planned chunk, as parts in delivery order."""
-    for parts in backend.read_chunks(dataset, plan, blocks, fill_null, stats=stats):
-        stats.chunks += 1
+    for parts in backend.read_chunks(request):
+        request.stats.chunks += 1
         yield parts
 
 
@@ -960,15 +939,7 @@ def _batch_stream(
 ) -> Iterator[tuple[int, Any]]:
     """Batcher thread: shuffle each chunk, cut batches, transform them."""
     chunks = Prefetcher(
-        partial(
-            _read_chunks,
-            dataset=dataset,
-            backend=backend,
-            plan=plan,
-            blocks=layout.blocks,
-            fill_null=fill_null,
-            stats=stats,
-        ),
+        partial(_read_chunks, backend, ReadRequest(dataset, plan, layout.blocks, fill_null, stats)),
         depth=prefetch,
         name="tabloader-reader",
         linked=stop,

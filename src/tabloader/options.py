@@ -35,6 +35,7 @@ __all__ = [
     "numeric_dtype",
     "one_spelling",
     "optional_positive",
+    "ranks",
     "reject_unknown",
 ]
 
@@ -158,3 +159,36 @@ def one_spelling(values: Mapping[str, Any]) -> Any:
             f"{first}= and {second}= are two names for the same option: give one of them"
         )
     return next(iter(given.values()), None)
+
+
+def ranks(
+    global_rank: int | None,
+    global_size: int | None,
+    group: tuple[int, int] | None,
+    source: str,
+) -> tuple[int, int]:
+    """``(global_rank, global_size)``, each taken from ``group`` when not given.
+
+    ``group`` is ``(rank, size)`` of an initialised process group (``source`` names it,
+    e.g. ``"torch.distributed"``), None without one: then both default to 0 and 1, and
+    giving only one of them raises.
+
+    Examples:
+        >>> ranks(None, None, None, "torch.distributed"), ranks(None, 4, (2, 8), "pg")
+        ((0, 1), (2, 4))
+    """
+    if global_rank is None and global_size is None:
+        return group if group is not None else (0, 1)
+    if global_rank is None or global_size is None:
+        if group is None:
+            given = "global_size" if global_rank is None else "global_rank"
+            missing = "global_rank" if global_rank is None else "global_size"
+            raise InvalidArgumentError(
+                f"{given} is given but {missing} is not, and {source} is not "
+                f"initialised to supply it: pass both global_rank= and global_size="
+            )
+        if global_rank is None:
+            global_rank = group[0]
+        if global_size is None:
+            global_size = group[1]
+    return global_rank, global_size

@@ -29,22 +29,22 @@ Examples:
 from __future__ import annotations
 
 import contextlib
-import importlib
-import math
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from numbers import Integral, Real
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.dataset import Dataset
-from tabloader.device import Device, resolve_device
-from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
+from tabloader.device import Device
+from tabloader.errors import InvalidArgumentError
+from tabloader.indexed import IndexedEpochs
 from tabloader.loader import Loader
+from tabloader.memory import ALIGN, address, aligned_rows, chunk_rows_for_buffer, memory_limit_mb
+from tabloader.memory import gpu_total_mb as _gpu_total_mb
+from tabloader.memory import total_memory_bytes as total_memory_bytes  # moved, importable here
 from tabloader.options import keywords_of, one_spelling, reject_unknown
 
 # TensorFlow's C++ informational logs (CPU instruction sets, ...) tell a user of this
@@ -58,8 +58,7 @@ except ImportError:
         "tabloader.tensorflow needs TensorFlow: pip install 'tabloader[tensorflow]'"
     ) from None
 
-if TYPE_CHECKING:
-    from tabloader.loader import BatchIterator
+from tabloader.tensorflow_columns import feature_column_names
 
 __all__ = [
     "KerasSequenceLoader",
@@ -67,12 +66,6 @@ __all__ = [
     "apply_memory_allocation",
     "feature_column_names",
 ]
-
-HEAD_BATCHES = 2
-"""Leading batches of each epoch kept for replay: Keras fetches the first two batches of a
-``PyDataset`` to inspect their structure before it starts the epoch proper."""
-_ALIGN = 64
-"""TensorFlow requires 64-byte aligned tensor memory; DLPack imports must honour it."""
 
 _NVTABULAR_ONLY = {
     "schema": "pass the column names as cat_names=, cont_names= and label_names=",
@@ -87,7 +80,7 @@ _NVTABULAR_ONLY = {
 }
 
 
-class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
+class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore[misc]
     """Batches of parquet rows as ``tf.Tensor`` dicts, for ``model.fit`` and friends.
 
     Each item is ``(features, labels)``. ``features`` maps every categorical and
@@ -221,7 +214,7 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
                 "them model.fit fails later with 'None values not supported'. To predict on "
                 "data without labels, pass label_names=[]"
             )
-        super().__init__()
+        keras.utils.PyDataset.__init__(self)
         if feature_columns is not None:
             if cat_names is not None or cont_names is not None:
                 raise InvalidArgumentError("give feature_columns or cat_names/cont_names, not both")
@@ -237,21 +230,13 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
             if not callable(seed_fn):
                 raise InvalidArgumentError(f"seed_fn must be callable, got {seed_fn!r}")
             seed = seed_fn()
-        if buffer_size is not None and parts_per_chunk is not None:
-            raise InvalidArgumentError(
-                "give buffer_size (rows per chunk) or parts_per_chunk (row groups per chunk), "
-                "not both"
-            )
-        chunk_rows = None
-        if buffer_size is not None:
-            kinds = {"cats": cat_names, "conts": cont_names, "labels": label_names}
-            counts = {k: 1 if isinstance(v, str) else len(v or ()) for k, v in kinds.items()}
-            chunk_rows = chunk_rows_for(
-                buffer_size,
-                row_bytes=max(8 * counts["cats"] + 4 * counts["conts"] + 4 * counts["labels"], 1),
-                batch_size=batch_size if isinstance(batch_size, int) else 1,
-                device=device,
-            )
+        chunk_rows = chunk_rows_for_buffer(
+            buffer_size,
+            parts_per_chunk=parts_per_chunk,
+            kinds=(cat_names, cont_names, label_names),
+            batch_size=batch_size,
+            device=device,
+        )
         dataset = (
             paths_or_dataset if isinstance(paths_or_dataset, Dataset) else Dataset(paths_or_dataset)
         )
@@ -286,229 +271,23 @@ class KerasSequenceLoader(keras.utils.PyDataset):  # type: ignore[misc]
         conts = [c for c in loader.conts if c not in loader.sparse_names]
         make_tensors.set_columns(cats, conts, loader.labels, device=loader.device)
         self.buffer_size = buffer_size
-        self.loader = loader
-        """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
-        self._num_batches = len(loader)  # of the epoch being served
-        self._start = 0  # batches of that epoch delivered before a resume
-        self._lock = threading.RLock()
-        self._epoch = 0
-        # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
-        self._given: dict[int, int] = {}  # batch index -> position in the epoch's stream
-        self._since: dict[int, int] = {}  # the same, for requests since the last Keras hook
-        self._used: set[int] = set()  # positions given out
-        self._next = 0  # no position below this is free
-        self._head: list[Any] = []  # the epoch's first HEAD_BATCHES batches, kept
-        self._iterator: BatchIterator | None = None
-        self._consumed = 0  # batches taken from _iterator
+        IndexedEpochs.__init__(self, loader)  # self.loader: the core loader
 
-    # -- the Keras interface ------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self._num_batches
+    # -- the Keras interface: the epochs (len(), on_epoch_begin/end, epoch, set_epoch,
+    # state_dict, load_state_dict, close) are those of IndexedEpochs.
 
     def __getitem__(self, index: int) -> Any:
-        i = self._check_index(index)
-        with self._lock:
-            if len(self._given) == self._num_batches and not self._is_replay(i):
-                self._advance()
-            position = self._since.get(i)
-            if position is None:
-                position = self._given.get(i)
-                if position is not None and position >= len(self._head):
-                    # An index of an earlier, unfinished go at this epoch: the epoch is
-                    # being served again from its start. Keep what this go already got.
-                    self._given = dict(self._since)
-                    self._used = set(self._since.values())
-                    self._next = 0
-                    position = None
-            if position is None:
-                position = self._next_free_position()
-                self._given[i] = position
-                self._used.add(position)
-            self._since[i] = position
-            batch = self._batch_at(position)
-            if len(self._given) == self._num_batches:
-                self._close_iterator()
-            return batch
+        return self.batch(index, stacklevel=2)
 
     def __iter__(self) -> Iterator[Any]:
         """One epoch: ``on_epoch_begin``, every batch in order, ``on_epoch_end``."""
         self.on_epoch_begin()
-        for i in range(self._num_batches):
+        for i in range(len(self)):
             yield self[i]
         self.on_epoch_end()
 
-    def on_epoch_begin(self) -> None:
-        """Called by Keras before each epoch: starts reading if nothing is under way."""
-        with self._lock:
-            if len(self._given) == self._num_batches:
-                self._advance()
-            self._since = {}
-            if self._iterator is None and not self._given:
-                self._start_iterator()
-
-    def on_epoch_end(self) -> None:
-        """Called by Keras after each epoch: a finished epoch makes way for the next."""
-        with self._lock:
-            if len(self._given) == self._num_batches:
-                self._advance()
-            self._since = {}
-
-    # -- epochs -------------------------------------------------------------------
-
-    @property
-    def epoch(self) -> int:
-        """The epoch being served (or about to be): 0, 1, 2, ..."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Serve epoch ``epoch`` from its start next (to resume a training run)."""
-        self.loader.set_epoch(epoch)
-        with self._lock:
-            self._close_iterator()
-            self._epoch = int(epoch)
-            self._reset_pass()
-            self._start, self._num_batches = 0, len(self.loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands, to continue exactly there after a restart.
-
-        Mid-epoch it points at the next batch of the epoch being served (batches
-        handed to Keras count, those read ahead do not); after an epoch's last batch,
-        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
-        """
-        with self._lock:
-            served = len(self._used)
-            if served >= self._num_batches:
-                return self.loader.epoch_state(self._epoch + 1, 0)
-            return self.loader.epoch_state(self._epoch, self._start + served)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
-        comes next, bit-identical to the run that saved it, then the later epochs.
-
-        Until that epoch ends, ``len()`` is the number of its batches still to come.
-        Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
-        with one call and run the later ones with another::
-
-            loader.load_state_dict(state)
-            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
-            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
-
-        A state from a different dataset or different options raises
-        :class:`tabloader.InvalidArgumentError` naming what differs.
-        """
-        epoch, batches, seed = self.loader.check_state(state)
-        full = len(self.loader)
-        if batches >= full and full:
-            epoch, batches = epoch + 1, 0
-        with self._lock:
-            self._close_iterator()
-            self.loader.seed = seed
-            self.loader.set_epoch(epoch)
-            self._epoch = epoch
-            self._reset_pass()
-            self._start = batches
-            self._num_batches = full - batches
-
-    def close(self) -> None:
-        """Stop the background threads of an unfinished epoch and drop its kept batches."""
-        with self._lock:
-            self._close_iterator()
-            self._head = []
-
     def __repr__(self) -> str:
-        return f"KerasSequenceLoader({self.loader!r}, epoch={self._epoch})"
-
-    # -- internals ----------------------------------------------------------------
-
-    def _reset_pass(self) -> None:
-        self._given = {}
-        self._since = {}
-        self._used = set()
-        self._next = 0
-        self._head = []
-        self._iterator = None
-        self._consumed = 0
-
-    def _advance(self) -> None:
-        self._close_iterator()
-        self._epoch += 1
-        self._reset_pass()
-        self._start, self._num_batches = 0, len(self.loader)
-
-    def _is_replay(self, i: int) -> bool:
-        """Whether index ``i`` asks again for a kept batch given out before the last hook.
-
-        That is Keras fetching the two batches it looked at before the epoch started:
-        the epoch is not over until it has had them.
-        """
-        position = self._given.get(i)
-        return i not in self._since and position is not None and position < len(self._head)
-
-    def _check_index(self, index: object) -> int:
-        if isinstance(index, bool) or not isinstance(index, Integral):
-            raise TypeError(f"batch index must be an integer, got {index!r}")
-        i = int(index)
-        # Once an epoch is done the next one is whole again (after a resume, too).
-        done = len(self._given) == self._num_batches
-        limit = len(self.loader) if done else self._num_batches
-        if not 0 <= i < limit:
-            raise IndexError(
-                f"batch index {i} is out of range: this loader has {limit} "
-                f"batches per epoch (indices 0..{limit - 1})"
-            )
-        return i
-
-    def _next_free_position(self) -> int:
-        while self._next in self._used:
-            self._next += 1
-        return self._next
-
-    def _start_iterator(self) -> None:
-        self._iterator = self.loader.iter_epoch(self._epoch, start_batch=self._start)
-        self._consumed = 0
-
-    def _close_iterator(self) -> None:
-        if self._iterator is not None:
-            self._iterator.close()
-            self._iterator = None
-
-    def _batch_at(self, position: int) -> Any:
-        """Batch ``position`` of the current epoch's stream."""
-        if position < len(self._head):
-            return self._head[position]
-        if self._iterator is None or self._consumed > position:
-            if position > len(self._head):
-                warnings.warn(
-                    f"batch {position} of epoch {self._epoch} was asked for again or out of "
-                    f"turn: reading the epoch again from its start to serve it. Keras' fit, "
-                    "evaluate and predict never do this unless an epoch is cut short",
-                    PerformanceWarning,
-                    stacklevel=3,
-                )
-            self._close_iterator()
-            self._start_iterator()
-        iterator = self._iterator
-        assert iterator is not None  # set just above; for the type checker
-        try:
-            while self._consumed < position:
-                next(iterator)
-                self._consumed += 1
-            batch = next(iterator)
-        except StopIteration:
-            self._close_iterator()
-            raise TabloaderError(
-                f"internal error: epoch {self._epoch} ended before batch {position}; "
-                "please report this with the dataset's partition sizes"
-            ) from None
-        except BaseException:
-            self._close_iterator()
-            raise
-        self._consumed += 1
-        if position == len(self._head) and position < HEAD_BATCHES:
-            self._head.append(batch)
-        return batch
+        return f"KerasSequenceLoader({self.loader!r}, epoch={self.epoch})"
 
 
 class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
@@ -612,7 +391,7 @@ class _TensorMaker:
             and array.ndim == 1
             and array.flags.c_contiguous
             and array.flags.writeable
-            and _address(array) % _ALIGN == 0
+            and address(array) % ALIGN == 0
         )
 
     def __call__(self, batch: Mapping[str, Any]) -> Any:
@@ -666,216 +445,6 @@ class _ListTensors:
             else:
                 features[name] = tf.convert_to_tensor(value)
         return result
-
-
-def _address(array: Any) -> int:
-    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
-    return int(interface["data"][0])
-
-
-def aligned_rows(xp: Any, k: int, rows: int, dtype: Any) -> Any:
-    """An empty ``[k, stride]`` array whose rows start on 64-byte boundaries.
-
-    ``stride >= rows``; use ``out[j, :rows]``. ``xp`` allocates (numpy-like ``empty``).
-
-    Examples:
-        >>> out = aligned_rows(np, 3, 5, "float32")
-        >>> out.shape, [out[j, :5].ctypes.data % 64 for j in range(3)]
-        ((3, 16), [0, 0, 0])
-    """
-    dtype = np.dtype(dtype)
-    per_align = _ALIGN // dtype.itemsize
-    stride = -(-rows // per_align) * per_align
-    flat = xp.empty((k * stride + per_align,), dtype)
-    offset = (-_address(flat) % _ALIGN) // dtype.itemsize
-    return flat[offset : offset + k * stride].reshape(k, stride)
-
-
-# -- column names from feature columns --------------------------------------------------
-
-
-def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
-    """``(cat_names, cont_names)`` read from ``tf.feature_column`` columns.
-
-    Categorical columns, also wrapped in embedding, indicator or weighted columns, name
-    cats; numeric columns, the sources of bucketized columns and the weights of weighted
-    columns name conts. Names keep their first-seen order, without repeats.
-
-    Examples:
-        >>> fc = tf.feature_column
-        >>> feature_column_names([
-        ...     fc.embedding_column(fc.categorical_column_with_identity("user", 100), 8),
-        ...     fc.indicator_column(fc.categorical_column_with_identity("genre", 20)),
-        ...     fc.numeric_column("age", (1,)),
-        ... ])
-        (['user', 'genre'], ['age'])
-    """
-    if getattr(tf, "feature_column", None) is None:
-        raise InvalidArgumentError(
-            f"feature_columns needs tf.feature_column, which TensorFlow {tf.__version__} "
-            "does not provide: pass the column names as cat_names=[...] and cont_names=[...]"
-        )
-    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
-        raise InvalidArgumentError(
-            f"feature_columns must be a list of tf.feature_column columns, got {columns!r}"
-        )
-    kinds: dict[str, str] = {}
-
-    def add(name: str, kind: str, owner: Any) -> None:
-        if kinds.setdefault(name, kind) != kind:
-            raise InvalidArgumentError(
-                f"feature column {owner!r} uses {name!r} as {kind}, but another feature "
-                f"column uses it as {kinds[name]}; a column is either categorical or "
-                "continuous"
-            )
-
-    def walk(column: Any) -> None:
-        classes = {cls.__name__ for cls in type(column).__mro__}
-        if "FeatureColumn" not in classes:
-            raise InvalidArgumentError(
-                f"feature_columns must hold tf.feature_column columns, got {column!r}"
-            )
-        kind = type(column).__name__
-        if kind == "NumericColumn" or kind == "BucketizedColumn":
-            for name in _raw_keys(column):
-                add(name, "cont", column)
-        elif kind == "WeightedCategoricalColumn":
-            walk(column.categorical_column)
-            add(column.weight_feature_key, "cont", column)
-        elif kind == "CrossedColumn":
-            raise InvalidArgumentError(
-                f"crossed feature column {column!r} is not supported: it computes crosses "
-                "tabloader does not. List its source columns in cat_names= and cross them "
-                "in the model (keras.layers.HashedCrossing)"
-            )
-        elif hasattr(column, "categorical_column"):  # embedding, indicator, shared embedding
-            walk(column.categorical_column)
-        elif "CategoricalColumn" in classes and all(isinstance(p, str) for p in column.parents):
-            for name in column.parents:
-                add(name, "cat", column)
-        else:
-            raise InvalidArgumentError(
-                f"feature column {column!r} is not supported: use categorical, embedding, "
-                "indicator, weighted, numeric or bucketized columns, or pass cat_names= and "
-                "cont_names= instead"
-            )
-
-    for column in columns:
-        walk(column)
-    return (
-        [n for n, k in kinds.items() if k == "cat"],
-        [n for n, k in kinds.items() if k == "cont"],
-    )
-
-
-def _raw_keys(column: Any) -> list[str]:
-    keys: list[str] = []
-    for parent in column.parents:
-        keys.extend([parent] if isinstance(parent, str) else _raw_keys(parent))
-    return keys
-
-
-# -- memory -------------------------------------------------------------------------------
-
-
-def total_memory_bytes(device: str | int | None = None) -> int:
-    """Total memory of ``device``: host RAM for the CPU, device memory for a CUDA GPU."""
-    resolved = resolve_device(device)
-    if resolved.is_cuda:
-        try:
-            import cupy
-        except ImportError:
-            raise ImportError(
-                "reading GPU memory size needs cupy: pip install 'tabloader[gpu]'"
-            ) from None
-        return int(cupy.cuda.Device(resolved.index).mem_info[1])
-    try:
-        psutil = importlib.import_module("psutil")
-    except ImportError:
-        pass
-    else:
-        return int(psutil.virtual_memory().total)
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        raise InvalidArgumentError(
-            "cannot read this machine's total memory (install psutil), so buffer_size cannot "
-            "be a fraction: give it as a number of rows instead"
-        ) from None
-
-
-def chunk_rows_for(
-    buffer_size: object, *, row_bytes: int, batch_size: int, device: str | int | None = None
-) -> int:
-    """Rows per chunk for ``buffer_size``: rows (an int) or a fraction of total memory.
-
-    Examples:
-        >>> chunk_rows_for(100_000, row_bytes=40, batch_size=1024)
-        100000
-        >>> chunk_rows_for(0.5, row_bytes=40, batch_size=1024) == total_memory_bytes() // 2 // 40
-        True
-    """
-    if isinstance(buffer_size, bool) or not isinstance(buffer_size, Real):
-        raise InvalidArgumentError(
-            f"buffer_size must be a number of rows (int) or a fraction of memory in (0, 1), "
-            f"got {buffer_size!r}"
-        )
-    if isinstance(buffer_size, Integral):
-        if buffer_size < 1:
-            raise InvalidArgumentError(
-                f"buffer_size in rows must be at least 1, got {buffer_size!r}"
-            )
-        return max(int(buffer_size), 1)
-    fraction = float(buffer_size)
-    if not 0.0 < fraction < 1.0:
-        raise InvalidArgumentError(
-            f"buffer_size must be a fraction of memory in (0, 1) or a whole number of rows "
-            f"(an int), got {buffer_size!r}"
-        )
-    rows = int(fraction * total_memory_bytes(device)) // row_bytes
-    return max(rows, batch_size)
-
-
-def memory_limit_mb(value: str, *, total_mb: float | None) -> int:
-    """Megabytes for a ``TF_MEMORY_ALLOCATION`` value: below 1 a fraction of ``total_mb``.
-
-    Examples:
-        >>> memory_limit_mb("0.5", total_mb=16000), memory_limit_mb("8192", total_mb=None)
-        (8000, 8192)
-    """
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not number > 0 or math.isinf(number):
-        raise InvalidArgumentError(
-            f"TF_MEMORY_ALLOCATION must be a fraction of GPU memory in (0, 1) or a number of "
-            f"megabytes, got {value!r}; for example TF_MEMORY_ALLOCATION=0.5 or 8192"
-        )
-    if number >= 1:
-        return int(number)
-    if total_mb is None:
-        raise InvalidArgumentError(
-            f"TF_MEMORY_ALLOCATION={value!r} is a fraction, but the GPU's memory size is "
-            "unknown (install cupy or nvidia-ml-py); give it in megabytes instead"
-        )
-    return int(number * total_mb)
-
-
-def _gpu_total_mb(index: int) -> float | None:
-    try:
-        import cupy
-
-        return float(cupy.cuda.runtime.getDeviceProperties(index)["totalGlobalMem"]) / 2**20
-    except Exception:
-        pass
-    try:
-        pynvml = importlib.import_module("pynvml")
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return float(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / 2**20
-    except Exception:
-        return None
 
 
 def apply_memory_allocation(value: str | None = None) -> bool:

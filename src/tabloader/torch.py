@@ -23,7 +23,6 @@ Examples:
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -40,14 +39,15 @@ except ImportError:
     raise ImportError("tabloader.torch needs PyTorch: pip install 'tabloader[torch]'") from None
 
 from tabloader.dataset import Dataset
+from tabloader.epochs import EpochRun, Epochs
 from tabloader.errors import (
     EmptyEpochWarning,
     InvalidArgumentError,
     PerformanceWarning,
     TabloaderError,
 )
-from tabloader.loader import BatchIterator, EpochPosition, Loader
-from tabloader.options import keywords_of, one_spelling, reject_unknown
+from tabloader.loader import Loader
+from tabloader.options import keywords_of, one_spelling, ranks, reject_unknown
 
 __all__ = ["DLDataLoader", "TorchAsyncItr"]
 
@@ -84,34 +84,16 @@ def _staging_target(device: object) -> torch.device:
 
 
 def _resolve_ranks(global_rank: int | None, global_size: int | None) -> tuple[int, int]:
-    initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if global_rank is None and global_size is None:
-        if initialised:
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-    if global_rank is None or global_size is None:
-        if not initialised:
-            given = "global_size" if global_rank is None else "global_rank"
-            missing = "global_rank" if global_rank is None else "global_size"
-            raise InvalidArgumentError(
-                f"{given} is given but {missing} is not, and torch.distributed is not "
-                f"initialised to supply it: pass both global_rank= and global_size="
-            )
-        if global_rank is None:
-            global_rank = torch.distributed.get_rank()
-        if global_size is None:
-            global_size = torch.distributed.get_world_size()
-    return global_rank, global_size
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    group = (dist.get_rank(), dist.get_world_size()) if initialised else None
+    return ranks(global_rank, global_size, group, "torch.distributed")
 
 
-def _seed_value(value: object, what: str) -> int:
-    try:
-        seed = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        seed = -1
-    if isinstance(value, bool) or seed < 0:
-        raise InvalidArgumentError(f"{what} must be a non-negative integer, got {value!r}")
-    return seed
+def _worker() -> tuple[int, int]:
+    """``(worker, num_workers)`` of this DataLoader worker process; ``(0, 1)`` outside one."""
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
 
 
 def _as_tensor(array: Any) -> torch.Tensor:
@@ -208,77 +190,6 @@ def _list_tensors(batch: Mapping[str, Any], names: Sequence[str]) -> dict[str, A
         else:
             out[name] = _as_tensor(value)
     return out
-
-
-class _Epoch:
-    """One epoch of ``(x_cat, x_cont, y)`` in progress; ``len()`` is the batches still to come.
-
-    Stateful in torchdata's sense: ``StatefulDataLoader`` saves its :meth:`state_dict`
-    (the epoch, its seed and the batches handed out, in this process or worker) and
-    restores it with :meth:`load_state_dict` on the iterator it creates after a restart.
-    """
-
-    def __init__(
-        self,
-        owner: TorchAsyncItr,
-        *,
-        epoch: int,
-        seed: int,
-        start: int,
-        worker: int,
-        num_workers: int,
-    ) -> None:
-        self._owner = owner
-        self._stager = owner._builder.stager
-        self.seed = seed
-        self.worker, self.num_workers = worker, num_workers
-        self._batches = self._start(epoch, start)
-        self.position: EpochPosition = self._batches.position
-
-    def _start(self, epoch: int, start: int) -> BatchIterator:
-        loader = self._owner._loader
-        loader.seed = self.seed
-        return loader.iter_epoch(
-            epoch, worker=self.worker, num_workers=self.num_workers, start_batch=start
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands (see :meth:`tabloader.Loader.state_dict`)."""
-        return self._owner._loader.epoch_state(
-            self.position.epoch,
-            self.position.batches,
-            seed=self.seed,
-            worker=self.worker,
-            num_workers=self.num_workers,
-        )
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the epoch saved in ``state`` instead of this one."""
-        epoch, batches, seed = self._owner._check_state(state, self.worker, self.num_workers)
-        current = (self.position.epoch, self.position.batches, self.seed)
-        if current != (epoch, batches, seed) or self.position.finished:
-            self._batches.close()
-            self.seed = seed
-            self._batches = self._start(epoch, batches)
-            self.position = self._batches.position
-        self._owner._loader.epoch = epoch + 1
-        self._owner._live = self
-
-    def __iter__(self) -> _Epoch:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __next__(self) -> Batch:
-        item = next(self._batches)
-        if self._stager is not None:
-            return self._stager.receive(item)
-        return item  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        """Stop the background threads of this epoch."""
-        self._batches.close()
 
 
 class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
@@ -438,7 +349,6 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         staging = backend == "cpu" and device is not None and str(device) != "cpu"
         self._stage_to = _staging_target(device) if staging else None
         global_rank, global_size = _resolve_ranks(global_rank, global_size)
-        self._seed_fn = seed_fn
         self._options: dict[str, Any] = {
             "cats": one_spelling({"cats": cats, "cat_names": cat_names}),
             "conts": one_spelling({"conts": conts, "cont_names": cont_names}),
@@ -469,13 +379,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         self._loader = self._make_loader(dataset)
         # Keep the seed the core drew (seed=None), so copies in worker processes agree.
         self._options["seed"] = self._loader.seed
-        self._seed_given = seed is not None
-        self._live: _Epoch | None = None  # the epoch iter() last started here
-        self._resume: EpochPosition | None = None  # where the next iter() starts
-        self._resume_for = (0, 1)  # (worker, num_workers) the resume state is for
-        self._epoch_seed: int | None = None
-        self._epochs_managed = False  # DLDataLoader advances epochs for worker processes
-        self._epoch_set = False
+        self._epochs = Epochs(self._loader, seed_fn=seed_fn, seed_given=seed is not None)
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         names = self._options["sparse_names"]
@@ -554,25 +458,9 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
-        self._loader.set_epoch(epoch)
-        self._epoch_seed = None
-        self._epoch_set = True
+        self._epochs.set_epoch(epoch)
 
-    def _prepare_epoch(self) -> int:
-        """Choose the seed of the next epoch (calling ``seed_fn`` once) and return it."""
-        self._loader.refresh(self._loader.epoch)  # before worker processes copy the dataset
-        if self._epoch_seed is None:
-            if self._seed_fn is None:
-                self._epoch_seed = self._loader.seed
-            else:
-                self._epoch_seed = _seed_value(self._seed_fn(), "seed_fn()")
-        return self._epoch_seed
-
-    def _advance(self) -> None:
-        self._loader.epoch += 1
-        self._epoch_seed = None
-
-    def __iter__(self) -> _Epoch:
+    def __iter__(self) -> EpochRun:
         """Start the next epoch (in a worker process: the worker's share of it)."""
         info = torch.utils.data.get_worker_info()
         if info is not None and self.device.type == "cuda":
@@ -581,7 +469,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
                 "processes: CUDA does not work in forked workers. Use num_workers=0 (the "
                 "loader already prepares batches in a background thread), or device='cpu'"
             )
-        if info is not None and not self._epochs_managed and not self._epoch_set:
+        if info is not None and not self._epochs.managed and not self._epochs.epoch_set:
             warnings.warn(
                 f"TorchAsyncItr runs in DataLoader worker processes, which cannot advance "
                 f"the epoch of the training process: every epoch repeats epoch "
@@ -589,25 +477,8 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
                 "before each epoch",
                 stacklevel=2,
             )
-        seed = self._prepare_epoch()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch, start = self.epoch, 0
-        if self._resume is not None:
-            epoch, start = self._resume.epoch, self._resume.batches
-            if start and self._resume_for != (worker, num_workers):
-                raise InvalidArgumentError(
-                    f"this state was saved mid-epoch by worker {self._resume_for[0]} of "
-                    f"{self._resume_for[1]} and cannot continue in worker {worker} of "
-                    f"{num_workers}: resume with the same num_workers (with worker "
-                    "processes, save and load through torchdata's StatefulDataLoader)"
-                )
-            self._resume = None
-        self._live = _Epoch(
-            self, epoch=epoch, seed=seed, start=start, worker=worker, num_workers=num_workers
-        )
-        self._loader.epoch = epoch
-        self._advance()
-        return self._live
+        stager = self._builder.stager
+        return self._epochs.start(*_worker(), receive=None if stager is None else stager.receive)
 
     # -- resuming -------------------------------------------------------------------
 
@@ -621,24 +492,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         ``StatefulDataLoader`` collects the workers' states and restores them (see
         docs/torch.md, "Resume after pre-emption").
         """
-        info = torch.utils.data.get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        live = self._live
-        if self._resume is not None:
-            position, seed = self._resume, self._epoch_seed
-            worker, num_workers = self._resume_for
-        elif live is not None and not live.position.finished:
-            position, seed = live.position, live.seed
-            worker, num_workers = live.worker, live.num_workers
-        else:
-            position, seed = EpochPosition(self.epoch, 0), None
-        return self._loader.epoch_state(
-            position.epoch,
-            position.batches,
-            seed=self._loader.seed if seed is None else seed,
-            worker=worker,
-            num_workers=num_workers,
-        )
+        return self._epochs.state_dict(*_worker())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next ``iter()`` continue from ``state`` (from :meth:`state_dict`).
@@ -646,33 +500,14 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         Raises :class:`tabloader.InvalidArgumentError` naming what differs when the
         dataset or the options that decide the order are not those of the saved run.
         """
-        info = torch.utils.data.get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch, batches, _ = self._check_state(state, worker, num_workers)
-        self._resume = EpochPosition(epoch, batches)
-        self._resume_for = (worker, num_workers)
-        self._loader.epoch = epoch
-        self._epoch_set = True
-
-    def _check_state(
-        self, state: Mapping[str, Any], worker: int, num_workers: int
-    ) -> tuple[int, int, int]:
-        epoch, batches, seed = self._loader.check_state(
-            state, adopt_seed=not self._seed_given, worker=worker, num_workers=num_workers
-        )
-        if self._seed_fn is None:
-            self._loader.seed = self._options["seed"] = seed
-            self._epoch_seed = None
-        elif batches:
-            self._epoch_seed = seed  # the saved epoch's seed; seed_fn chooses later ones
-        return epoch, batches, seed
+        self._epochs.load_state_dict(state, *_worker())
 
     # -- pickling (worker processes started with "spawn" or "forkserver") -----------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_builder"]
-        state["_live"] = None  # an epoch in progress stays with its process
+        state["_options"] = {**self._options, "seed": self._epochs.base_seed}
         loader = state.pop("_loader")
         state["_dataset"] = loader.dataset
         state["_epoch"] = loader.epoch
@@ -687,6 +522,7 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             warnings.simplefilter("ignore", EmptyEpochWarning)
             self._loader = self._make_loader(dataset)
         self._loader.epoch = epoch
+        self._epochs.loader = self._loader
 
     def __repr__(self) -> str:
         return (
@@ -751,20 +587,10 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
                     "pin_memory=True, but TorchAsyncItr already delivers batches on "
                     f"{dataset.device}, staged through pinned memory. Leave pin_memory out"
                 )
-            if workers and kwargs.get("persistent_workers") and dataset._seed_fn is not None:
-                raise InvalidArgumentError(
-                    "seed_fn cannot be used with persistent_workers=True: it would be called "
-                    "inside each worker process. Pass seed= instead, or persistent_workers=False"
-                )
             if workers:
-                dataset._loader.dataset.check_worker_processes(
-                    kwargs.get("multiprocessing_context")
-                )
-            if workers and kwargs.get("persistent_workers") and dataset._loader.dataset.refreshes:
-                raise InvalidArgumentError(
-                    "Dataset(refresh=True) cannot be used with persistent_workers=True: the "
-                    "worker processes keep the listing of the first epoch. Use "
-                    "persistent_workers=False"
+                dataset._epochs.check_workers(
+                    kwargs.get("multiprocessing_context"),
+                    persistent=bool(kwargs.get("persistent_workers")),
                 )
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._worker_epoch: int | None = None
@@ -786,12 +612,7 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
                 "before the first epoch only, or use persistent_workers=False"
             )
         # Worker processes get a copy of the dataset when they start (inside
-        # super().__iter__()): the seed is chosen and the epoch advanced here, in the
-        # training process, around that moment.
-        dataset._prepare_epoch()
-        dataset._epochs_managed = True
-        iterator = super().__iter__()
-        dataset._resume = None  # the worker processes took it with their copies
-        dataset._advance()
+        # super().__iter__()): the seed is chosen and the epoch advanced around that.
+        iterator = dataset._epochs.hand_to_workers(super().__iter__)
         self._worker_epoch = dataset.epoch
         return iterator

@@ -10,6 +10,7 @@ seed gives the same batches everywhere.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -19,10 +20,23 @@ if TYPE_CHECKING:
     from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
-__all__ = ["Backend", "Piece", "get_backend"]
+__all__ = ["Backend", "Piece", "ReadRequest", "get_backend"]
 
 Piece = tuple[int, int, int]
 """(partition index, first row, one past the last row) of a partition slice."""
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What :meth:`Backend.read_chunks` reads: an epoch's plan over a dataset."""
+
+    dataset: Dataset
+    plan: EpochPlan
+    blocks: Sequence[Block]
+    """The delivered blocks; each chunk's columns are cast to their dtypes."""
+    fill_null: Mapping[str, float]
+    """Replacement of nulls, per column."""
+    stats: StatsRecorder
 
 
 class Backend(Protocol):
@@ -31,15 +45,7 @@ class Backend(Protocol):
     name: str
     xp: Any
 
-    def read_chunks(
-        self,
-        dataset: Dataset,
-        plan: EpochPlan,
-        blocks: Sequence[Block],
-        fill_null: Mapping[str, float],
-        *,
-        stats: StatsRecorder,
-    ) -> Iterator[list[Part]]:
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         """Read the plan's chunks in turn, each block cast to its dtype.
 
         Unshuffled, a chunk is one part per piece, its rows in stored order (zero-copy

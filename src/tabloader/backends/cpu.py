@@ -6,7 +6,7 @@ import mmap
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice, pairwise
 from typing import TYPE_CHECKING, Any
@@ -23,9 +23,8 @@ from tabloader.reader import Prefetcher
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
 
-    from tabloader.backends import Piece
+    from tabloader.backends import Piece, ReadRequest
     from tabloader.batches import Block, Part, Segment
-    from tabloader.dataset import Dataset
     from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
@@ -300,24 +299,9 @@ class CPUBackend:
     def __init__(self) -> None:
         self.xp = PooledNumpy(BufferPool())
 
-    def read_chunks(
-        self,
-        dataset: Dataset,
-        plan: EpochPlan,
-        blocks: Sequence[Block],
-        fill_null: Mapping[str, float],
-        *,
-        stats: StatsRecorder,
-    ) -> Iterator[list[Part]]:
-        columns = [c for b in blocks for c in b.columns]
-        pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
-        # A decoder thread reads ahead, across chunk boundaries, while this thread lays
-        # out the previous piece: pyarrow and numpy both release the GIL.
-        decoded = Prefetcher(
-            partial(_decode, dataset, pieces, columns, fill_null, stats),
-            depth=1,
-            name="tabloader-decoder",
-        )
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        plan, blocks, stats = request.plan, request.blocks, request.stats
+        decoded = decode_ahead(request, [c for b in blocks for c in b.columns])
         try:
             for chunk in range(plan.num_chunks):
                 s = plan.chunk_pieces(chunk)
@@ -454,14 +438,29 @@ class CPUBackend:
         return segment
 
 
-def _decode(
-    dataset: Dataset,
-    pieces: Sequence[Piece],
-    columns: Sequence[str],
-    fill_null: Mapping[str, float],
-    stats: StatsRecorder,
+def decode_ahead(
+    request: ReadRequest, columns: Sequence[str], *, lists: bool = True
+) -> Prefetcher[dict[str, NDArray[Any]]]:
+    """The plan's pieces, each as ``columns`` decoded to numpy arrays, in plan order.
+
+    A decoder thread reads ahead, across chunk boundaries, while the caller lays out
+    the previous piece: pyarrow and numpy both release the GIL. With ``lists=False``
+    every column goes through :func:`column_to_numpy`, list columns too.
+    """
+    plan = request.plan
+    pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
+    return Prefetcher(
+        partial(decode_pieces, request, pieces, columns, lists=lists),
+        depth=1,
+        name="tabloader-decoder",
+    )
+
+
+def decode_pieces(
+    request: ReadRequest, pieces: Sequence[Piece], columns: Sequence[str], *, lists: bool = True
 ) -> Iterator[dict[str, NDArray[Any]]]:
     """Each piece's columns as numpy arrays (zero-copy where there are no nulls)."""
+    dataset, fill_null, stats = request.dataset, request.fill_null, request.stats
     tables = dataset.iter_pieces(pieces, columns)
     for partition, _, _ in pieces:
         started = time.perf_counter()
@@ -470,7 +469,7 @@ def _decode(
         stats.bytes_read += table.nbytes
         where = dataset.describe_partition(partition)
         arrays: dict[str, Any] = {
-            c: (list_column_to_ragged if _is_list(table.column(c)) else column_to_numpy)(
+            c: (list_column_to_ragged if lists and _is_list(table.column(c)) else column_to_numpy)(
                 table.column(c), c, fill_null.get(c), where
             )
             for c in columns

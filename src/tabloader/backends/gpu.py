@@ -66,10 +66,9 @@ from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, T
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
 
-    from tabloader.backends import Piece
+    from tabloader.backends import Piece, ReadRequest
     from tabloader.batches import Block, Part, Segment
     from tabloader.dataset import Dataset
-    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -592,23 +591,16 @@ class GPUBackend:
         self._stream = self._cupy.cuda.Stream.null
         self.xp = DeviceArrays(self._cupy, self.device, self._stream)
 
-    def read_chunks(
-        self,
-        dataset: Dataset,
-        plan: EpochPlan,
-        blocks: Sequence[Block],
-        fill_null: Mapping[str, float],
-        *,
-        stats: StatsRecorder,
-    ) -> Iterator[list[Part]]:
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        plan = request.plan
         for chunk in range(plan.num_chunks):
             yield self.load_chunk(
-                dataset,
+                request.dataset,
                 plan.pieces(chunk),
-                blocks,
-                fill_null,
+                request.blocks,
+                request.fill_null,
                 order=plan.batch_order(chunk),
-                stats=stats,
+                stats=request.stats,
             )
 
     def load_chunk(

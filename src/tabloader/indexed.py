@@ -1,0 +1,271 @@
+"""Epochs served by batch index: the bookkeeping behind index-based frameworks.
+
+Keras' ``PyDataset`` asks for batches by index (``dataset[i]``), in any order, and
+fetches the first two batches of an epoch to inspect them before the epoch proper. The
+core :class:`~tabloader.Loader` streams an epoch's batches in one fixed order.
+:class:`IndexedEpochs` joins the two: each index of ``range(len())`` is served once per
+epoch with the epoch's batches in stream order, whatever the order of the indices; the
+epoch's first :data:`HEAD_BATCHES` batches are kept for replay; once every index was
+served, the next request (or :meth:`IndexedEpochs.on_epoch_end`) starts the next epoch.
+It knows nothing of any framework: the loader's ``transform`` makes the tensors.
+
+Examples:
+    >>> import pyarrow as pa, tabloader
+    >>> loader = tabloader.Loader(pa.table({"x": list(range(10))}), cats=["x"], batch_size=4)
+    >>> epochs = IndexedEpochs(loader)
+    >>> len(epochs), [epochs.batch(i)["x"].tolist() for i in (2, 0, 1)]
+    (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    >>> epochs.batch(0)["x"].tolist(), epochs.epoch  # every index served: next epoch
+    ([0, 1, 2, 3], 1)
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Mapping
+from numbers import Integral
+from typing import TYPE_CHECKING, Any
+
+from tabloader.errors import PerformanceWarning, TabloaderError
+
+if TYPE_CHECKING:
+    from tabloader.loader import BatchIterator, Loader
+
+__all__ = ["HEAD_BATCHES", "IndexedEpochs"]
+
+HEAD_BATCHES = 2
+"""Leading batches of each epoch kept for replay: Keras fetches the first two batches of a
+``PyDataset`` to inspect their structure before it starts the epoch proper."""
+
+
+class IndexedEpochs:
+    """A loader's epochs served by batch index, each index once per epoch.
+
+    ``batch(i)`` for ``i`` in ``range(len(self))`` serves the epoch's batches in the
+    order the loader streams them, whatever the order of the indices. Asking again for
+    an index already served in the current epoch returns the same batch: instantly for
+    the epoch's first :data:`HEAD_BATCHES` batches, otherwise by reading the epoch again
+    up to it (with a :class:`~tabloader.PerformanceWarning`). An epoch left unfinished is
+    continued by requests for new indices and served again from its start by requests
+    for old ones. :meth:`on_epoch_begin` and :meth:`on_epoch_end` mark the framework's
+    epoch boundaries: requests between two of them are one go at the epoch. Thread-safe.
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
+        self._num_batches = len(loader)  # of the epoch being served
+        self._start = 0  # batches of that epoch delivered before a resume
+        self._lock = threading.RLock()
+        self._epoch = 0
+        # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
+        self._given: dict[int, int] = {}  # batch index -> position in the epoch's stream
+        self._since: dict[int, int] = {}  # the same, for requests since the last hook
+        self._used: set[int] = set()  # positions given out
+        self._next = 0  # no position below this is free
+        self._head: list[Any] = []  # the epoch's first HEAD_BATCHES batches, kept
+        self._iterator: BatchIterator | None = None
+        self._consumed = 0  # batches taken from _iterator
+
+    def __len__(self) -> int:
+        """Batches of the epoch being served (after a resume: those still to come)."""
+        return self._num_batches
+
+    def batch(self, index: int, *, stacklevel: int = 1) -> Any:
+        """The batch served for ``index`` in the current epoch (see the class).
+
+        ``stacklevel`` counts the caller's frames above this one, for warnings.
+        """
+        i = self._check_index(index)
+        with self._lock:
+            if len(self._given) == self._num_batches and not self._is_replay(i):
+                self._advance()
+            position = self._since.get(i)
+            if position is None:
+                position = self._given.get(i)
+                if position is not None and position >= len(self._head):
+                    # An index of an earlier, unfinished go at this epoch: the epoch is
+                    # being served again from its start. Keep what this go already got.
+                    self._given = dict(self._since)
+                    self._used = set(self._since.values())
+                    self._next = 0
+                    position = None
+            if position is None:
+                position = self._next_free_position()
+                self._given[i] = position
+                self._used.add(position)
+            self._since[i] = position
+            batch = self._batch_at(position, stacklevel + 2)
+            if len(self._given) == self._num_batches:
+                self._close_iterator()
+            return batch
+
+    def on_epoch_begin(self) -> None:
+        """Called by Keras before each epoch: starts reading if nothing is under way."""
+        with self._lock:
+            if len(self._given) == self._num_batches:
+                self._advance()
+            self._since = {}
+            if self._iterator is None and not self._given:
+                self._start_iterator()
+
+    def on_epoch_end(self) -> None:
+        """Called by Keras after each epoch: a finished epoch makes way for the next."""
+        with self._lock:
+            if len(self._given) == self._num_batches:
+                self._advance()
+            self._since = {}
+
+    # -- epochs -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being served (or about to be): 0, 1, 2, ..."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve epoch ``epoch`` from its start next (to resume a training run)."""
+        self.loader.set_epoch(epoch)
+        with self._lock:
+            self._close_iterator()
+            self._epoch = int(epoch)
+            self._reset_pass()
+            self._start, self._num_batches = 0, len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, to continue exactly there after a restart.
+
+        Mid-epoch it points at the next batch of the epoch being served (batches
+        handed to Keras count, those read ahead do not); after an epoch's last batch,
+        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
+        """
+        with self._lock:
+            served = len(self._used)
+            if served >= self._num_batches:
+                return self.loader.epoch_state(self._epoch + 1, 0)
+            return self.loader.epoch_state(self._epoch, self._start + served)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
+        comes next, bit-identical to the run that saved it, then the later epochs.
+
+        Until that epoch ends, ``len()`` is the number of its batches still to come.
+        Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
+        with one call and run the later ones with another::
+
+            loader.load_state_dict(state)
+            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
+            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
+
+        A state from a different dataset or different options raises
+        :class:`tabloader.InvalidArgumentError` naming what differs.
+        """
+        epoch, batches, seed = self.loader.check_state(state)
+        full = len(self.loader)
+        if batches >= full and full:
+            epoch, batches = epoch + 1, 0
+        with self._lock:
+            self._close_iterator()
+            self.loader.seed = seed
+            self.loader.set_epoch(epoch)
+            self._epoch = epoch
+            self._reset_pass()
+            self._start = batches
+            self._num_batches = full - batches
+
+    def close(self) -> None:
+        """Stop the background threads of an unfinished epoch and drop its kept batches."""
+        with self._lock:
+            self._close_iterator()
+            self._head = []
+
+    # -- internals ----------------------------------------------------------------
+
+    def _reset_pass(self) -> None:
+        self._given = {}
+        self._since = {}
+        self._used = set()
+        self._next = 0
+        self._head = []
+        self._iterator = None
+        self._consumed = 0
+
+    def _advance(self) -> None:
+        self._close_iterator()
+        self._epoch += 1
+        self._reset_pass()
+        self._start, self._num_batches = 0, len(self.loader)
+
+    def _is_replay(self, i: int) -> bool:
+        """Whether index ``i`` asks again for a kept batch given out before the last hook.
+
+        That is Keras fetching the two batches it looked at before the epoch started:
+        the epoch is not over until it has had them.
+        """
+        position = self._given.get(i)
+        return i not in self._since and position is not None and position < len(self._head)
+
+    def _check_index(self, index: object) -> int:
+        if isinstance(index, bool) or not isinstance(index, Integral):
+            raise TypeError(f"batch index must be an integer, got {index!r}")
+        i = int(index)
+        # Once an epoch is done the next one is whole again (after a resume, too).
+        done = len(self._given) == self._num_batches
+        limit = len(self.loader) if done else self._num_batches
+        if not 0 <= i < limit:
+            raise IndexError(
+                f"batch index {i} is out of range: this loader has {limit} "
+                f"batches per epoch (indices 0..{limit - 1})"
+            )
+        return i
+
+    def _next_free_position(self) -> int:
+        while self._next in self._used:
+            self._next += 1
+        return self._next
+
+    def _start_iterator(self) -> None:
+        self._iterator = self.loader.iter_epoch(self._epoch, start_batch=self._start)
+        self._consumed = 0
+
+    def _close_iterator(self) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+
+    def _batch_at(self, position: int, stacklevel: int) -> Any:
+        """Batch ``position`` of the current epoch's stream."""
+        if position < len(self._head):
+            return self._head[position]
+        if self._iterator is None or self._consumed > position:
+            if position > len(self._head):
+                warnings.warn(
+                    f"batch {position} of epoch {self._epoch} was asked for again or out of "
+                    f"turn: reading the epoch again from its start to serve it. Keras' fit, "
+                    "evaluate and predict never do this unless an epoch is cut short",
+                    PerformanceWarning,
+                    stacklevel=stacklevel,
+                )
+            self._close_iterator()
+            self._start_iterator()
+        iterator = self._iterator
+        assert iterator is not None  # set just above; for the type checker
+        try:
+            while self._consumed < position:
+                next(iterator)
+                self._consumed += 1
+            batch = next(iterator)
+        except StopIteration:
+            self._close_iterator()
+            raise TabloaderError(
+                f"internal error: epoch {self._epoch} ended before batch {position}; "
+                "please report this with the dataset's partition sizes"
+            ) from None
+        except BaseException:
+            self._close_iterator()
+            raise
+        self._consumed += 1
+        if position == len(self._head) and position < HEAD_BATCHES:
+            self._head.append(batch)
+        return batch

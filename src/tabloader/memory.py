@@ -1,0 +1,195 @@
+"""Memory, framework-agnostic: total memory of a device, rows per chunk for a
+``buffer_size`` (rows or a fraction of memory), ``TF_MEMORY_ALLOCATION`` values, and
+64-byte aligned buffers.
+
+Rows per chunk from a fraction of *free* GPU memory (the GPU backend's sizing) are
+:func:`tabloader.backends.gpu.chunk_rows_for_fraction`; :func:`chunk_rows_for` sizes
+chunks from a fraction of *total* memory, as NVTabular's ``buffer_size`` does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from collections.abc import Sequence
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+
+from tabloader.device import resolve_device
+from tabloader.errors import InvalidArgumentError
+
+__all__ = [
+    "ALIGN",
+    "address",
+    "aligned_rows",
+    "chunk_rows_for",
+    "chunk_rows_for_buffer",
+    "gpu_total_mb",
+    "memory_limit_mb",
+    "total_memory_bytes",
+]
+
+ALIGN = 64
+"""TensorFlow requires 64-byte aligned tensor memory; DLPack imports must honour it."""
+
+
+def total_memory_bytes(device: str | int | None = None) -> int:
+    """Total memory of ``device``: host RAM for the CPU, device memory for a CUDA GPU."""
+    resolved = resolve_device(device)
+    if resolved.is_cuda:
+        try:
+            import cupy
+        except ImportError:
+            raise ImportError(
+                "reading GPU memory size needs cupy: pip install 'tabloader[gpu]'"
+            ) from None
+        return int(cupy.cuda.Device(resolved.index).mem_info[1])
+    try:
+        psutil = importlib.import_module("psutil")
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().total)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        raise InvalidArgumentError(
+            "cannot read this machine's total memory (install psutil), so buffer_size cannot "
+            "be a fraction: give it as a number of rows instead"
+        ) from None
+
+
+def chunk_rows_for(
+    buffer_size: object, *, row_bytes: int, batch_size: int, device: str | int | None = None
+) -> int:
+    """Rows per chunk for ``buffer_size``: rows (an int) or a fraction of total memory.
+
+    Examples:
+        >>> chunk_rows_for(100_000, row_bytes=40, batch_size=1024)
+        100000
+        >>> chunk_rows_for(0.5, row_bytes=40, batch_size=1024) == total_memory_bytes() // 2 // 40
+        True
+    """
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, Real):
+        raise InvalidArgumentError(
+            f"buffer_size must be a number of rows (int) or a fraction of memory in (0, 1), "
+            f"got {buffer_size!r}"
+        )
+    if isinstance(buffer_size, Integral):
+        if buffer_size < 1:
+            raise InvalidArgumentError(
+                f"buffer_size in rows must be at least 1, got {buffer_size!r}"
+            )
+        return max(int(buffer_size), 1)
+    fraction = float(buffer_size)
+    if not 0.0 < fraction < 1.0:
+        raise InvalidArgumentError(
+            f"buffer_size must be a fraction of memory in (0, 1) or a whole number of rows "
+            f"(an int), got {buffer_size!r}"
+        )
+    rows = int(fraction * total_memory_bytes(device)) // row_bytes
+    return max(rows, batch_size)
+
+
+def chunk_rows_for_buffer(
+    buffer_size: object,
+    *,
+    parts_per_chunk: int | None,
+    kinds: tuple[str | Sequence[str] | None, ...],
+    batch_size: object,
+    device: str | int | None = None,
+) -> int | None:
+    """Rows per chunk for NVTabular's ``buffer_size`` (None when it is not given).
+
+    ``kinds`` are the cats, conts and labels columns, delivered as int64, float32 and
+    float32: their bytes per row turn a fraction of memory into rows.
+
+    Examples:
+        >>> chunk_rows_for_buffer(None, parts_per_chunk=2, kinds=(), batch_size=8) is None
+        True
+        >>> chunk_rows_for_buffer(500, parts_per_chunk=None, kinds=("a", ["b"], []),
+        ...                       batch_size=8)
+        500
+    """
+    if buffer_size is None:
+        return None
+    if parts_per_chunk is not None:
+        raise InvalidArgumentError(
+            "give buffer_size (rows per chunk) or parts_per_chunk (row groups per chunk), not both"
+        )
+    cats, conts, labels = (1 if isinstance(v, str) else len(v or ()) for v in kinds)
+    return chunk_rows_for(
+        buffer_size,
+        row_bytes=max(8 * cats + 4 * conts + 4 * labels, 1),
+        batch_size=batch_size if isinstance(batch_size, int) else 1,
+        device=device,
+    )
+
+
+def memory_limit_mb(value: str, *, total_mb: float | None) -> int:
+    """Megabytes for a ``TF_MEMORY_ALLOCATION`` value: below 1 a fraction of ``total_mb``.
+
+    Examples:
+        >>> memory_limit_mb("0.5", total_mb=16000), memory_limit_mb("8192", total_mb=None)
+        (8000, 8192)
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not number > 0 or math.isinf(number):
+        raise InvalidArgumentError(
+            f"TF_MEMORY_ALLOCATION must be a fraction of GPU memory in (0, 1) or a number of "
+            f"megabytes, got {value!r}; for example TF_MEMORY_ALLOCATION=0.5 or 8192"
+        )
+    if number >= 1:
+        return int(number)
+    if total_mb is None:
+        raise InvalidArgumentError(
+            f"TF_MEMORY_ALLOCATION={value!r} is a fraction, but the GPU's memory size is "
+            "unknown (install cupy or nvidia-ml-py); give it in megabytes instead"
+        )
+    return int(number * total_mb)
+
+
+def gpu_total_mb(index: int) -> float | None:
+    """Total memory of CUDA device ``index`` in MiB (cupy, else NVML), None if unknown."""
+    try:
+        import cupy
+
+        return float(cupy.cuda.runtime.getDeviceProperties(index)["totalGlobalMem"]) / 2**20
+    except Exception:
+        pass
+    try:
+        pynvml = importlib.import_module("pynvml")
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return float(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / 2**20
+    except Exception:
+        return None
+
+
+def address(array: Any) -> int:
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return int(interface["data"][0])
+
+
+def aligned_rows(xp: Any, k: int, rows: int, dtype: Any) -> Any:
+    """An empty ``[k, stride]`` array whose rows start on 64-byte boundaries.
+
+    ``stride >= rows``; use ``out[j, :rows]``. ``xp`` allocates (numpy-like ``empty``).
+
+    Examples:
+        >>> out = aligned_rows(np, 3, 5, "float32")
+        >>> out.shape, [out[j, :5].ctypes.data % 64 for j in range(3)]
+        ((3, 16), [0, 0, 0])
+    """
+    dtype = np.dtype(dtype)
+    per_align = ALIGN // dtype.itemsize
+    stride = -(-rows // per_align) * per_align
+    flat = xp.empty((k * stride + per_align,), dtype)
+    offset = (-address(flat) % ALIGN) // dtype.itemsize
+    return flat[offset : offset + k * stride].reshape(k, stride)
