@@ -486,3 +486,19 @@ def test_ragged_slices_gathers_and_concatenations_keep_every_row(rows, data):
     width = max((len(r) for r in want), default=0) + 1
     dense = ragged.to_dense(width, -9, "g")
     assert dense.tolist() == [r + [-9] * (width - len(r)) for r in want]
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorflow
+def test_keras_refuses_list_columns_on_the_gpu_with_the_remedy(paths):
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"CPU only for now.*device='cpu'"):
+        KerasSequenceLoader(
+            paths,
+            batch_size=8,
+            cat_names=["id"],
+            sparse_names=["genres"],
+            label_names=["label"],
+            device="cuda",
+        )

@@ -267,6 +267,12 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
             cache_dir=cache_dir,
             cache_max_bytes=cache_max_bytes,
         )
+        if loader.sparse_names and loader.device.is_cuda:
+            raise InvalidArgumentError(
+                f"list columns ({', '.join(map(repr, loader.sparse_names))}) reach Keras from "
+                f"the CPU only for now, but the loader reads on {loader.device}. Pass "
+                "device='cpu' to KerasSequenceLoader"
+            )
         cats = [c for c in loader.cats if c not in loader.sparse_names]
         conts = [c for c in loader.conts if c not in loader.sparse_names]
         make_tensors.set_columns(cats, conts, loader.labels, device=loader.device)
