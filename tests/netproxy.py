@@ -68,6 +68,10 @@ class NetProxy:
         self.bytes_down = 0
         self.bytes_up = 0
         self.requests = 0
+        self.in_flight = 0
+        """Requests sent on and not answered yet."""
+        self.max_in_flight = 0
+        """The most requests in flight at once since the counters were reset."""
         self.throttled = 0
         self._throttle = 0
         self._lock = threading.Lock()
@@ -87,6 +91,7 @@ class NetProxy:
     def reset_counters(self) -> None:
         with self._lock:
             self.bytes_down = self.bytes_up = self.requests = 0
+            self.max_in_flight = self.in_flight
 
     def outage(self) -> None:
         """Refuse new connections and drop the open ones until :meth:`restore`."""
@@ -146,6 +151,12 @@ class NetProxy:
                     target=self._pump, args=(src, dst, up, state), name="netproxy-pump", daemon=True
                 ).start()
 
+    def _answered(self, state: dict[str, bool]) -> None:
+        with self._lock:
+            if not state["answered"]:
+                self.in_flight -= 1
+            state["answered"] = True
+
     def _pump(
         self, src: socket.socket, dst: socket.socket, up: bool, state: dict[str, bool]
     ) -> None:
@@ -158,6 +169,8 @@ class NetProxy:
                     state["answered"] = False
                     with self._lock:
                         self.requests += 1
+                        self.in_flight += 1
+                        self.max_in_flight = max(self.max_in_flight, self.in_flight)
                         slow_down = self._throttle > 0
                         if slow_down:
                             self._throttle -= 1
@@ -166,7 +179,7 @@ class NetProxy:
                         time.sleep(self.latency)
                     if slow_down:  # a GET's request fits one read: answer it here
                         src.sendall(_SLOW_DOWN)
-                        state["answered"] = True
+                        self._answered(state)
                         continue
                 if self._down.is_set():
                     break
@@ -177,7 +190,7 @@ class NetProxy:
                     else:
                         self.bytes_down += len(data)
                 if not up:
-                    state["answered"] = True
+                    self._answered(state)
         except OSError:
             pass
         finally:

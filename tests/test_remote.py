@@ -221,35 +221,33 @@ def test_open_row_groups_fetches_the_footer_and_the_chunks_asked_for(proxy, wide
 
 
 @pytest.mark.slow
-def test_prefetch_hides_request_latency(proxy, s3_server):
+def test_prefetch_keeps_requests_in_flight_to_hide_latency(proxy, s3_server):
+    """With 50 ms added to every request, reads overlap up to the configured bound.
+
+    The speed itself (latency against no latency, same run) is measured by
+    ``benchmarks/remote.py``, not here: this checks the mechanism that hides the
+    latency, several requests in flight at once and never more than allowed.
+    """
     name = f"l-{uuid.uuid4().hex[:12]}"
     s3 = client(s3_server)
     s3.create_bucket(Bucket=name)
     rng = np.random.default_rng(1)
     for f in range(4):
-        table = pa.table({"c0": rng.random(320_000), "c1": rng.random(320_000)})
+        table = pa.table({"c0": rng.random(80_000), "c1": rng.random(80_000)})
         put_table(s3, name, f"p/part-{f}.parquet", table, row_group_size=10_000)
-    # The in-process server answers ~200 small requests a second: hiding 50 ms takes
-    # about 10 in flight, so the test allows 32 (the default, 16, suits larger row groups).
-    ds = tabloader.Dataset(
-        f"s3://{name}/p/", storage_options=options(proxy), max_concurrent_reads=32
-    )
-
-    def seconds(latency: float) -> float:
-        proxy.latency = latency
+    for bound in (4, 12):
+        ds = tabloader.Dataset(
+            f"s3://{name}/p/", storage_options=options(proxy), max_concurrent_reads=bound
+        )
+        proxy.latency = 0.05
+        proxy.reset_counters()
         loader = tabloader.Loader(ds, conts=["c0"], batch_size=8192, shuffle=True, seed=1)
-        started = time.perf_counter()
-        assert sum(len(b["c0"]) for b in loader) == 1_280_000
-        return time.perf_counter() - started
-
-    plain, delayed = [], []
-    for _ in range(4):  # alternating, so that the machine's load hits both alike
-        plain.append(seconds(0.0))
-        delayed.append(seconds(0.05))
-    ratio = min(plain) / min(delayed)
-    print(f"128 requests, 50 ms each: {min(plain):.2f}s vs {min(delayed):.2f}s, ratio {ratio:.2f}")
-    # Read one request at a time, the delay alone would add 6.4 s (ratio ~0.1).
-    assert ratio >= 0.8
+        assert sum(len(b["c0"]) for b in loader) == 320_000
+        assert proxy.requests == 32  # one range per row group
+        # One request at a time would add 32 x 50 ms; the fetch pool keeps the bound busy
+        # (at least half of it at some moment, even on a busy machine).
+        assert bound // 2 <= proxy.max_in_flight <= bound, (bound, proxy.max_in_flight)
+    proxy.latency = 0.0
 
 
 # -- failures --------------------------------------------------------------------------
