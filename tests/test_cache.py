@@ -683,11 +683,35 @@ def test_keras_adapter_passes_the_cache_through(files):
     assert loader.loader.stats().from_cache
 
 
-def test_a_refreshing_dataset_refuses_a_cache(tmp_path):
-    pq.write_table(pa.table({"x": np.arange(10, dtype=np.float32)}), tmp_path / "a.parquet")
-    dataset = tabloader.Dataset(str(tmp_path), refresh=True)
-    with pytest.raises(tabloader.InvalidArgumentError, match="refresh=True and lists them again"):
-        tabloader.Loader(dataset, conts=["x"], batch_size=4, cache="memory")
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+def test_a_growing_dataset_rebuilds_its_cache_when_the_files_change(tmp_path, mode):
+    data, caches = tmp_path / "data", tmp_path / "caches"
+    data.mkdir()
+
+    def add(index: int) -> None:
+        ids = np.arange(index * 100, (index + 1) * 100, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids}), data / f"part-{index}.parquet")
+
+    add(0)
+    dataset = tabloader.Dataset(str(data), refresh=True)
+    loader = tabloader.Loader(
+        dataset, cats=["id"], batch_size=64, shuffle=True, seed=2, cache=mode, cache_dir=caches
+    )
+    seen = []
+    for epoch in range(5):
+        ids = np.sort(np.concatenate([b["id"] for b in loader]))
+        seen.append((len(ids), loader.stats().from_cache))
+        files = sorted(data.glob("*.parquet"))
+        np.testing.assert_array_equal(  # exactly the rows of the files listed this epoch
+            ids, np.concatenate([pq.read_table(f)["id"].to_numpy() for f in files])
+        )
+        if epoch in (1, 3):
+            add(epoch)  # a new file: the next epoch decodes again and rebuilds the cache
+        if epoch == 3:
+            (data / "part-0.parquet").unlink()  # and an evicted one leaves it
+    assert seen == [(100, False), (100, True), (200, False), (200, True), (200, False)]
+    if mode == "disk":  # only the current cache is kept
+        assert len([p for p in caches.iterdir() if not p.name.startswith(".")]) <= 1
 
 
 # -- benchmarks ---------------------------------------------------------------------------

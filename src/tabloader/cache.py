@@ -265,6 +265,17 @@ class DecodedCache:
 
     # -- finding, sizing ------------------------------------------------------------
 
+    def discard(self) -> None:
+        """Forget this cache, and delete its published directory (a disk cache): a
+        refreshing dataset's loader replaces it when the file list changes."""
+        self.arrays = None
+        if self.root is not None:
+            with _WRITERS_LOCK:
+                writer = _WRITERS.pop(self.digest, None)
+            if writer is not None:
+                writer.join()
+            shutil.rmtree(self.root / self.digest, ignore_errors=True)
+
     def lookup(self) -> bool:
         """Whether a complete cache is available (opening a published one from disk)."""
         if self.arrays is not None:

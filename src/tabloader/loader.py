@@ -344,12 +344,6 @@ class Loader:
         self._check_size()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
-        if cache is not None and self.dataset.refreshes:
-            raise InvalidArgumentError(
-                f"cache={cache!r} keeps the rows of the files listed when the loader was "
-                "created, but this Dataset has refresh=True and lists them again every "
-                "epoch. Leave cache out for a growing dataset, or pass refresh=False"
-            )
         if cache is not None:
             # Shuffled rows are gathered: stored row-major per kind, a row is a few cache
             # lines rather than one random access per column.
@@ -358,9 +352,9 @@ class Loader:
                 self.dtypes,
                 stacked=self.shuffle or layout == "stacked",
             )
-            self.cache = DecodedCache(
+            self._new_cache = partial(
+                DecodedCache,
                 cache,
-                dataset=self.dataset,
                 blocks=stored.blocks,
                 layout=self.layout_plan,
                 fill_null=self.fill_null,
@@ -369,6 +363,7 @@ class Loader:
                 cache_dir=cache_dir,
                 max_bytes=cache_max_bytes,
             )
+            self.cache = self._new_cache(dataset=self.dataset)
 
     # -- validation ---------------------------------------------------------------
 
@@ -833,6 +828,11 @@ class Loader:
             self._check_types(self.dataset.column_types(self.columns))
             self._check_nulls()
             self._check_size()
+            if self.cache is not None:
+                # Another file list: a cache keyed by it, filled by this epoch's reads
+                # (the files are decoded again); the old one's directory goes.
+                self.cache.discard()
+                self.cache = self._new_cache(dataset=self.dataset)
 
     def __repr__(self) -> str:
         return (
