@@ -93,18 +93,19 @@ def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     large = _write(tmp_path / "large", 12)  # 3.4M rows, 34 chunks
     measured = {name: _run(paths, epochs=2) for name, paths in (("small", small), ("large", large))}
     assert measured["large"]["rows"] == 6 * measured["small"]["rows"]
-    grown = {k: (v["peak"] - v["base"]) / MiB for k, v in measured.items()}
-    # Allowance: the threads' timing decides whether two or three chunks (of at most
-    # 18 MiB here) are in flight at the worst moment, and the allocators' caches jitter.
-    assert grown["large"] <= 1.1 * grown["small"] + 32, (
-        f"peak memory above the start grew from {grown['small']:.0f} MiB to "
-        f"{grown['large']:.0f} MiB for 6x the rows"
-    )
-    # The buffers kept: the pool's slack over at most prefetch + 2 = 3 chunks in flight
-    # (of at most 161k rows, 18 MiB, rounded up to 20 MiB), whatever the dataset's size.
+    # The buffers kept: at most prefetch + 2 = 3 chunks in flight (of at most 161k rows,
+    # 18 MiB, rounded up to 20 MiB), and a quarter for timing, whatever the dataset's size.
     for name, run in measured.items():
         pooled = max(run["pooled"]) / MiB
         assert pooled <= 1.25 * 3 * 20, f"{name}: the pool kept {pooled:.0f} MiB"
+    # The process as a whole. Allowance: the threads' timing decides whether two or
+    # three chunks are in flight at the worst moment, and the allocators' own caches
+    # (glibc's per-thread arenas, pyarrow's) jitter by a few tens of MiB.
+    grown = {k: (v["peak"] - v["base"]) / MiB for k, v in measured.items()}
+    assert grown["large"] <= 1.1 * grown["small"] + 48, (
+        f"peak memory above the start grew from {grown['small']:.0f} MiB to "
+        f"{grown['large']:.0f} MiB for 6x the rows"
+    )
 
 
 @pytest.mark.slow

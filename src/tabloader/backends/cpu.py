@@ -82,9 +82,9 @@ class BufferPool:
 
     What the pool keeps is bounded by what the loader holds at once, not by the data:
     requests are rounded up to size classes (so buffers are interchangeable), and idle
-    buffers, least recently used first, are released whenever keeping them would take
-    the pool beyond ``slack`` times the most it ever had lent out at once. Arrays are
-    64-byte aligned (page aligned, in fact).
+    buffers, smallest first, are released whenever keeping them would take the pool
+    beyond ``slack`` times the most it ever had lent out at once. Arrays are 64-byte
+    aligned (page aligned, in fact).
 
     Examples:
         >>> pool = BufferPool()
@@ -100,7 +100,7 @@ class BufferPool:
     """Smaller arrays come from numpy directly."""
     max_buffers = 16
     """Buffers kept at most; idle ones beyond this are released."""
-    slack = 1.25
+    slack = 1.0
     """Pooled bytes kept at most, as a multiple of the most bytes ever lent at once."""
 
     def __init__(self) -> None:
@@ -156,12 +156,15 @@ class BufferPool:
         return flat.reshape(shape)
 
     def _release_idle(self, idle: list[bool], room: int) -> None:
-        """Release idle buffers, least recently used first, to make ``room`` bytes."""
+        """Release idle buffers, smallest first, to make ``room`` bytes."""
         budget = self.slack * self._peak_lent - room
         total = sum(len(b) for b in self._buffers)
         count = len(self._buffers)
         drop = set()
-        for i in sorted((i for i, free in enumerate(idle) if free), key=self._used.__getitem__):
+        # Smallest first: they are the cheapest to map in again, and the big ones (whole
+        # chunks) are the ones every chunk asks for.
+        free = [i for i, f in enumerate(idle) if f]
+        for i in sorted(free, key=lambda i: (len(self._buffers[i]), self._used[i])):
             if total <= budget and count < self.max_buffers:
                 break
             total -= len(self._buffers[i])
