@@ -125,8 +125,8 @@ def write_synthetic_movielens(data: Path, rows: int, *, seed: int = 0) -> dict[s
     (``rows`` rows), ``valid.parquet`` (a fifth as many) and ``meta.json``.
 
     Every user and movie has a hidden bias and a user likes a movie when the two add up
-    high, so the embeddings have something to learn; three genre columns follow the
-    movie id. Not MovieLens data.
+    high, so the embeddings have something to learn; three genres follow the movie id,
+    as flag columns and as a ``genres`` list column. Not MovieLens data.
     """
     rng = np.random.default_rng(seed)
     users, movies = max(rows // 100, 10), max(rows // 200, 10)
@@ -145,12 +145,16 @@ def write_synthetic_movielens(data: Path, rows: int, *, seed: int = 0) -> dict[s
         }
         for k, genre in enumerate(genres):
             columns[genre] = (movie % (k + 2) == 0).astype(np.float32)
-        pq.write_table(pa.table(columns), data / f"{split}.parquet", row_group_size=131_072)
+        # The same genres as a list column of genre ids, for an embedding bag.
+        lists = [[k for k in range(len(genres)) if m % (k + 2) == 0] for m in movie.tolist()]
+        table = pa.table({**columns, "genres": pa.array(lists, pa.list_(pa.int64()))})
+        pq.write_table(table, data / f"{split}.parquet", row_group_size=131_072)
     meta = {
         "source": "synthetic",
         "rows": counts,
         "cardinalities": {"userId": users, "movieId": movies},
         "genres": genres,
+        "genre_names": [g.removeprefix("genre_") for g in genres],
         "label": "generated",
     }
     (data / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -168,6 +172,19 @@ def _shown(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def loader_placement(device: Any) -> dict[str, Any]:
+    """``TorchAsyncItr`` keywords that deliver batches on ``device`` (a ``torch.device``).
+
+    On a GPU, the GPU backend reads there when cudf can run; otherwise the CPU backend
+    reads and each batch is staged to the GPU (``backend="cpu"``).
+    """
+    if device.type != "cuda":
+        return {"device": "cpu"}
+    from tabloader.backends.gpu import gpu_usable
+
+    return {"device": device} if gpu_usable() else {"device": device, "backend": "cpu"}
 
 
 def torch_threads(requested: int | None, *, ranks_per_machine: int = 1) -> int:

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -177,6 +178,9 @@ def test_train_keras_learns_on_a_small_slice(prepare, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"training on your data in {out}" in printed
     assert "1600 training rows in 25 batches" in printed
+    genres = len(json.loads((out / "meta.json").read_text())["genre_names"])
+    assert genres > 0
+    assert f"validation rows, {genres} genres" in printed  # the genres list column, padded
     assert printed.count("val_auc") == 2
     assert "epoch 2: 1,600/1,600 rows in " in printed  # progress, as plain lines off a tty
 
@@ -239,3 +243,34 @@ def test_prepare_finds_the_ml100k_ratings_bundled_with_recbole(prepare, tmp_path
     assert len(meta["genres"]) == 19
     valid = pq.read_table(tmp_path / "valid.parquet")
     assert 0.5 < valid["label"].to_numpy().mean() < 0.6
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("recbole") is None,
+    reason="needs the ml-100k data bundled with recbole: pip install --no-deps recbole==1.2.1",
+)
+def test_train_torch_reads_the_genres_as_a_list_column_and_reports_both_aucs(
+    prepare, tmp_path, capsys
+):
+    import torch
+
+    prepare.main(["--out", str(tmp_path), "--genres"])
+    assert pq.read_schema(tmp_path / "train.parquet").field("genres").type == pa.list_(pa.int64())
+    example = load("train_torch")
+    before = torch.get_num_threads()
+    args = ["--data", str(tmp_path), "--epochs", "2", "--embedding-dim", "8", "--threads", "1"]
+    try:
+        with_genres = example.main(args)
+        assert "19 genres in an EmbeddingBag" in capsys.readouterr().out
+        without = example.main([*args, "--without-genres"])
+        assert "0 genre features" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)
+    for history in (with_genres, without):
+        assert history[-1]["valid_auc"] > 0.7  # a constant predictor scores 0.5
+    print(
+        f"ml-100k valid AUC after 2 epochs: {with_genres[-1]['valid_auc']:.4f} with the genres, "
+        f"{without[-1]['valid_auc']:.4f} without"
+    )

@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # Worker processes need batches on the host; the training loop moves them.
-    loader_device = "cpu" if args.workers else device
+    placement = {"device": "cpu"} if args.workers else common.loader_placement(device)
     train_files, valid_files = find_data(args, parser)
 
     train = TorchAsyncItr(
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         batch_size=args.batch_size,
         shuffle=True,
         seed=args.seed,
-        device=loader_device,
+        **placement,
     )
     valid = TorchAsyncItr(
         tabloader.Dataset(valid_files),
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         conts=CONTS,
         labels=LABELS,
         batch_size=args.batch_size,
-        device=loader_device,
+        **placement,
     )
     train_loader = DLDataLoader(
         train, batch_size=None, collate_fn=lambda x: x, num_workers=args.workers

@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         batch_size=args.batch_size,
         shuffle=True,
         seed_fn=lambda: broadcast_seed(device),
-        device=device,
+        **common.loader_placement(device),
     )
     loader = DLDataLoader(train, batch_size=None, collate_fn=lambda x: x)
     if rank == 0:

@@ -7,8 +7,9 @@ Writes ``<out>/train.parquet``, ``<out>/valid.parquet`` and ``<out>/meta.json``:
   get the reserved id n. ``meta.json`` holds each column's cardinality (n + 1), the
   embedding table size a model needs.
 - ``label``: float32, 1.0 when the rating is above 3 (a "like"), else 0.0.
-- with ``--genres``: one float32 column ``genre_<name>`` per genre, 1.0 when the movie
-  has that genre (multi-hot).
+- with ``--genres``: the movie's genres as a list column ``genres`` (``list<int64>``,
+  ids into ``meta.json``'s ``genre_names``), for an embedding bag, and one float32
+  column ``genre_<name>`` per genre, 1.0 when the movie has that genre (multi-hot).
 
 Where the ratings come from:
 
@@ -236,9 +237,21 @@ def prepare(
             liked = np.array([m for m, names in genres.items() if genre in names], dtype=np.int64)
             flag = np.isin(movies, liked).astype(np.float32)
             columns[genre_column(genre)] = (flag[train_rows], flag[valid_rows])
+        ids = {name: i for i, name in enumerate(genre_names)}
+        lists = {m: [ids[g] for g in names] for m, names in genres.items()}
+        per_row = [lists.get(int(m), []) for m in movies]
+        columns["genres"] = (
+            [per_row[i] for i in train_rows],  # type: ignore[assignment]
+            [per_row[i] for i in valid_rows],  # type: ignore[assignment]
+        )
     out.mkdir(parents=True, exist_ok=True)
     for split, part in (("train", 0), ("valid", 1)):
-        table = pa.table({name: pair[part] for name, pair in columns.items()})
+        table = pa.table(
+            {
+                name: pa.array(pair[part], pa.list_(pa.int64())) if name == "genres" else pair[part]
+                for name, pair in columns.items()
+            }
+        )
         pq.write_table(table, out / f"{split}.parquet", row_group_size=ROW_GROUP_SIZE)
     meta = {
         "source": source,
@@ -248,6 +261,7 @@ def prepare(
         "rows": {"train": len(train_rows), "valid": len(valid_rows)},
         "cardinalities": cardinalities,
         "genres": [genre_column(g) for g in genre_names],
+        "genre_names": genre_names,
         "label": "rating > 3",
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

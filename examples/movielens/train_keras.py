@@ -8,11 +8,14 @@ Run ``prepare.py`` first, then::
 error. ``--synthetic`` trains on generated ratings instead. The shared flags are
 described in ``examples/example_flags.py``.)
 
-The model embeds users and movies (and reads the genre columns when ``prepare.py``
-wrote them), feeds the embeddings and their product through a small MLP and predicts
-whether the rating is above 3. ``KerasSequenceLoader`` serves shuffled training batches
-and ``KerasSequenceValidater`` adds ``val_loss`` and ``val_auc`` after every epoch; a
-constant prediction scores a validation AUC of 0.5.
+The model embeds users and movies and, when ``prepare.py --genres`` wrote them, the
+movie's genres: the ``genres`` list column arrives padded (``sparse_as_dense``, padded
+with an id past the last genre) and its genre embeddings are averaged over the real
+entries (``--without-genres`` leaves them out, to compare). It feeds the embeddings and
+their product through a small MLP and predicts whether the rating is above 3.
+``KerasSequenceLoader`` serves shuffled training batches and ``KerasSequenceValidater``
+adds ``val_loss`` and ``val_auc`` after every epoch; a constant prediction scores a
+validation AUC of 0.5.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
@@ -38,7 +42,9 @@ import example_flags as common
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 
 
-def build_model(cardinalities: dict[str, int], genres: Sequence[str], dim: int) -> keras.Model:
+def build_model(cardinalities: dict[str, int], genres: int, longest: int, dim: int) -> keras.Model:
+    """Users, movies and, with ``genres`` > 0, the mean embedding of a movie's genres,
+    given as ``[B, longest]`` ids padded with ``genres`` (an id no genre has)."""
     user = keras.Input(shape=(), name="userId", dtype="int64")
     movie = keras.Input(shape=(), name="movieId", dtype="int64")
     inputs: dict[str, Any] = {"userId": user, "movieId": movie}
@@ -46,13 +52,27 @@ def build_model(cardinalities: dict[str, int], genres: Sequence[str], dim: int) 
     m = keras.layers.Embedding(cardinalities["movieId"], dim, name="movie_embedding")(movie)
     parts = [u, m, keras.layers.Multiply()([u, m])]
     if genres:
-        inputs.update({g: keras.Input(shape=(), name=g) for g in genres})
-        parts.append(keras.ops.stack([inputs[g] for g in genres], axis=-1))
+        ids = inputs["genres"] = keras.Input(shape=(longest,), name="genres", dtype="int64")
+        vectors = keras.layers.Embedding(genres + 1, dim, name="genre_embedding")(ids)
+        real = keras.ops.expand_dims(keras.ops.cast(ids < genres, "float32"), -1)
+        total = keras.ops.sum(vectors * real, axis=1)
+        parts.append(total / keras.ops.maximum(keras.ops.sum(real, axis=1), 1.0))
     x = keras.layers.Concatenate()(parts)
     x = keras.layers.Dense(64, activation="relu")(x)
     x = keras.layers.Dense(32, activation="relu")(x)
     output = keras.layers.Dense(1, activation="sigmoid", name="like")(x)
     return keras.Model(inputs, output)
+
+
+def genre_lists(path: str) -> tuple[int, int]:
+    """``(number of genres, most genres of one movie)`` of the ``genres`` list column,
+    or ``(0, 0)`` without one."""
+    schema = pq.read_schema(path)
+    if "genres" not in schema.names:
+        return 0, 0
+    column = pq.read_table(path, columns=["genres"]).column("genres")
+    values = pc.list_flatten(column)
+    return int(pc.max(values).as_py() or 0) + 1, int(pc.max(pc.list_value_length(column)).as_py())
 
 
 class PrintEpoch(keras.callbacks.Callback):
@@ -84,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
         torch=False,
     )
     parser.add_argument("--max-rows", type=int, default=None, help="train on the first N rows")
+    parser.add_argument(
+        "--without-genres",
+        action="store_true",
+        help="leave the genres out (to compare the AUC with and without them)",
+    )
     args = parser.parse_args(argv)
     data = common.data_directory(
         args,
@@ -98,7 +123,15 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     train_source: Any = str(data / "train.parquet")
     if args.max_rows is not None:
         train_source = pq.read_table(train_source).slice(0, args.max_rows)
-    columns = {"cat_names": ["userId", "movieId"], "cont_names": meta["genres"]}
+    genres, longest = (0, 0) if args.without_genres else genre_lists(str(data / "train.parquet"))
+    columns: dict[str, Any] = {"cat_names": ["userId", "movieId"]}
+    if genres:  # a multi-hot list column, padded to the longest list with an unused id
+        columns.update(
+            sparse_names=["genres"],
+            sparse_as_dense=True,
+            sparse_max={"genres": longest},
+            sparse_pad=genres,
+        )
     train = KerasSequenceLoader(
         train_source,
         batch_size=args.batch_size,
@@ -114,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
         shuffle=False,
         **columns,
     )
-    model = build_model(meta["cardinalities"], meta["genres"], args.embedding_dim)
+    model = build_model(meta["cardinalities"], genres, longest, args.embedding_dim)
     model.compile(
         keras.optimizers.Adam(args.lr),
         "binary_crossentropy",
@@ -122,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     )
     rows = len(train.loader.dataset)
     print(
-        f"{rows} training rows in {len(train)} batches, {meta['rows']['valid']} validation rows",
+        f"{rows} training rows in {len(train)} batches, {meta['rows']['valid']} validation rows, "
+        f"{genres} genres",
         flush=True,
     )
     return model.fit(

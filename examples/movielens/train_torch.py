@@ -3,18 +3,21 @@
 Reads ``train.parquet`` and ``valid.parquet`` from ``--data`` (by default
 ``examples/movielens/data/``, written by ``examples/movielens/prepare.py``) with columns
 ``userId`` and ``movieId`` (int64 ids), ``label`` (float32: 1 when the rating is above 3)
-and, optionally, numeric genre columns, which are used as continuous features; missing
-files are an error. ``--synthetic`` trains on generated ratings instead. ::
+and, optionally, the movie's genres: a list column ``genres`` (``prepare.py --genres``),
+read as a multi-hot feature (tabloader's ``sparse_names``) and pooled by a
+``torch.nn.EmbeddingBag``, or else numeric genre columns used as continuous features.
+Missing files are an error. ``--synthetic`` trains on generated ratings instead. ::
 
-    python examples/movielens/prepare.py
-    python examples/movielens/train_torch.py
-    python examples/movielens/train_torch.py --data path/to/data --epochs 5 --batch-size 4096
+    python examples/movielens/prepare.py --genres
+    python examples/movielens/train_torch.py                    # with the genres
+    python examples/movielens/train_torch.py --without-genres   # the same, without them
     python examples/movielens/train_torch.py --synthetic
 
 The model embeds users and movies, feeds the two embeddings, their product and the
-genres through an MLP, and prints per epoch the training loss, the validation loss and
-the validation AUC, next to the AUC of a constant predictor (0.5) for comparison. The
-shared flags are described in ``examples/example_flags.py``.
+pooled genre embedding through an MLP, and prints per epoch the training loss, the
+validation loss and the validation AUC, next to the AUC of a constant predictor (0.5)
+for comparison. Run it with and without ``--without-genres`` to see what the genres add.
+The shared flags are described in ``examples/example_flags.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +45,7 @@ import example_flags as common
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 CATS = ["userId", "movieId"]
 LABELS = ["label"]
+GENRES = "genres"
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -66,6 +71,12 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def has_genre_lists(path: str) -> bool:
+    """Whether the data has the ``genres`` list column (``prepare.py --genres``)."""
+    schema = pq.read_schema(path)
+    return GENRES in schema.names and pa.types.is_list(schema.field(GENRES).type)
+
+
 def feature_columns(path: str) -> list[str]:
     """The numeric columns besides ids and label (genre flags, if the data has them)."""
     schema = pq.read_schema(path)
@@ -82,28 +93,54 @@ def feature_columns(path: str) -> list[str]:
 
 
 def id_cardinality(paths: Sequence[str], column: str) -> int:
-    """One more than the largest id in ``column`` across ``paths``."""
+    """One more than the largest id in ``column`` (a list column's values) across ``paths``."""
     largest = 0
     for path in paths:
         values = pq.read_table(path, columns=[column]).column(column)
+        if pa.types.is_list(values.type):
+            values = pc.list_flatten(values)
         largest = max(largest, int(pc.max(values).as_py() or 0))
     return largest + 1
 
 
+def to_device(batch: Sequence[Any], device: torch.device) -> list[Any]:
+    """A batch's tensors (and its list columns' ``(values, offsets)``) on ``device``."""
+
+    def move(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {name: move(value) for name, value in item.items()}
+        if isinstance(item, tuple):
+            return tuple(move(value) for value in item)
+        return item.to(device, non_blocking=True)
+
+    return [move(item) for item in batch]
+
+
 class Recommender(nn.Module):
-    def __init__(self, users: int, movies: int, n_conts: int, dim: int) -> None:
+    """User and movie embeddings, their product, the continuous features and, with
+    ``genres`` > 0, the mean embedding of the movie's genres (an ``EmbeddingBag``)."""
+
+    def __init__(self, users: int, movies: int, n_conts: int, dim: int, genres: int = 0) -> None:
         super().__init__()
         self.users = nn.Embedding(users, dim)
         self.movies = nn.Embedding(movies, dim)
-        self.mlp = nn.Sequential(nn.Linear(3 * dim + n_conts, 64), nn.ReLU(), nn.Linear(64, 1))
+        self.genres = nn.EmbeddingBag(genres, dim, mode="mean") if genres else None
+        width = (4 if genres else 3) * dim + n_conts
+        self.mlp = nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 1))
 
-    def forward(self, x_cat: torch.Tensor, x_cont: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x_cat: torch.Tensor, x_cont: torch.Tensor, lists: dict[str, Any] | None = None
+    ) -> torch.Tensor:
         user, movie = self.users(x_cat[:, 0]), self.movies(x_cat[:, 1])
-        return self.mlp(torch.cat([user, movie, user * movie, x_cont], dim=1)).squeeze(1)
+        parts = [user, movie, user * movie, x_cont]
+        if self.genres is not None and lists is not None:
+            values, offsets = lists[GENRES]  # offsets: each movie's first genre, as
+            parts.append(self.genres(values, offsets))  # EmbeddingBag takes them
+        return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return common.parser(
+    parser = common.parser(
         __doc__,
         data=DEFAULT_DATA,
         synthetic=DEFAULT_DATA / "synthetic",
@@ -114,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         embedding_dim=32,
         torch=True,
     )
+    parser.add_argument(
+        "--without-genres",
+        action="store_true",
+        help="leave the genres out (to compare the AUC with and without them)",
+    )
+    return parser
 
 
 def predict(model: nn.Module, loader: DLDataLoader) -> tuple[np.ndarray, np.ndarray, float]:
@@ -122,8 +165,9 @@ def predict(model: nn.Module, loader: DLDataLoader) -> tuple[np.ndarray, np.ndar
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     model.eval()
     with torch.no_grad():
-        for x_cat, x_cont, y in loader:
-            logits = model(x_cat, x_cont)
+        for batch in loader:
+            x_cat, x_cont, y, *lists = to_device(batch, next(model.parameters()).device)
+            logits = model(x_cat, x_cont, *lists)
             loss += loss_fn(logits, y).item()
             labels.append(y.cpu().numpy())
             scores.append(logits.cpu().numpy())
@@ -149,13 +193,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    conts = feature_columns(train_path)
+    genre_lists = has_genre_lists(train_path) and not args.without_genres
+    if genre_lists:  # the genres as a multi-hot list column, pooled by an EmbeddingBag
+        conts: list[str] = []
+        genres = id_cardinality([train_path, valid_path], GENRES)
+        shown = f"{genres} genres in an EmbeddingBag"
+    else:  # numeric genre flags, if any (none with --without-genres)
+        conts = [] if args.without_genres else feature_columns(train_path)
+        genres = 0
+        shown = f"{len(conts)} genre features"
+    sparse = {"sparse_names": [GENRES]} if genre_lists else {}
     users = id_cardinality([train_path, valid_path], "userId")
     movies = id_cardinality([train_path, valid_path], "movieId")
-    print(
-        f"{users} user ids, {movies} movie ids, {len(conts)} genre features, "
-        f"PyTorch threads: {threads}"
-    )
+    print(f"{users} user ids, {movies} movie ids, {shown}, PyTorch threads: {threads}")
 
     train = TorchAsyncItr(
         tabloader.Dataset(train_path),
@@ -165,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         batch_size=args.batch_size,
         shuffle=True,
         seed=args.seed,
-        device=device,
+        device="cpu",  # list columns reach PyTorch from the CPU; the loop moves batches
+        **sparse,
     )
     valid = TorchAsyncItr(
         tabloader.Dataset(valid_path),
@@ -173,12 +224,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         conts=conts,
         labels=LABELS,
         batch_size=args.batch_size,
-        device=device,
+        device="cpu",
+        **sparse,
     )
     train_loader = DLDataLoader(train, batch_size=None, collate_fn=lambda x: x)
     valid_loader = DLDataLoader(valid, batch_size=None, collate_fn=lambda x: x)
 
-    model = Recommender(users, movies, len(conts), args.embedding_dim).to(device)
+    model = Recommender(users, movies, len(conts), args.embedding_dim, genres).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 
@@ -188,8 +240,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         started = time.perf_counter()
         total, batches = 0.0, 0
         with common.epoch_progress(rows, epoch) as progress:
-            for x_cat, x_cont, y in train_loader:
-                loss = loss_fn(model(x_cat, x_cont), y)
+            for batch in train_loader:
+                x_cat, x_cont, y, *lists = to_device(batch, device)
+                loss = loss_fn(model(x_cat, x_cont, *lists), y)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
