@@ -502,3 +502,32 @@ def test_keras_refuses_list_columns_on_the_gpu_with_the_remedy(paths):
             label_names=["label"],
             device="cuda",
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.torch
+def test_torch_lists_from_the_gpu_backend_match_the_cpu(paths):
+    from contract_gpu import dlpack_torch_device
+    from tabloader.torch import TorchAsyncItr
+
+    options: dict[str, Any] = {
+        "cats": ["id"],
+        "sparse_names": ["genres"],
+        "labels": ["label"],
+        "batch_size": 16,
+        "shuffle": True,
+        "seed": 5,
+    }
+    cpu = list(TorchAsyncItr(paths, device="cpu", **options))
+    gpu = list(TorchAsyncItr(paths, device="cuda", **options))
+    assert len(cpu) == len(gpu) == -(-TOTAL // 16)
+    for (c_cat, _, c_y, c_lists), (g_cat, _, g_y, g_lists) in zip(cpu, gpu, strict=True):
+        values, offsets = g_lists["genres"]
+        assert values.device == dlpack_torch_device()
+        assert torch_equal(c_cat, g_cat) and torch_equal(c_y, g_y)
+        assert torch_equal(c_lists["genres"][0], values)
+        assert torch_equal(c_lists["genres"][1], offsets)
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    return bool((a.cpu() == b.cpu()).all()) and a.dtype == b.dtype and a.shape == b.shape

@@ -265,7 +265,8 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
             ``x_cont`` hold the scalar columns, and ``lists`` maps each list column to
             ``(values, offsets)``, ready for ``torch.nn.EmbeddingBag``: ``offsets`` has
             length ``B`` (each row's start, without the final end, EmbeddingBag's default
-            ``include_last_offset=False``). CPU device only for now.
+            ``include_last_offset=False``). On a GPU they come from the GPU backend
+            (not from ``backend="cpu"`` staging).
         sparse_as_dense: Deliver each list column as an int64 (cats) or float32 (conts)
             ``[B, sparse_max[name]]`` tensor padded with ``sparse_pad`` instead.
         sparse_max: ``{name: most values per row}``; required with ``sparse_as_dense``;
@@ -401,11 +402,12 @@ class TorchAsyncItr(torch.utils.data.IterableDataset[Batch]):
         self._core_device = str(loader.device)
         self.device = self._stage_to or torch.device(str(loader.device))
         stager = _CudaStager(self.device) if self._stage_to is not None else None
-        if lists and self.device.type == "cuda":
+        if lists and stager is not None:
             raise InvalidArgumentError(
-                f"list columns (sparse_names={names!r}) are delivered on the CPU only for "
-                f"now, but the tensors would go to {self.device}. Pass device='cpu' and move "
-                "the batch to the GPU in the training loop (tensor.to('cuda', non_blocking=True))"
+                f"list columns (sparse_names={names!r}) are not staged to {self.device} from "
+                "host reads (backend='cpu'). Read on the GPU (leave backend out, with cudf "
+                "installed), or pass device='cpu' and move the batch in the training loop "
+                "(tensor.to('cuda', non_blocking=True))"
             )
         self._builder.set_device(self.device, stager)
         return loader
