@@ -160,10 +160,17 @@ def _check_parity(paths: list[str], device: Device) -> _Check:
     for case in cases:
         cpu = _epoch(tabloader.Loader(paths, device="cpu", **_options(**case)))
         gpu = _epoch(tabloader.Loader(paths, device=str(device), **_options(**case)))
-        differs = _same_batches(cpu, gpu)
-        if differs:
-            return _Check("CPU/GPU parity", "FAIL", f"{case}: {differs}")
+        check = _verdict("CPU/GPU parity", cpu, gpu, "")
+        if check.status == "FAIL":
+            check.detail = f"{case}: {check.detail}"
+            return check
     return _Check("CPU/GPU parity", "PASS", f"bit-identical batches in {len(cases)} setups")
+
+
+def _verdict(name: str, expected: list[dict[str, np.ndarray]], got: Any, passed: str) -> _Check:
+    """PASS with ``passed`` when ``got`` equals ``expected`` bit for bit, else FAIL."""
+    differs = _same_batches(expected, got)
+    return _Check(name, "FAIL", differs) if differs else _Check(name, "PASS", passed)
 
 
 def _check_torch(paths: list[str], device: Device) -> _Check:
@@ -186,10 +193,7 @@ def _check_torch(paths: list[str], device: Device) -> _Check:
         if where != {expected}:
             return _Check("PyTorch adapter", "FAIL", f"tensors on {where}, expected {expected}")
         got.append({"cats": _host(x_cat), "conts": _host(x_cont), "labels": _host(y)[:, None]})
-    differs = _same_batches(cpu, got)
-    if differs:
-        return _Check("PyTorch adapter", "FAIL", differs)
-    return _Check("PyTorch adapter", "PASS", f"tensors on {expected}, same values as the CPU")
+    return _verdict("PyTorch adapter", cpu, got, f"tensors on {expected}, same values as the CPU")
 
 
 def _check_keras(paths: list[str], device: Device) -> _Check:
@@ -216,10 +220,8 @@ def _check_keras(paths: list[str], device: Device) -> _Check:
         batch = {name: np.asarray(t) for name, t in features.items()}
         batch["label"] = np.asarray(labels)
         got.append(batch)
-    differs = _same_batches([{k: b[k] for k in sorted(b)} for b in cpu], got)
-    if differs:
-        return _Check("Keras adapter", "FAIL", differs)
-    return _Check("Keras adapter", "PASS", "same values and dtypes as the CPU")
+    expected = [{k: b[k] for k in sorted(b)} for b in cpu]
+    return _verdict("Keras adapter", expected, got, "same values and dtypes as the CPU")
 
 
 def _memory_in_use(device: Device, loader: tabloader.Loader) -> int:
