@@ -152,8 +152,8 @@ class Loader:
         shuffle_within_batch: With ``False``, a shuffled batch delivers its rows in
             stored order. Which rows share a batch is exactly as random; only the order
             inside the batch, which a loss summed over the batch does not see, is not.
-            Saves a pass over the data: shuffled epochs run 1.3 to 1.5 times faster on
-            the CPU.
+            Saves a pass over the data on the CPU (the measured speed-up is in
+            ``benchmarks/results/cpu.md`` and docs/performance.md).
         seed: Seed of all randomness; the same seed and epoch give the same batches on
             every machine. None draws a fresh seed when the loader is created.
         parts_per_chunk: Partitions (row groups) read and shuffled together.
