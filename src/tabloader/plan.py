@@ -417,14 +417,7 @@ def plan_epoch(
     )
     lo, hi = rank_lo + lo, rank_lo + hi
 
-    # Pieces: the ordered partitions overlapping [lo, hi), clipped to it.
-    first = int(np.searchsorted(ends, lo, side="right"))
-    last = int(np.searchsorted(begins, hi, side="left"))
-    positions = np.arange(first, last) if hi > lo else np.arange(0)
-    starts = np.maximum(begins[positions], lo) - begins[positions]
-    stops = np.minimum(ends[positions], hi) - begins[positions]
-    keep = stops > starts  # empty partitions contribute nothing
-    partitions, starts, stops = order[positions][keep], starts[keep], stops[keep]
+    partitions, starts, stops = _clip(order, begins, ends, lo, hi)
     piece_rows = stops - starts
 
     if parts_per_chunk is None and chunk_rows is None:
@@ -475,10 +468,28 @@ def fixed_share(
     lo, hi = rank_rows(
         int(ends[-1]) if len(ends) else 0, global_rank=global_rank, global_size=global_size
     )
-    starts = np.maximum(begins, lo) - begins
-    stops = np.minimum(ends, hi) - begins
-    keep = np.flatnonzero(stops > starts)
-    return keep.astype(np.int64), starts[keep], stops[keep]
+    return _clip(np.arange(len(rows), dtype=np.int64), begins, ends, lo, hi)
+
+
+def _clip(
+    order: NDArray[np.int64],
+    begins: NDArray[np.int64],
+    ends: NDArray[np.int64],
+    lo: int,
+    hi: int,
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """``(partitions, starts, stops)`` of the pieces of rows ``[lo, hi)``.
+
+    ``order[i]`` is the partition holding rows ``[begins[i], ends[i])`` of the sequence;
+    each overlapping partition is clipped to the range, and empty ones are left out.
+    """
+    first = int(np.searchsorted(ends, lo, side="right"))
+    last = int(np.searchsorted(begins, hi, side="left"))
+    positions = np.arange(first, last) if hi > lo else np.arange(0)
+    starts = np.maximum(begins[positions], lo) - begins[positions]
+    stops = np.minimum(ends[positions], hi) - begins[positions]
+    keep = stops > starts  # empty partitions contribute nothing
+    return order[positions][keep], starts[keep], stops[keep]
 
 
 def plan_cached_epoch(
