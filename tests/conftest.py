@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import tabloader
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Loaders given no device default to the GPU where one is usable; the suite's numpy-based
@@ -132,6 +135,16 @@ def write_dataset(directory: Path, layout: Sequence[Sequence[int]]) -> list[str]
                 writer.write_table(table, row_group_size=max(len(table), 1))
         paths.append(str(path))
     return paths
+
+
+@pytest.fixture
+def quiet_loader_warnings() -> Iterator[None]:
+    """Silence the loader's advice about slow layouts and empty epochs, which small test
+    datasets provoke on purpose (``pytest.warns`` still sees them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
+        warnings.simplefilter("ignore", tabloader.EmptyEpochWarning)
+        yield
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -73,10 +72,8 @@ LAYOUTS = {
 
 
 @pytest.fixture(autouse=True)
-def _quiet_performance_warnings() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
-        yield
+def _quiet(quiet_loader_warnings: None) -> None:
+    """Every test here runs with the loader's advice silenced (see conftest)."""
 
 
 @adapters

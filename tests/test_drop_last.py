@@ -13,10 +13,8 @@ COLS = {"cats": ["id", "cat"], "conts": ["x"], "labels": ["label"]}
 
 
 @pytest.fixture(autouse=True)
-def _quiet_performance_warnings() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
-        yield
+def _quiet(quiet_loader_warnings: None) -> None:
+    """Every test here runs with the loader's advice silenced (see conftest)."""
 
 
 def _quiet_loader(paths: Any, **options: Any) -> tabloader.Loader:

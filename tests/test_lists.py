@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +52,8 @@ def write(directory: Path, layout: list[list[int]]) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def _quiet_warnings() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
-        warnings.simplefilter("ignore", tabloader.EmptyEpochWarning)
-        yield
+def _quiet(quiet_loader_warnings: None) -> None:
+    """Every test here runs with the loader's advice silenced (see conftest)."""
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -25,11 +24,8 @@ FAST = settings(
 
 
 @pytest.fixture(autouse=True)
-def _quiet_warnings() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
-        warnings.simplefilter("ignore", tabloader.EmptyEpochWarning)
-        yield
+def _quiet(quiet_loader_warnings: None) -> None:
+    """Every test here runs with the loader's advice silenced (see conftest)."""
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,8 @@ CATS, CONTS, LABELS = ["id", "cat"], ["x"], ["label"]
 
 
 @pytest.fixture(autouse=True)
-def _quiet_performance_warnings():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tabloader.PerformanceWarning)
-        yield
+def _quiet(quiet_loader_warnings: None) -> None:
+    """Every test here runs with the loader's advice silenced (see conftest)."""
 
 
 def make_loader(paths, **options):
