@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabloader.cli import LOADER_THREADS, Progress, usable_cores
@@ -45,8 +46,10 @@ def parser(
     lr: float,
     embedding_dim: int,
     torch: bool,
+    genres: bool = False,
 ) -> argparse.ArgumentParser:
-    """The flags every training script takes, with this script's defaults."""
+    """The flags every training script takes, with this script's defaults (and, with
+    ``genres``, ``--without-genres`` for the MovieLens scripts)."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0],
         epilog=f"Without --data, the data is read from {_shown(data)}; with --synthetic "
@@ -71,8 +74,28 @@ def parser(
             default=None,
             help="PyTorch intra-op threads (default: the cores the loader leaves free)",
         )
+    if genres:
+        parser.add_argument(
+            "--without-genres",
+            action="store_true",
+            help="leave the genres out (to compare the AUC with and without them)",
+        )
     parser.set_defaults(default_data=data, default_synthetic=synthetic)
     return parser
+
+
+def genre_lists(paths: Sequence[str | Path]) -> tuple[int, int]:
+    """``(number of genre ids, most genres of one movie)`` of the ``genres`` list column
+    across ``paths``, or ``(0, 0)`` when the files have no such column."""
+    count = longest = 0
+    for path in paths:
+        schema = pq.read_schema(path)
+        if "genres" not in schema.names or not pa.types.is_list(schema.field("genres").type):
+            return 0, 0
+        column = pq.read_table(path, columns=["genres"]).column("genres")
+        count = max(count, int(pc.max(pc.list_flatten(column)).as_py() or 0) + 1)
+        longest = max(longest, int(pc.max(pc.list_value_length(column)).as_py() or 0))
+    return count, longest
 
 
 def data_directory(

@@ -31,7 +31,6 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
@@ -64,17 +63,6 @@ def build_model(cardinalities: dict[str, int], genres: int, longest: int, dim: i
     return keras.Model(inputs, output)
 
 
-def genre_lists(path: str) -> tuple[int, int]:
-    """``(number of genres, most genres of one movie)`` of the ``genres`` list column,
-    or ``(0, 0)`` without one."""
-    schema = pq.read_schema(path)
-    if "genres" not in schema.names:
-        return 0, 0
-    column = pq.read_table(path, columns=["genres"]).column("genres")
-    values = pc.list_flatten(column)
-    return int(pc.max(values).as_py() or 0) + 1, int(pc.max(pc.list_value_length(column)).as_py())
-
-
 class PrintEpoch(keras.callbacks.Callback):
     """One line per epoch, after the validater has added the val_* figures."""
 
@@ -102,13 +90,9 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
         lr=2e-3,
         embedding_dim=16,
         torch=False,
+        genres=True,
     )
     parser.add_argument("--max-rows", type=int, default=None, help="train on the first N rows")
-    parser.add_argument(
-        "--without-genres",
-        action="store_true",
-        help="leave the genres out (to compare the AUC with and without them)",
-    )
     args = parser.parse_args(argv)
     data = common.data_directory(
         args,
@@ -123,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     train_source: Any = str(data / "train.parquet")
     if args.max_rows is not None:
         train_source = pq.read_table(train_source).slice(0, args.max_rows)
-    genres, longest = (0, 0) if args.without_genres else genre_lists(str(data / "train.parquet"))
+    splits = [data / "train.parquet", data / "valid.parquet"]
+    genres, longest = (0, 0) if args.without_genres else common.genre_lists(splits)
     columns: dict[str, Any] = {"cat_names": ["userId", "movieId"]}
     if genres:  # a multi-hot list column, padded to the longest list with an unused id
         columns.update(

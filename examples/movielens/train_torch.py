@@ -71,12 +71,6 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def has_genre_lists(path: str) -> bool:
-    """Whether the data has the ``genres`` list column (``prepare.py --genres``)."""
-    schema = pq.read_schema(path)
-    return GENRES in schema.names and pa.types.is_list(schema.field(GENRES).type)
-
-
 def feature_columns(path: str) -> list[str]:
     """The numeric columns besides ids and label (genre flags, if the data has them)."""
     schema = pq.read_schema(path)
@@ -93,12 +87,10 @@ def feature_columns(path: str) -> list[str]:
 
 
 def id_cardinality(paths: Sequence[str], column: str) -> int:
-    """One more than the largest id in ``column`` (a list column's values) across ``paths``."""
+    """One more than the largest id in ``column`` across ``paths``."""
     largest = 0
     for path in paths:
         values = pq.read_table(path, columns=[column]).column(column)
-        if pa.types.is_list(values.type):
-            values = pc.list_flatten(values)
         largest = max(largest, int(pc.max(values).as_py() or 0))
     return largest + 1
 
@@ -140,7 +132,7 @@ class Recommender(nn.Module):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.parser(
+    return common.parser(
         __doc__,
         data=DEFAULT_DATA,
         synthetic=DEFAULT_DATA / "synthetic",
@@ -150,13 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         lr=0.01,
         embedding_dim=32,
         torch=True,
+        genres=True,
     )
-    parser.add_argument(
-        "--without-genres",
-        action="store_true",
-        help="leave the genres out (to compare the AUC with and without them)",
-    )
-    return parser
 
 
 def predict(model: nn.Module, loader: DLDataLoader) -> tuple[np.ndarray, np.ndarray, float]:
@@ -193,16 +180,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    genre_lists = has_genre_lists(train_path) and not args.without_genres
-    if genre_lists:  # the genres as a multi-hot list column, pooled by an EmbeddingBag
+    genres = 0 if args.without_genres else common.genre_lists([train_path, valid_path])[0]
+    if genres:  # the genres as a multi-hot list column, pooled by an EmbeddingBag
         conts: list[str] = []
-        genres = id_cardinality([train_path, valid_path], GENRES)
         shown = f"{genres} genres in an EmbeddingBag"
     else:  # numeric genre flags, if any (none with --without-genres)
         conts = [] if args.without_genres else feature_columns(train_path)
-        genres = 0
         shown = f"{len(conts)} genre features"
-    sparse = {"sparse_names": [GENRES]} if genre_lists else {}
+    sparse = {"sparse_names": [GENRES]} if genres else {}
     users = id_cardinality([train_path, valid_path], "userId")
     movies = id_cardinality([train_path, valid_path], "movieId")
     print(f"{users} user ids, {movies} movie ids, {shown}, PyTorch threads: {threads}")
