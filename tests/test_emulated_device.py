@@ -27,12 +27,23 @@ MIN_GPU_TESTS = 120
 """The suite holds more GPU tests than this; fewer passing means some were not collected."""
 
 
-def _emulated_env() -> dict[str, str]:
+def _run_emulated(
+    *args: str, gpus: int = 2, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python args...`` from the repository root, with ``gpus`` emulated GPUs."""
     env = {k: v for k, v in os.environ.items() if k != "TABLOADER_DEVICE"}
     env["PYTHONPATH"] = os.pathsep.join([*FULL, str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    env["TABLOADER_EMULATED_GPUS"] = "2"
+    env["TABLOADER_EMULATED_GPUS"] = str(gpus)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return env
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _real_cudf_installed() -> bool:
@@ -43,14 +54,8 @@ def _real_cudf_installed() -> bool:
 def test_the_gpu_suite_passes_on_the_emulated_device():
     if _real_cudf_installed():
         pytest.skip("a real cudf is installed: `pytest -m gpu` runs the GPU suite on it")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=ROOT,
-        env=_emulated_env(),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
+    done = _run_emulated(
+        "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests", timeout=1200
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-20000:]
@@ -65,15 +70,7 @@ def test_the_gpu_suite_passes_on_the_emulated_device():
 def test_selftest_passes_on_the_emulated_device():
     if _real_cudf_installed():
         pytest.skip("a real cudf is installed: run `tabloader selftest --device cuda` on it")
-    done = subprocess.run(
-        [sys.executable, "-m", "tabloader.cli", "selftest", "--device", "cuda", "--rows", "20000"],
-        cwd=ROOT,
-        env=_emulated_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = _run_emulated("-m", "tabloader.cli", "selftest", "--device", "cuda", "--rows", "20000")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "emulated device: results are not GPU results" in done.stdout
     assert "PASS  CPU/GPU parity" in done.stdout
@@ -81,19 +78,7 @@ def test_selftest_passes_on_the_emulated_device():
 
 
 def test_selftest_says_in_one_line_that_there_is_no_gpu():
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    env["TABLOADER_EMULATED_GPUS"] = "0"
-    env["PYTHONPATH"] = os.pathsep.join([*FULL, env["PYTHONPATH"]])
-    done = subprocess.run(
-        [sys.executable, "-m", "tabloader.cli", "selftest", "--device", "cuda"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _run_emulated("-m", "tabloader.cli", "selftest", "--device", "cuda", gpus=0)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("no usable cuda here:"), done.stdout
