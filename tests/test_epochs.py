@@ -4,6 +4,7 @@ PyTorch adapter, without PyTorch."""
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -135,3 +136,27 @@ def test_persistent_workers_are_refused_a_seed_fn():
         tabloader.InvalidArgumentError, match="seed_fn cannot be used with persistent_workers"
     ):
         make(seed_fn=lambda: 1).check_workers(persistent=True)
+
+
+def test_a_copy_in_a_worker_process_warns_that_it_would_repeat_one_epoch():
+    copy = make()
+    with pytest.warns(UserWarning, match="every epoch repeats epoch 0"):
+        ids(copy.start(0, 2, in_worker=True))
+    managed, set_epoch = make(), make()
+    managed.hand_to_workers(lambda: None)  # the training process hands it each epoch
+    set_epoch.set_epoch(0)
+    for told in (managed, set_epoch):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ids(told.start(0, 2, in_worker=True))
+
+
+def test_persistent_workers_cannot_follow_an_epoch_set_after_they_started():
+    epochs = make()
+    assert epochs.hand_to_workers(lambda: "started") == "started"
+    assert epochs.epoch == 1
+    assert epochs.hand_to_workers(lambda: "in step", started=True) == "in step"
+    epochs.set_epoch(5)
+    with pytest.raises(tabloader.TabloaderError, match="persistent worker processes will run "
+                       r"epoch 2, but the dataset was moved to epoch 5"):  # fmt: skip
+        epochs.hand_to_workers(lambda: "never", started=True)

@@ -126,7 +126,7 @@ def test_keras_takes_the_cores_names_too():
     features, labels = loader[0]
     assert sorted(features) == ["user", "x"]
     assert labels.numpy().tolist() == [0.0, 1.0] * 5
-    with pytest.raises(tabloader.InvalidArgumentError, match="cat_names= and cats= are two"):
+    with pytest.raises(tabloader.InvalidArgumentError, match="cats= and cat_names= are two"):
         KerasSequenceLoader(TABLE, cats=["user"], cat_names=["user"], label_names=["y"],
                             batch_size=2)  # fmt: skip
 

@@ -125,12 +125,15 @@ def test_memory_stays_flat_over_epochs_in_a_fresh_process(tmp_path):
 @pytest.mark.tensorflow
 def test_keras_tensors_share_aligned_batch_memory_and_keep_it_lent():
     tf = pytest.importorskip("tensorflow")
+    import tabloader
     from tabloader.backends.cpu import BufferPool
-    from tabloader.device import Device
     from tabloader.tensorflow import _TensorMaker
 
     maker = _TensorMaker()
-    maker.set_columns(["id"], ["x"], [], device=Device("cpu"))
+    columns = pa.table({"id": [1], "x": [1.0]})
+    maker.set_columns(
+        tabloader.Loader(columns, cats=["id"], conts=["x"], batch_size=1, device="cpu")
+    )
     pool = BufferPool()
     ids = pool.empty((1 << 18,), "int64")
     ids[:] = 5

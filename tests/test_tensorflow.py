@@ -257,7 +257,7 @@ def test_unknown_and_unsupported_keywords_raise(dataset_dir):
         make_loader(paths, sparse_names=["x"])
     with pytest.raises(tabloader.InvalidArgumentError, match="engine must be 'parquet'"):
         make_loader(paths, engine="csv")
-    with pytest.raises(tabloader.InvalidArgumentError, match="seed or seed_fn, not both"):
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"give seed= or seed_fn=, not both"):
         make_loader(paths, seed_fn=lambda: 3)
     with pytest.raises(tabloader.InvalidArgumentError, match="pass the same seed"):
         make_loader(paths, seed=None, global_size=2, global_rank=0)
@@ -280,7 +280,7 @@ def test_seed_fn_gives_the_seed(dataset_dir):
 
 
 def test_buffer_size_sets_rows_per_chunk(dataset_dir):
-    from tabloader.tensorflow import total_memory_bytes
+    from tabloader.memory import total_memory_bytes
 
     paths = dataset_dir([[25] * 8])
     small = make_loader(paths, buffer_size=50)
@@ -442,9 +442,10 @@ def test_tensors_are_aligned_copies_in_a_subprocess(tmp_path):
                     tf.debugging.assert_equal(label, tf.cast(ids % 2, tf.float32))
                 assert total == 300 * 301 // 2, (batch_size, shuffle, total)
         # views that must not reach TensorFlow as they are: misaligned, strided, read-only
-        from tabloader.device import Device
         maker = _TensorMaker()
-        maker.set_columns(["id"], ["x"], ["label"], device=Device("cpu"))
+        columns = pa.table({{"id": [1], "x": [1.0], "label": [1.0]}})
+        maker.set_columns(tabloader.Loader(columns, cats=["id"], conts=["x"], labels=["label"],
+                                           batch_size=1, device="cpu"))
         raw = np.arange(4000, dtype=np.int64)
         block = np.arange(3000, dtype=np.float32).reshape(1000, 3)
         frozen = np.arange(1001, dtype=np.float32)

@@ -12,44 +12,13 @@ Examples:
     [[3, 1], [2]]
 """
 
+from tabloader import errors
 from tabloader.dataset import Dataset
-from tabloader.errors import (
-    CacheWarning,
-    ColumnNotFoundError,
-    ColumnTypeError,
-    EmptyDatasetError,
-    EmptyEpochWarning,
-    InvalidArgumentError,
-    InvalidFileError,
-    NullValuesError,
-    PerformanceWarning,
-    ReadError,
-    SchemaMismatchError,
-    SourceNotFoundError,
-    TabloaderError,
-)
-from tabloader.loader import BatchIterator, Loader
+from tabloader.errors import *  # noqa: F403  (the exceptions and warnings: errors.__all__)
+from tabloader.loader import BatchIterator, Loader, LoaderOptions
 from tabloader.stats import LoaderStats
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BatchIterator",
-    "CacheWarning",
-    "ColumnNotFoundError",
-    "ColumnTypeError",
-    "Dataset",
-    "EmptyDatasetError",
-    "EmptyEpochWarning",
-    "InvalidArgumentError",
-    "InvalidFileError",
-    "Loader",
-    "LoaderStats",
-    "NullValuesError",
-    "PerformanceWarning",
-    "ReadError",
-    "SchemaMismatchError",
-    "SourceNotFoundError",
-    "TabloaderError",
-    "__version__",
-]
+__all__ = ["BatchIterator", "Dataset", "Loader", "LoaderOptions", "LoaderStats", "__version__"]
+__all__ += errors.__all__

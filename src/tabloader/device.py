@@ -23,7 +23,14 @@ from typing import Any, Literal
 
 from tabloader.errors import InvalidArgumentError
 
-__all__ = ["DEVICE_ENV", "Device", "default_device_spec", "parse_device", "resolve_device"]
+__all__ = [
+    "DEVICE_ENV",
+    "Device",
+    "default_device_spec",
+    "parse_device",
+    "resolve_device",
+    "split_backend",
+]
 
 DEVICE_ENV = "TABLOADER_DEVICE"
 """Environment variable naming the device used when a loader is given none."""
@@ -123,3 +130,29 @@ def resolve_device(spec: Any = None) -> Device:
 
     _, _, found = import_gpu(index)
     return Device("cuda", found)
+
+
+def split_backend(device: Any, backend: str | None) -> tuple[Any, int | Literal[False] | None]:
+    """``(what the core loader reads on, the CUDA index host batches are staged to)``.
+
+    ``backend=None`` lets ``device`` decide and stages nothing (``False``); ``"gpu"``
+    reads with the GPU backend (on ``device``, default ``"cuda"``); ``"cpu"`` reads in
+    host memory whatever ``device`` is, and a CUDA ``device`` becomes the staging target
+    (its index, None for the current device): for an adapter on a GPU machine without
+    cudf.
+
+    Examples:
+        >>> split_backend("cuda:1", "cpu"), split_backend(None, "gpu"), split_backend(0, None)
+        (('cpu', 1), ('cuda', False), (0, False))
+    """
+    if backend not in (None, "cpu", "gpu"):
+        raise InvalidArgumentError(f"backend must be None, 'cpu' or 'gpu', got {backend!r}")
+    kind, index = parse_device(device) if device is not None else (None, None)
+    if backend == "gpu" and kind == "cpu":
+        raise InvalidArgumentError(
+            f"backend='gpu' reads on the GPU and needs a CUDA device, got device={device!r}. "
+            "Use backend='cpu', or pass device='cuda'"
+        )
+    if backend == "cpu":
+        return "cpu", index if kind == "cuda" else False
+    return ("cuda" if backend == "gpu" and device is None else device), False

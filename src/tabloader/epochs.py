@@ -20,18 +20,27 @@ Examples:
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tabloader.errors import InvalidArgumentError
+from tabloader.errors import InvalidArgumentError, TabloaderError
 from tabloader.loader import EpochPosition
 
 if TYPE_CHECKING:
     from tabloader.loader import BatchIterator, Loader
 
-__all__ = ["EpochRun", "Epochs", "seed_value"]
+__all__ = ["EpochRun", "Epochs", "IterableEpochs", "check_seed_fn", "seed_value"]
 
 T = TypeVar("T")
+
+
+def check_seed_fn(seed: object, seed_fn: object) -> None:
+    """Refuse ``seed`` and ``seed_fn`` together, and a ``seed_fn`` that is not callable."""
+    if seed is not None and seed_fn is not None:
+        raise InvalidArgumentError("give seed= or seed_fn=, not both")
+    if seed_fn is not None and not callable(seed_fn):
+        raise InvalidArgumentError(f"seed_fn must be callable, got {seed_fn!r}")
 
 
 def seed_value(value: object, what: str) -> int:
@@ -66,19 +75,19 @@ class EpochRun:
     def __init__(
         self,
         epochs: Epochs,
+        start: EpochPosition,
         *,
-        epoch: int,
         seed: int,
-        start: int,
-        worker: int,
-        num_workers: int,
+        share: tuple[int, int] = (0, 1),
         receive: Callable[[Any], Any] | None = None,
     ) -> None:
+        """Start epoch ``start.epoch`` at batch ``start.batches`` of worker share
+        ``share`` (``(worker, num_workers)``), shuffled with ``seed``."""
         self._epochs = epochs
         self._receive = receive
         self.seed = seed
-        self.worker, self.num_workers = worker, num_workers
-        self._batches = self._start(epoch, start)
+        self.worker, self.num_workers = share
+        self._batches = self._start(start.epoch, start.batches)
         self.position: EpochPosition = self._batches.position
 
     def _start(self, epoch: int, start: int) -> BatchIterator:
@@ -153,6 +162,7 @@ class Epochs:
         self.resume_for = (0, 1)  # (worker, num_workers) the resume state is for
         self.epoch_seed: int | None = None
         self.managed = False  # epochs advanced for worker processes (see hand_to_workers)
+        self.worker_epoch = 0  # the epoch persistent worker processes run next
         self.epoch_set = False
 
     @property
@@ -182,10 +192,27 @@ class Epochs:
         self.epoch_seed = None
 
     def start(
-        self, worker: int = 0, num_workers: int = 1, receive: Callable[[Any], Any] | None = None
+        self,
+        worker: int = 0,
+        num_workers: int = 1,
+        receive: Callable[[Any], Any] | None = None,
+        *,
+        in_worker: bool = False,
     ) -> EpochRun:
         """Start the next epoch (a resumed one where :meth:`load_state_dict` said), or
-        worker ``worker``'s share of it, and advance."""
+        worker ``worker``'s share of it, and advance.
+
+        ``in_worker``: this runs in a worker process's copy. Unless the training process
+        hands it each epoch (:meth:`hand_to_workers`) or the epoch was set, every epoch
+        would repeat the same one, and a warning says so.
+        """
+        if in_worker and not self.managed and not self.epoch_set:
+            warnings.warn(
+                "the dataset runs in worker processes, which cannot advance the epoch of "
+                f"the training process: every epoch repeats epoch {self.epoch}. Use "
+                "tabloader.torch.DLDataLoader, or call set_epoch() before each epoch",
+                stacklevel=3,
+            )
         seed = self.prepare()
         epoch, start = self.epoch, 0
         if self.resume is not None:
@@ -200,26 +227,33 @@ class Epochs:
             self.resume = None
         self.live = EpochRun(
             self,
-            epoch=epoch,
+            EpochPosition(epoch, start),
             seed=seed,
-            start=start,
-            worker=worker,
-            num_workers=num_workers,
+            share=(worker, num_workers),
             receive=receive,
         )
         self.loader.epoch = epoch
         self.advance()
         return self.live
 
-    def hand_to_workers(self, start_workers: Callable[[], T]) -> T:
-        """Run ``start_workers`` (which copies this state into worker processes) with the
-        next epoch's seed chosen first, and advance past that epoch afterwards."""
+    def hand_to_workers(self, start_workers: Callable[[], T], *, started: bool = False) -> T:
+        """Run ``start_workers`` (which copies this state into worker processes, or with
+        persistent workers that ``started`` already, has each copy advance in step) with
+        the next epoch's seed chosen first, and advance past that epoch afterwards."""
+        if started and self.epoch != self.worker_epoch:
+            raise TabloaderError(
+                f"the persistent worker processes will run epoch {self.worker_epoch}, but "
+                f"the dataset was moved to epoch {self.epoch} (set_epoch() or a direct "
+                "iteration) after they started, which they cannot see. Call set_epoch() "
+                "before the first epoch only, or use persistent_workers=False"
+            )
         self.prepare()
         self.managed = True
-        started = start_workers()
+        workers = start_workers()
         self.resume = None  # the worker processes took it with their copies
         self.advance()
-        return started
+        self.worker_epoch = self.epoch
+        return workers
 
     def check_workers(self, start_method: Any = None, *, persistent: bool = False) -> None:
         """Refuse worker processes (``persistent``: kept from epoch to epoch) that could
@@ -292,3 +326,118 @@ class Epochs:
         del state["loader"]  # the owner rebuilds it and sets it again
         state["live"] = None  # an epoch in progress stays with its process
         return state
+
+
+class IterableEpochs:
+    """What an iterable-style adapter (PyTorch's ``IterableDataset``) shares with the
+    core: the loader built from the user's options, its columns and batch counts, the
+    epochs and their seeds, resuming, and the copies worker processes make.
+
+    The adapter calls :meth:`_start_epochs` with the loader options and implements
+    :meth:`_make_loader` (the core loader with the adapter's ``transform``), which also
+    rebuilds the loader in a worker process's copy; attributes listed in
+    ``_rebuilt`` are left out of the copy because :meth:`_make_loader` makes them anew.
+    :meth:`_worker` says which worker process share of an epoch this process serves.
+    """
+
+    _rebuilt: tuple[str, ...] = ()
+    _loader: Loader
+    _epochs: Epochs
+    _options: dict[str, Any]
+
+    def _start_epochs(
+        self, dataset: Any, options: Mapping[str, Any], seed_fn: Callable[[], int] | None
+    ) -> None:
+        seed = options.get("seed")
+        check_seed_fn(seed, seed_fn)
+        # The seed is replaced by seed_fn's every epoch; the core needs one meanwhile.
+        self._options = {**options, "seed": 0 if seed_fn is not None else seed}
+        self._loader = self._make_loader(dataset)
+        # Keep the seed the core drew (seed=None), so copies in worker processes agree.
+        self._options["seed"] = self._loader.seed
+        self._epochs = Epochs(self._loader, seed_fn=seed_fn, seed_given=seed is not None)
+
+    def _make_loader(self, dataset: Any) -> Loader:
+        raise NotImplementedError
+
+    def _worker(self) -> tuple[int, int]:
+        """``(worker, num_workers)`` of the worker process this one is; ``(0, 1)``."""
+        return 0, 1
+
+    @property
+    def loader(self) -> Loader:
+        """The core :class:`~tabloader.Loader` (``loader.stats()`` counts what this
+        process iterated; worker processes keep their own)."""
+        return self._loader
+
+    @property
+    def cats(self) -> tuple[str, ...]:
+        """The categorical columns, in order."""
+        return self._loader.cats
+
+    @property
+    def conts(self) -> tuple[str, ...]:
+        """The continuous columns, in order."""
+        return self._loader.conts
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The label columns, in order."""
+        return self._loader.labels
+
+    @property
+    def batch_size(self) -> int:
+        return self._loader.batch_size
+
+    @property
+    def global_rank(self) -> int:
+        return self._loader.global_rank
+
+    @property
+    def global_size(self) -> int:
+        return self._loader.global_size
+
+    def __len__(self) -> int:
+        """Batches one epoch delivers to this rank (all worker processes together)."""
+        return len(self._loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` delivers."""
+        return self._loader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
+        self._epochs.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epochs stand, to continue exactly there after a restart: mid-epoch
+        the next batch handed out (not those read ahead), otherwise the start of the
+        next epoch; in a worker process, that worker's share."""
+        return self._epochs.state_dict(*self._worker())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next ``iter()`` continue from ``state`` (from :meth:`state_dict`).
+
+        Raises :class:`tabloader.InvalidArgumentError` naming what differs when the
+        dataset or the options that decide the order are not those of the saved run.
+        """
+        self._epochs.load_state_dict(state, *self._worker())
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self._rebuilt:
+            del state[name]
+        state["_options"] = {**self._options, "seed": self._epochs.base_seed}
+        loader = state.pop("_loader")
+        state["_dataset"], state["_epoch"] = loader.dataset, loader.epoch
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        dataset, epoch = state.pop("_dataset"), state.pop("_epoch")
+        self.__dict__.update(state)
+        with warnings.catch_warnings():  # already shown where the original was built
+            warnings.simplefilter("ignore")
+            self._loader = self._make_loader(dataset)
+        self._loader.epoch = epoch
+        self._epochs.loader = self._loader

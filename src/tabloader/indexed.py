@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,16 @@ class IndexedEpochs:
     def __len__(self) -> int:
         """Batches of the epoch being served (after a resume: those still to come)."""
         return self._num_batches
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batch(index, stacklevel=2)
+
+    def __iter__(self) -> Iterator[Any]:
+        """One epoch: :meth:`on_epoch_begin`, every batch in order, :meth:`on_epoch_end`."""
+        self.on_epoch_begin()
+        for i in range(len(self)):
+            yield self[i]
+        self.on_epoch_end()
 
     def batch(self, index: int, *, stacklevel: int = 1) -> Any:
         """The batch served for ``index`` in the current epoch (see the class).

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -62,12 +62,54 @@ from tabloader.stats import LoaderStats, StatsRecorder
 if TYPE_CHECKING:
     from tabloader.backends import Backend
 
-__all__ = ["BatchIterator", "EpochPosition", "Loader"]
+__all__ = ["LOADER_KEYWORDS", "BatchIterator", "EpochPosition", "Loader", "LoaderOptions"]
 
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
+
+
+class LoaderOptions(TypedDict, total=False):
+    """The :class:`Loader` keywords the framework adapters take and pass on unchanged.
+
+    ``TorchAsyncItr`` and ``KerasSequenceLoader`` accept every one of these
+    (``**options``), with the meaning :class:`Loader` documents; they document only
+    the keywords of their own. Also a type for options kept in a config::
+
+        options: LoaderOptions = {"cats": ["user"], "shuffle": True, "seed": 0}
+    """
+
+    cats: str | Sequence[str] | None
+    conts: str | Sequence[str] | None
+    labels: str | Sequence[str] | None
+    cat_names: str | Sequence[str] | None
+    cont_names: str | Sequence[str] | None
+    label_names: str | Sequence[str] | None
+    cat_dtype: Any
+    cont_dtype: Any
+    label_dtype: Any
+    fill_null: float | Mapping[str, float] | None
+    shuffle: bool | Literal["global"]
+    shuffle_within_batch: bool
+    seed: int | None
+    parts_per_chunk: int | None
+    chunk_rows: int | None
+    drop_last: bool
+    prefetch: int
+    global_rank: int | None
+    global_size: int | None
+    cache: CacheMode | None
+    cache_dir: str | os.PathLike[str] | None
+    cache_max_bytes: int | None
+    sparse_names: str | Sequence[str] | None
+    sparse_max: Mapping[str, int] | None
+    sparse_as_dense: bool
+    sparse_pad: float
+
+
+LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
+"""The names of :class:`LoaderOptions`, for checking an adapter's keywords."""
 
 STATE_FORMAT = 1
 """Version of the dict :meth:`Loader.state_dict` returns."""
@@ -214,8 +256,8 @@ class Loader:
         parts_per_chunk: int | None = None,
         chunk_rows: int | None = None,
         drop_last: bool = False,
-        global_rank: int = 0,
-        global_size: int = 1,
+        global_rank: int | None = 0,
+        global_size: int | None = 1,
         cat_dtype: Any = "int64",
         cont_dtype: Any = "float32",
         label_dtype: Any = "float32",
@@ -266,6 +308,7 @@ class Loader:
         self.parts_per_chunk = optional_positive(parts_per_chunk, "parts_per_chunk")
         chunk_rows = optional_positive(chunk_rows, "chunk_rows")
         self.prefetch = int_at_least(prefetch, 1, "prefetch")
+        global_rank, global_size = (0 if global_rank is None else global_rank), global_size or 1
         self.global_size = int_at_least(global_size, 1, "global_size")
         self.global_rank = int_at_least(global_rank, 0, "global_rank")
         if self.global_rank >= self.global_size:
@@ -566,18 +609,12 @@ class Loader:
             plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else self.shuffle
         return plan_for(
             self.dataset.partition_rows,
-            batch_size=self.batch_size,
             shuffle=shuffle,
-            shuffle_within_batch=self.shuffle_within_batch,
             seed=self.seed,
             epoch=epoch,
-            global_rank=self.global_rank,
-            global_size=self.global_size,
             worker=worker,
             num_workers=num_workers,
-            parts_per_chunk=self.parts_per_chunk,
-            chunk_rows=self.chunk_rows,
-            drop_last=self.drop_last,
+            **self._plan_options(),
         )
 
     # -- iteration ----------------------------------------------------------------
@@ -796,21 +833,28 @@ class Loader:
             "digest": digest,
         }
 
-    def _order_options(self) -> dict[str, Any]:
+    def _plan_options(self) -> dict[str, Any]:
+        """The options that shape every epoch's plan, as the planners take them."""
         return {
-            "cats": list(self.cats),
-            "conts": list(self.conts),
-            "labels": list(self.labels),
             "batch_size": self.batch_size,
-            "shuffle": "global" if self.global_shuffle else self.shuffle,
             "shuffle_within_batch": self.shuffle_within_batch,
             "drop_last": self.drop_last,
-            # With a cache every rank keeps a fixed share: another order than streaming.
-            "cache": self.cache is not None,
             "global_rank": self.global_rank,
             "global_size": self.global_size,
             "parts_per_chunk": self.parts_per_chunk,
             "chunk_rows": self.chunk_rows,
+        }
+
+    def _order_options(self) -> dict[str, Any]:
+        """What decides the batches of a saved state, besides the seed and the dataset."""
+        return {
+            "cats": list(self.cats),
+            "conts": list(self.conts),
+            "labels": list(self.labels),
+            "shuffle": "global" if self.global_shuffle else self.shuffle,
+            # With a cache every rank keeps a fixed share: another order than streaming.
+            "cache": self.cache is not None,
+            **self._plan_options(),
         }
 
     def stats(self) -> LoaderStats:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -24,6 +24,7 @@ from tabloader.errors import InvalidArgumentError
 __all__ = [
     "ALIGN",
     "address",
+    "aligned_columns",
     "aligned_rows",
     "chunk_rows_for",
     "chunk_rows_for_buffer",
@@ -95,35 +96,30 @@ def chunk_rows_for(
 
 
 def chunk_rows_for_buffer(
-    buffer_size: object,
-    *,
-    parts_per_chunk: int | None,
-    kinds: tuple[str | Sequence[str] | None, ...],
-    batch_size: object,
-    device: str | int | None = None,
-) -> int | None:
-    """Rows per chunk for NVTabular's ``buffer_size`` (None when it is not given).
+    buffer_size: object, options: Mapping[str, Any], batch_size: object, device: Any = None
+) -> int:
+    """Rows per chunk for NVTabular's ``buffer_size``, given a loader's ``options``.
 
-    ``kinds`` are the cats, conts and labels columns, delivered as int64, float32 and
-    float32: their bytes per row turn a fraction of memory into rows.
+    The columns the options name (either spelling), delivered as int64 cats and float32
+    conts and labels, turn a fraction of memory into rows.
 
     Examples:
-        >>> chunk_rows_for_buffer(None, parts_per_chunk=2, kinds=(), batch_size=8) is None
-        True
-        >>> chunk_rows_for_buffer(500, parts_per_chunk=None, kinds=("a", ["b"], []),
-        ...                       batch_size=8)
+        >>> chunk_rows_for_buffer(500, {"cats": "a", "cont_names": ["b"]}, 8)
         500
     """
-    if buffer_size is None:
-        return None
-    if parts_per_chunk is not None:
-        raise InvalidArgumentError(
-            "give buffer_size (rows per chunk) or parts_per_chunk (row groups per chunk), not both"
-        )
-    cats, conts, labels = (1 if isinstance(v, str) else len(v or ()) for v in kinds)
+    for other in ("parts_per_chunk", "chunk_rows"):
+        if options.get(other) is not None:
+            raise InvalidArgumentError(
+                f"buffer_size and {other} both size chunks: give one, not both"
+            )
+    widths = {"cat": 8, "cont": 4, "label": 4}
+    row_bytes = 0
+    for kind, width in widths.items():
+        names = options.get(f"{kind}s") or options.get(f"{kind}_names")
+        row_bytes += width * (1 if isinstance(names, str) else len(names or ()))
     return chunk_rows_for(
         buffer_size,
-        row_bytes=max(8 * cats + 4 * conts + 4 * labels, 1),
+        row_bytes=max(row_bytes, 1),
         batch_size=batch_size if isinstance(batch_size, int) else 1,
         device=device,
     )
@@ -193,3 +189,50 @@ def aligned_rows(xp: Any, k: int, rows: int, dtype: Any) -> Any:
     flat = xp.empty((k * stride + per_align,), dtype)
     offset = (-address(flat) % ALIGN) // dtype.itemsize
     return flat[offset : offset + k * stride].reshape(k, stride)
+
+
+def aligned_columns(
+    batch: Mapping[str, Any],
+    groups: Sequence[tuple[np.dtype[Any], Sequence[str]]],
+    xp: Any,
+    *,
+    share: bool = True,
+) -> dict[str, Any]:
+    """Every column ``groups`` names (``(dtype, names)`` pairs) as a writable, contiguous,
+    64-byte aligned 1-D array of that dtype, for frameworks that wrap memory as it is.
+
+    With ``share`` a host column that already is one (every column of a shuffled batch,
+    gathered into pooled aligned memory) is returned as it is; the others (read-only
+    views of Arrow memory, views off a 64-byte boundary, device arrays) are copied into
+    the rows of one :func:`aligned_rows` block per dtype, allocated by ``xp``.
+
+    Examples:
+        >>> batch = {"a": np.arange(3), "b": np.arange(4.0)[1:]}
+        >>> out = aligned_columns(batch, [(np.dtype("int64"), ["a"]),
+        ...                               (np.dtype("float32"), ["b"])], np)
+        >>> out["b"].dtype, out["b"].tolist(), address(out["b"]) % ALIGN
+        (dtype('float32'), [1.0, 2.0, 3.0], 0)
+    """
+
+    def shareable(array: Any, dtype: np.dtype[Any]) -> bool:
+        return (
+            share
+            and isinstance(array, np.ndarray)
+            and array.dtype == dtype
+            and array.ndim == 1
+            and array.flags.c_contiguous
+            and array.flags.writeable
+            and address(array) % ALIGN == 0
+        )
+
+    rows = int(next(iter(batch.values())).shape[0]) if batch else 0
+    out: dict[str, Any] = {}
+    for dtype, names in groups:
+        copied = [name for name in names if not shareable(batch[name], dtype)]
+        out.update((name, batch[name]) for name in names if name not in copied)
+        if copied:
+            block = aligned_rows(xp, len(copied), rows, dtype)
+            for j, name in enumerate(copied):
+                block[j, :rows] = batch[name]
+                out[name] = block[j, :rows]
+    return out

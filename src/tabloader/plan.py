@@ -39,7 +39,7 @@ How an epoch is laid out:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -495,20 +495,17 @@ def _clip(
 def plan_cached_epoch(
     partition_rows: NDArray[np.int64],
     *,
-    batch_size: int,
     shuffle: bool | Literal["global"],
-    seed: int,
-    epoch: int,
     global_rank: int = 0,
     global_size: int = 1,
-    worker: int = 0,
-    num_workers: int = 1,
     parts_per_chunk: int | None = None,
     chunk_rows: int | None = None,
-    drop_last: bool = False,
-    shuffle_within_batch: bool = True,
+    **options: Any,
 ) -> EpochPlan:
     """Plan one epoch of a loader with a decoded cache: every rank keeps a fixed share.
+
+    The other keywords (``batch_size``, ``seed``, ``epoch``, ``worker``, ...) are
+    :func:`plan_epoch`'s.
 
     A cache holds one rank's rows, so with a cache a rank's rows must not change from
     epoch to epoch. Each rank owns its :func:`fixed_share` (``N // W`` rows, so batch
@@ -537,16 +534,10 @@ def plan_cached_epoch(
         parts_per_chunk, chunk_rows = None, max(int(share_rows.sum()), 1)
     sub = plan_epoch(
         share_rows,
-        batch_size=batch_size,
         shuffle=bool(shuffle),
-        seed=seed,
-        epoch=epoch,
-        worker=worker,
-        num_workers=num_workers,
         parts_per_chunk=parts_per_chunk,
         chunk_rows=chunk_rows,
-        drop_last=drop_last,
-        shuffle_within_batch=shuffle_within_batch,
+        **options,
     )
     pieces = sub.partitions
     return replace(
