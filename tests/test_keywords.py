@@ -132,6 +132,27 @@ def test_keras_takes_the_cores_names_too():
 
 
 @pytest.mark.tensorflow
+def test_keras_takes_every_loader_keyword():
+    from tabloader.tensorflow import KerasSequenceLoader
+
+    loader = KerasSequenceLoader(
+        TABLE, cat_names=["user"], cont_names=["x"], label_names=["y"], batch_size=10,
+        cat_dtype="int32", cont_dtype="float64", label_dtype="int64", chunk_rows=10, prefetch=2,
+        shuffle=False,
+    )  # fmt: skip
+    features, labels = loader[0]
+    assert (features["user"].dtype.name, features["x"].dtype.name) == ("int32", "float64")
+    assert labels.dtype.name == "int64" and labels.numpy().tolist() == [0, 1] * 5
+    assert (loader.loader.chunk_rows, loader.loader.prefetch) == (10, 2)
+    with pytest.raises(tabloader.InvalidArgumentError, match="buffer_size and chunk_rows both"):
+        KerasSequenceLoader(TABLE, cat_names=["user"], label_names=["y"], batch_size=2,
+                            buffer_size=4, chunk_rows=4)  # fmt: skip
+    with pytest.raises(TypeError, match=r"KerasSequenceLoader\(\) .* 'layout'"):
+        KerasSequenceLoader(TABLE, cat_names=["user"], label_names=["y"], batch_size=2,
+                            layout="stacked")  # fmt: skip
+
+
+@pytest.mark.tensorflow
 def test_keras_without_labels_fails_at_construction_unless_told_it_predicts():
     from tabloader.tensorflow import KerasSequenceLoader
 
