@@ -79,6 +79,9 @@ _DISK_RESERVE_FRACTION = 0.05
 _INTERLEAVE_ROWS = 4096
 _GATHER_THREADS = 4
 """Most threads gathering a cached epoch's batch windows at once."""
+_TILE_ROWS = 2048
+"""Rows gathered at a time by :func:`take_transposed`: a tile of a wide block (26
+int64 columns: 416 KiB) stays in a core's L2 cache."""
 _WRITERS: dict[str, threading.Thread] = {}
 """Background writers of disk caches, by key digest, until a loader waits for one."""
 _WRITERS_LOCK = threading.Lock()
@@ -613,24 +616,39 @@ class DecodedCache:
     def _gather(
         self, arrays: Mapping[str, NDArray[Any]], rows: NDArray[np.int64], xp: Any
     ) -> list[Part]:
-        gathered = {name: xp.take(a, rows, axis=0) for name, a in arrays.items()}
-        return [(self._as_layout(gathered, xp), None)]
-
-    def _as_layout(self, gathered: Segment, xp: Any) -> Segment:
-        """Stored blocks as the layout's blocks: each kind's columns made contiguous."""
+        """The ``rows`` of the cache, in that order, as the layout's blocks."""
         if self.blocks == self.layout.blocks:
-            return gathered
+            return [({name: xp.take(a, rows, axis=0) for name, a in arrays.items()}, None)]
+        # Stored row-major per kind, delivered one contiguous column each: gathered and
+        # transposed in one pass into column-major blocks of one allocation.
+        shapes = [(b.name, len(b.columns), b.dtype) for b in self.blocks]
+        blocks = empty_segment(len(rows), shapes, xp, column_major=True)
         segment: Segment = {}
         for b in self.blocks:
-            rows = gathered[b.name]
-            # Column-major: column j of the block is one contiguous run.
-            (columns,) = empty_segment(
-                len(rows), [(b.name, len(b.columns), b.dtype)], xp, column_major=True
-            ).values()
-            np.copyto(columns, rows)
-            for j, c in enumerate(b.columns):
-                segment[c] = columns[:, j : j + 1]
-        return segment
+            take_transposed(arrays[b.name], rows, blocks[b.name])
+            segment.update((c, blocks[b.name][:, j : j + 1]) for j, c in enumerate(b.columns))
+        return [(segment, None)]
+
+
+def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[Any]) -> None:
+    """``out[i] = stored[rows[i]]`` for a row-major ``stored`` and a column-major ``out``.
+
+    A tile of :data:`_TILE_ROWS` rows at a time is gathered into a small row-major
+    scratch, which stays in the CPU's cache while it is transposed into ``out``: about
+    twice as fast as gathering the whole batch and then transposing it from memory.
+
+    Examples:
+        >>> stored = np.arange(12).reshape(6, 2)
+        >>> out = np.empty((3, 2), order="F", dtype=stored.dtype)
+        >>> take_transposed(stored, np.array([5, 0, 2]), out)
+        >>> out.tolist(), out.flags.f_contiguous
+        ([[10, 11], [0, 1], [4, 5]], True)
+    """
+    tile = np.empty((min(_TILE_ROWS, len(rows)), stored.shape[1]), stored.dtype)
+    for lo in range(0, len(rows), _TILE_ROWS):
+        part = rows[lo : lo + _TILE_ROWS]
+        np.take(stored, part, axis=0, out=tile[: len(part)])
+        out[lo : lo + len(part)] = tile[: len(part)]
 
 
 class _CacheBackend:
