@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 import time
@@ -35,6 +36,7 @@ __all__ = [
     "column_to_numpy",
     "list_column_to_ragged",
     "null_message",
+    "populated_empty",
 ]
 
 # Rows per step when interleaving columns into a row-major block: the rows being
@@ -69,6 +71,22 @@ def _map_memory(nbytes: int) -> mmap.mmap:
     """
     flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
     return mmap.mmap(-1, nbytes, flags=flags)
+
+
+def populated_empty(shape: tuple[int, ...], dtype: Any) -> NDArray[Any]:
+    """An empty array in fresh memory mapped in at once (see :func:`_map_memory`), for a
+    large array filled right away, such as a decoded cache; freed with the array.
+
+    Examples:
+        >>> a = populated_empty((3, 2), "float32")
+        >>> a.shape, a.dtype, a.flags.writeable, a.ctypes.data % 4096
+        ((3, 2), dtype('float32'), True, 0)
+    """
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    return np.frombuffer(_map_memory(nbytes), dtype, count=math.prod(shape)).reshape(shape)
 
 
 class BufferPool:
