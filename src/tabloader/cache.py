@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -79,6 +80,8 @@ _DISK_RESERVE_FRACTION = 0.05
 _INTERLEAVE_ROWS = 4096
 _GATHER_THREADS = 4
 """Most threads gathering a cached epoch's batch windows at once."""
+_WRITER_NICENESS = 10
+"""Niceness of the thread writing a disk cache out while epochs are served (Linux)."""
 _TILE_ROWS = 2048
 """Rows gathered at a time by :func:`take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
@@ -473,6 +476,11 @@ class DecodedCache:
         weakref.finalize(writer, writer.join)
 
     def _persist_or_warn(self, arrays: dict[str, NDArray[Any]], temp: Path) -> None:
+        if sys.platform.startswith("linux"):
+            # Copying a gigabyte into the page cache takes seconds of CPU: on Linux a
+            # thread has its own priority, so this one yields to the epochs being served.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICENESS)
         try:
             self._persist(arrays, temp)
         except Exception as error:  # the loader goes on from memory; the user is told
