@@ -112,6 +112,23 @@ def test_pooled_memory_is_bounded_by_what_is_lent_at_once():
     assert pool.idle_bytes() == pool.pooled_bytes()
 
 
+def test_pooled_memory_lets_go_of_a_buffer_it_no_longer_lends():
+    # Two chunks in flight as a rule, three at a rare moment: the third chunk's buffer
+    # is released once the pool has gone on without it, rather than kept for good.
+    pool = BufferPool()
+    chunk = (1 << 20,)  # 8 MiB of int64
+    lent = [pool.empty(chunk, "int64") for _ in range(3)]
+    assert pool.pooled_bytes() == 3 * (8 << 20)
+    del lent[1:]
+    for _ in range(40):
+        lent.append(pool.empty(chunk, "int64"))
+        lent.pop(0)
+    assert pool.pooled_bytes() == 2 * (8 << 20)
+    # Buffers in use all along are kept.
+    del lent
+    assert pool.idle_bytes() == pool.pooled_bytes() == 2 * (8 << 20)
+
+
 def test_pooled_memory_is_mapped_in_ahead_and_page_aligned():
     pool = BufferPool()
     a = pool.empty((3, 1 << 17), "float32")

@@ -37,6 +37,7 @@ from tabloader.errors import (
     PerformanceWarning,
     TabloaderError,
 )
+from tabloader.memory import release_arrow_memory
 from tabloader.options import (
     column_names,
     flag,
@@ -923,6 +924,7 @@ class BatchIterator:
         except StopIteration:
             self.position.finished = True
             self._finish()
+            release_arrow_memory()  # the epoch's threads have ended
             raise
         except BaseException:
             self._finish()
@@ -944,6 +946,7 @@ class BatchIterator:
         self._finish()
         self._stage.close()
         self._remaining = 0
+        release_arrow_memory()
 
     def __enter__(self) -> BatchIterator:
         return self

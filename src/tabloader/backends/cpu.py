@@ -101,7 +101,9 @@ class BufferPool:
     What the pool keeps is bounded by what the loader holds at once, not by the data:
     requests are rounded up to size classes (so buffers are interchangeable), and idle
     buffers, smallest first, are released whenever keeping them would take the pool
-    beyond ``slack`` times the most it ever had lent out at once. Arrays are 64-byte
+    beyond ``slack`` times the most it ever had lent out at once. It keeps what the
+    loader keeps using, not all that a rare moment needed: an idle buffer not lent again
+    while the pool lent ``stale_after`` times that most is released. Arrays are 64-byte
     aligned (page aligned, in fact).
 
     Examples:
@@ -120,13 +122,19 @@ class BufferPool:
     """Buffers kept at most; idle ones beyond this are released."""
     slack = 1.0
     """Pooled bytes kept at most, as a multiple of the most bytes ever lent at once."""
+    stale_after = 4.0
+    """An idle buffer is released once the pool has lent this multiple of the most bytes
+    ever lent at once without lending that buffer. In a steady stream a chunk's buffer is
+    lent again after about two chunks' worth of blocks and batches, well within that; a
+    buffer mapped for a rare moment (a third chunk in flight, an extra batch queued)
+    would otherwise stay resident for good, and memory crept up from epoch to epoch."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._buffers: list[mmap.mmap] = []
         self._leases: list[weakref.ref[memoryview] | None] = []
-        self._used: list[int] = []  # when each buffer was last lent (a counter)
-        self._clock = 0
+        self._used: list[int] = []  # when each buffer was last lent (the clock then)
+        self._clock = 0  # bytes lent so far
         self._peak_lent = 0
 
     def _idle(self, i: int) -> bool:
@@ -166,11 +174,12 @@ class BufferPool:
                 self._leases.append(None)
                 self._used.append(0)
                 best = len(self._buffers) - 1
-            self._clock += 1
+            self._clock += len(self._buffers[best])
             self._used[best] = self._clock
             view = memoryview(self._buffers[best])[:nbytes]
             flat = np.frombuffer(view, dtype=dtype)
             self._leases[best] = weakref.ref(flat.base)  # type: ignore[arg-type]
+            self._release_stale()
         return flat.reshape(shape)
 
     def _release_idle(self, idle: list[bool], room: int) -> None:
@@ -188,7 +197,21 @@ class BufferPool:
             total -= len(self._buffers[i])
             count -= 1
             drop.add(i)
-        keep = [i for i in range(len(self._buffers)) if i not in drop]
+        self._keep([i for i in range(len(self._buffers)) if i not in drop])
+
+    def _release_stale(self) -> None:
+        """Release the idle buffers not lent for a long while (see ``stale_after``)."""
+        horizon = self.stale_after * self._peak_lent
+        stale = {
+            i
+            for i in range(len(self._buffers))
+            if self._clock - self._used[i] > horizon and self._idle(i)
+        }
+        if stale:
+            self._keep([i for i in range(len(self._buffers)) if i not in stale])
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only buffers ``keep`` (indices, in order); the others are released."""
         self._buffers = [self._buffers[i] for i in keep]
         self._leases = [self._leases[i] for i in keep]
         self._used = [self._used[i] for i in keep]
