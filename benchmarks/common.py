@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 CASE_MODULES = ("cases_core", "cases_torch", "cases_tensorflow", "cases_gpu", "cases_cache")
 """Case modules, in report order; missing ones are skipped."""
@@ -48,3 +49,14 @@ class Case:
     every_size: bool = True
     """False: run at the smallest dataset size only (a baseline stopping on a row budget,
     whose rate does not depend on the size of the data)."""
+
+
+def fill_doc(path: Path, table: str, begin: str, end: str) -> None:
+    """Replace the section of ``path`` between the markers ``begin`` and ``end`` with
+    ``table``: the figures in docs are generated, never typed."""
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path} has no section marked {begin!r} ... {end!r}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")

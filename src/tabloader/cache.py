@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import secrets
 import shutil
@@ -55,6 +56,7 @@ import numpy as np
 from tabloader.backends.cpu import decode_ahead, decode_pieces, populated_empty
 from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
+from tabloader.memory import address
 from tabloader.plan import fixed_share
 
 if TYPE_CHECKING:
@@ -80,6 +82,10 @@ _DISK_RESERVE_FRACTION = 0.05
 _INTERLEAVE_ROWS = 4096
 _GATHER_THREADS = 4
 """Most threads gathering a cached epoch's batch windows at once."""
+_PAGE = 4096
+"""Alignment of direct writes: memory, file offsets and sizes (a disk block or page)."""
+_DIRECT_WRITE_BYTES = 64 << 20
+"""Bytes per system call when a cache file is written directly."""
 _WRITER_NICENESS = 10
 """Niceness of the thread writing a disk cache out while epochs are served (Linux)."""
 _TILE_ROWS = 2048
@@ -501,10 +507,7 @@ class DecodedCache:
             if mapping is not None:
                 mapping.flush()
                 continue
-            with open(temp / f"block{i}.npy", "wb") as f:
-                np.lib.format.write_array(f, array, allow_pickle=False)
-                f.flush()
-                os.fsync(f.fileno())
+            write_npy(temp / f"block{i}.npy", array)
         manifest = {
             "format": FORMAT,
             "key": self.key,
@@ -735,6 +738,80 @@ def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]
             yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def write_npy(path: Path, array: NDArray[Any]) -> None:
+    """Write ``array`` (C-contiguous) to ``path`` as an ``.npy`` file and sync it.
+
+    Where the system allows (``O_DIRECT``, a page-aligned array such as the decoded
+    cache's), the file is written straight from the array's memory to the disk: no copy
+    into the page cache, which for a gigabyte costs seconds of CPU in the writer thread,
+    taken from the epochs being served meanwhile. The header is padded so the data
+    starts on a page boundary, as direct writes require; the last partial page is written
+    through the page cache. Anywhere else (no ``O_DIRECT``, a file system that refuses
+    it, an unaligned array) the file is written through the page cache.
+
+    Examples:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "a.npy"
+        >>> write_npy(path, np.arange(6.0).reshape(3, 2))
+        >>> np.load(path).tolist()
+        [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    """
+    header = _npy_header(array, _PAGE)
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    direct = getattr(os, "O_DIRECT", 0)
+    whole = len(data) - len(data) % _PAGE
+    if direct and whole and address(array) % _PAGE == 0:
+        try:
+            _write_direct(path, header, data, whole, direct)
+            return
+        except OSError:
+            pass  # not on this file system: the page cache then
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_direct(path: Path, header: bytes, data: memoryview, whole: int, direct: int) -> None:
+    """``header`` and the first ``whole`` bytes of ``data`` (full pages) with
+    ``O_DIRECT``, the rest through the page cache, then sync."""
+    import fcntl  # POSIX only, like O_DIRECT
+
+    page = mmap.mmap(-1, len(header))  # direct writes need page-aligned memory
+    page.write(header)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+    try:
+        _write_all(fd, memoryview(page))
+        for start in range(0, whole, _DIRECT_WRITE_BYTES):
+            _write_all(fd, data[start : min(start + _DIRECT_WRITE_BYTES, whole)])
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~direct)
+        _write_all(fd, data[whole:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        page.close()
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while len(view):
+        view = view[os.write(fd, view) :]
+
+
+def _npy_header(array: NDArray[Any], align: int) -> bytes:
+    """An ``.npy`` (version 1.0) header for ``array``, padded to a multiple of ``align``."""
+    fields = {
+        "descr": np.lib.format.dtype_to_descr(array.dtype),
+        "fortran_order": False,
+        "shape": array.shape,
+    }
+    text = repr(fields).encode("latin1")
+    prefix = len(np.lib.format.MAGIC_PREFIX) + 2 + 2  # magic, version, header length
+    size = -(-(prefix + len(text) + 1) // align) * align
+    text += b" " * (size - prefix - len(text) - 1) + b"\n"
+    return np.lib.format.magic(1, 0) + len(text).to_bytes(2, "little") + text
 
 
 def _mapping(array: NDArray[Any]) -> np.memmap[Any, Any] | None:
