@@ -44,7 +44,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from itertools import pairwise
@@ -597,11 +597,29 @@ class DecodedCache:
 
     # -- serving --------------------------------------------------------------------
 
+    def delivery_rows(self, plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:
+        """The cache rows of chunk ``chunk`` of ``plan`` in delivery order; None when
+        the chunk is served as views of the cache (stored order, stored layout)."""
+        order = plan.batch_order(chunk)
+        if order is None and self.blocks == self.layout.blocks:
+            return None
+        pieces = plan.pieces(chunk)
+        rows = np.concatenate(
+            [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
+        )
+        return rows if order is None else rows[order]
+
     def chunk_parts(
-        self, arrays: Mapping[str, NDArray[Any]], plan: EpochPlan, chunk: int, xp: Any
+        self,
+        arrays: Mapping[str, NDArray[Any]],
+        plan: EpochPlan,
+        chunk: int,
+        rows: NDArray[np.int64] | None,
+        xp: Any,
     ) -> Iterator[Callable[[], list[Part]]]:
         """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``, as tasks that
-        gather them (run in order by :func:`_run_ahead`, several at once).
+        gather them (run in order by :func:`_run_ahead`, several at once); ``rows`` are
+        its :meth:`delivery_rows`.
 
         Without shuffling, the chunk's pieces are zero-copy views of the cache. With
         shuffling, each batch's rows are gathered from the cache in the plan's order,
@@ -609,9 +627,8 @@ class DecodedCache:
         are stored row-major per kind, so a gathered row is a few contiguous cache
         lines, not one random access per column.
         """
-        pieces = plan.pieces(chunk)
-        order = plan.batch_order(chunk)
-        if order is None and self.blocks == self.layout.blocks:
+        if rows is None:
+            pieces = plan.pieces(chunk)
             first = [int(self._base[p]) + s for p, s, _ in pieces]
             views: list[Part] = [
                 ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
@@ -619,11 +636,6 @@ class DecodedCache:
             ]
             yield lambda: views
             return
-        rows = np.concatenate(
-            [np.arange(self._base[p] + s, self._base[p] + e, dtype=np.int64) for p, s, e in pieces]
-        )
-        if order is not None:
-            rows = rows[order]
         for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
             yield partial(self._gather, arrays, rows[lo:hi], xp)
 
@@ -679,11 +691,12 @@ class _CacheBackend:
         if not self.write:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
-            yield from _run_ahead(
-                task
-                for chunk in range(plan.num_chunks)
-                for task in cache.chunk_parts(served, plan, chunk, self.xp)
-            )
+            with contextlib.closing(_rows_ahead(cache, plan)) as orders:
+                yield from _run_ahead(
+                    task
+                    for chunk, rows in enumerate(orders)
+                    for task in cache.chunk_parts(served, plan, chunk, rows, self.xp)
+                )
             return
         arrays, temp = cache._new_arrays()
         published = False
@@ -692,20 +705,21 @@ class _CacheBackend:
         decoded = decode_ahead(request, columns, lists=False)
         served = _read_only(arrays)
 
-        def tasks() -> Iterator[Callable[[], list[Part]]]:
+        def tasks(orders: Iterator[NDArray[np.int64] | None]) -> Iterator[Callable[[], list[Part]]]:
             # A chunk's windows are gathered once its rows are written; meanwhile the
             # gather threads still work on the previous chunk's.
-            for chunk in range(plan.num_chunks):
+            for chunk, rows in enumerate(orders):
                 s = plan.chunk_pieces(chunk)
                 for p, a, _ in pieces[s]:
                     piece = next(decoded)
                     started = time.perf_counter()
                     cache._write(arrays, int(cache._base[p]) + a, piece)
                     stats.assemble_seconds += time.perf_counter() - started
-                yield from cache.chunk_parts(served, plan, chunk, self.xp)
+                yield from cache.chunk_parts(served, plan, chunk, rows, self.xp)
 
         try:
-            yield from _run_ahead(tasks())
+            with contextlib.closing(_rows_ahead(cache, plan)) as orders:
+                yield from _run_ahead(tasks(orders))
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
                 missing, decode_pieces(request, missing, columns, lists=False), strict=True
@@ -718,6 +732,20 @@ class _CacheBackend:
             decoded.close()
             if not published and temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
+
+
+def _rows_ahead(cache: DecodedCache, plan: EpochPlan) -> Generator[NDArray[np.int64] | None]:
+    """Each chunk's :meth:`DecodedCache.delivery_rows`, in order, the next chunk's drawn
+    in a thread of its own while the current one's batches are gathered: permuting a
+    chunk's rows takes as long as gathering a few of its batches."""
+    with ThreadPoolExecutor(1, thread_name_prefix="tabloader-order") as pool:
+        ahead = pool.submit(cache.delivery_rows, plan, 0) if plan.num_chunks else None
+        for chunk in range(plan.num_chunks):
+            assert ahead is not None
+            rows = ahead.result()
+            if chunk + 1 < plan.num_chunks:
+                ahead = pool.submit(cache.delivery_rows, plan, chunk + 1)
+            yield rows
 
 
 def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
