@@ -17,6 +17,7 @@ data while the other ranks wait.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -123,6 +124,12 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         history.append(mean)
         if rank == 0:
             print(f"epoch {epoch}: train loss {mean:.4f} ({time.perf_counter() - started:.1f} s)")
+    # The model (its DDP reducer) holds the process group: let go of it and destroy the
+    # group while Python is running, so its worker threads are joined now. A group
+    # left to the interpreter's exit can abort the process there (a worker finishing a
+    # collective on a tensor Python no longer looks after).
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
     return history
 
