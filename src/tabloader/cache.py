@@ -44,7 +44,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from itertools import pairwise
@@ -58,6 +58,7 @@ from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
 from tabloader.memory import address
 from tabloader.plan import fixed_share
+from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -734,18 +735,15 @@ class _CacheBackend:
                 shutil.rmtree(temp, ignore_errors=True)
 
 
-def _rows_ahead(cache: DecodedCache, plan: EpochPlan) -> Generator[NDArray[np.int64] | None]:
+def _rows_ahead(cache: DecodedCache, plan: EpochPlan) -> Prefetcher[NDArray[np.int64] | None]:
     """Each chunk's :meth:`DecodedCache.delivery_rows`, in order, the next chunk's drawn
     in a thread of its own while the current one's batches are gathered: permuting a
     chunk's rows takes as long as gathering a few of its batches."""
-    with ThreadPoolExecutor(1, thread_name_prefix="tabloader-order") as pool:
-        ahead = pool.submit(cache.delivery_rows, plan, 0) if plan.num_chunks else None
-        for chunk in range(plan.num_chunks):
-            assert ahead is not None
-            rows = ahead.result()
-            if chunk + 1 < plan.num_chunks:
-                ahead = pool.submit(cache.delivery_rows, plan, chunk + 1)
-            yield rows
+    return Prefetcher(
+        lambda: (cache.delivery_rows(plan, chunk) for chunk in range(plan.num_chunks)),
+        depth=1,
+        name="tabloader-order",
+    )
 
 
 def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:

@@ -89,8 +89,8 @@ def _shutdown(thread: threading.Thread, q: queue.Queue[Any], stop: threading.Eve
             q.get_nowait()
     except queue.Empty:
         pass
-    if thread is not threading.current_thread():
-        thread.join(_JOIN_SECONDS)
+    if thread.ident is not None and thread is not threading.current_thread():
+        thread.join(_JOIN_SECONDS)  # (a thread that never started has nothing to join)
 
 
 class Prefetcher(Generic[T]):
