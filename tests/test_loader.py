@@ -269,6 +269,7 @@ def test_fill_null_replaces_nulls(tmp_path):
         ({"parts_per_chunk": 0}, "parts_per_chunk must be a positive integer"),
         ({"global_size": 2, "global_rank": 2}, r"global_rank must be in \[0, 2\)"),
         ({"global_rank": -1}, "global_rank must be a non-negative integer"),
+        ({"global_size": 0}, "global_size must be a positive integer"),
         ({"shuffle": True, "global_size": 2}, "pass the same seed= on every rank"),
         ({"seed": -3}, "seed must be a non-negative integer"),
         ({"layout": "rows"}, "layout must be 'columns' or 'stacked'"),

@@ -785,10 +785,11 @@ def write_npy(path: Path, array: NDArray[Any]) -> None:
         [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
     """
     header = _npy_header(array, _PAGE)
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    contiguous = np.ascontiguousarray(array)
+    data = contiguous.reshape(-1).view(np.uint8).data
     direct = getattr(os, "O_DIRECT", 0)
     whole = len(data) - len(data) % _PAGE
-    if direct and whole and address(array) % _PAGE == 0:
+    if direct and whole and address(contiguous) % _PAGE == 0:
         try:
             _write_direct(path, header, data, whole, direct)
             return

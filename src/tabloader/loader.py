@@ -218,7 +218,8 @@ class Loader:
             written: a :class:`CacheWarning` says so once and every epoch streams.
 
     Distributed:
-        global_rank, global_size: This process's rank and the number of ranks. Every rank
+        global_rank, global_size: This process's rank and the number of ranks (default,
+            or None: 0 and 1). Every rank
             gets ``len(dataset) // global_size`` rows and the same number of batches; the
             ranks' rows are disjoint. Pass the same ``seed`` on every rank. With a
             ``cache``, each rank keeps the same rows every epoch (its share of the
@@ -309,7 +310,9 @@ class Loader:
         self.parts_per_chunk = optional_positive(parts_per_chunk, "parts_per_chunk")
         chunk_rows = optional_positive(chunk_rows, "chunk_rows")
         self.prefetch = int_at_least(prefetch, 1, "prefetch")
-        global_rank, global_size = (0 if global_rank is None else global_rank), global_size or 1
+        # None (an adapter's "not given") is the default: rank 0 of 1.
+        global_rank = 0 if global_rank is None else global_rank
+        global_size = 1 if global_size is None else global_size
         self.global_size = int_at_least(global_size, 1, "global_size")
         self.global_rank = int_at_least(global_rank, 0, "global_rank")
         if self.global_rank >= self.global_size:

@@ -128,7 +128,8 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
             )
         keras.utils.PyDataset.__init__(self)
         if feature_columns is not None:
-            named = [k for k in ("cat_names", "cats", "cont_names", "conts") if options.get(k)]
+            names = ("cat_names", "cats", "cont_names", "conts")
+            named = [k for k in names if options.get(k) is not None]
             if named:
                 raise InvalidArgumentError("give feature_columns or cat_names/cont_names, not both")
             options["cat_names"], options["cont_names"] = feature_column_names(feature_columns)
