@@ -39,7 +39,6 @@ def parser(
     doc: str,
     *,
     data: Path,
-    synthetic: Path,
     rows: int,
     epochs: int,
     batch_size: int,
@@ -49,7 +48,9 @@ def parser(
     genres: bool = False,
 ) -> argparse.ArgumentParser:
     """The flags every training script takes, with this script's defaults (and, with
-    ``genres``, ``--without-genres`` for the MovieLens scripts)."""
+    ``genres``, ``--without-genres`` for the MovieLens scripts). Generated data goes
+    to ``data/synthetic``."""
+    synthetic = data / "synthetic"
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0],
         epilog=f"Without --data, the data is read from {_shown(data)}; with --synthetic "

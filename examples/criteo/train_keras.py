@@ -74,7 +74,6 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     parser = common.parser(
         __doc__,
         data=DEFAULT_DATA,
-        synthetic=DEFAULT_DATA / "synthetic",
         rows=500_000,
         epochs=2,
         batch_size=8192,

@@ -78,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = common.parser(
         __doc__,
         data=DEFAULT_DATA,
-        synthetic=DEFAULT_DATA / "synthetic",
         rows=200_000,
         epochs=2,
         batch_size=4096,

@@ -83,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     parser = common.parser(
         __doc__,
         data=DEFAULT_DATA,
-        synthetic=DEFAULT_DATA / "synthetic",
         rows=100_000,
         epochs=3,
         batch_size=1024,

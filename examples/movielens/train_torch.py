@@ -135,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     return common.parser(
         __doc__,
         data=DEFAULT_DATA,
-        synthetic=DEFAULT_DATA / "synthetic",
         rows=100_000,
         epochs=3,
         batch_size=1024,
