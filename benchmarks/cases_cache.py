@@ -31,10 +31,7 @@ def _cached_epochs(ctx: Context, shuffle: Any) -> Callable[[], Callable[[], int]
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         loader = tabloader.Loader(
             ctx.files,
-            cats=ctx.cats,
-            conts=ctx.conts,
-            labels=ctx.labels,
-            batch_size=ctx.batch_size,
+            **ctx.loader_options,
             shuffle=shuffle,
             seed=0,
             device="cpu",

@@ -30,7 +30,7 @@ def decode_limit(ctx: Context) -> Case:
     def make() -> Callable[[], int]:
         import pyarrow.parquet as pq
 
-        columns = ctx.cats + ctx.conts + ctx.labels
+        columns = ctx.columns
 
         def run() -> int:
             rows = 0
@@ -54,7 +54,7 @@ def _decoded(ctx: Context) -> dict[str, np.ndarray]:
     peak memory near the size of the result)."""
     import pyarrow.parquet as pq
 
-    columns = ctx.cats + ctx.conts + ctx.labels
+    columns = ctx.columns
     arrays = {
         name: np.empty(ctx.rows, np.int64 if name in ctx.cats else np.float32) for name in columns
     }
@@ -95,10 +95,7 @@ def loader_cases(ctx: Context) -> list[Case]:
 
             built = tabloader.Loader(
                 ctx.files,
-                cats=ctx.cats,
-                conts=ctx.conts,
-                labels=ctx.labels,
-                batch_size=ctx.batch_size,
+                **ctx.loader_options,
                 seed=0,
                 device=ctx.device,
                 **options,
@@ -129,7 +126,7 @@ def in_memory_baseline(ctx: Context) -> Case:
     def make() -> Callable[[], int]:
         import pandas as pd
 
-        columns = ctx.cats + ctx.conts + ctx.labels
+        columns = ctx.columns
         frames = [pd.read_parquet(p, columns=columns) for p in ctx.files]
         arrays = {
             name: np.concatenate([f[name].to_numpy() for f in frames]).astype(

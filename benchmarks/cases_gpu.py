@@ -34,19 +34,13 @@ def cases(ctx: Context) -> list[Case]:
 
     if not gpu_usable():
         return []
-    options: dict[str, Any] = {
-        "cats": ctx.cats,
-        "conts": ctx.conts,
-        "labels": ctx.labels,
-        "batch_size": ctx.batch_size,
-        "seed": 0,
-    }
+    options: dict[str, Any] = {**ctx.loader_options, "seed": 0}
 
     def decode() -> Callable[[], int]:
         from tabloader.backends.gpu import import_gpu
 
         cudf, cupy, device = import_gpu()
-        columns = [*ctx.cats, *ctx.conts, *ctx.labels]
+        columns = ctx.columns
 
         def run() -> int:
             rows = 0

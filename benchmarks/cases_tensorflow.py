@@ -39,10 +39,7 @@ def cases(ctx: Context) -> list[Case]:
 
             loader = KerasSequenceLoader(
                 ctx.files,
-                batch_size=ctx.batch_size,
-                cat_names=ctx.cats,
-                cont_names=ctx.conts,
-                label_names=ctx.labels,
+                **ctx.loader_options,
                 shuffle=shuffle,
                 seed=0,
                 device=None if ctx.device == "cpu" else ctx.device,
@@ -77,7 +74,7 @@ def _tf_data_case(ctx: Context) -> Case:
         import pandas as pd
         import tensorflow as tf
 
-        columns = ctx.cats + ctx.conts + ctx.labels
+        columns = ctx.columns
         frame = pd.concat(
             [pd.read_parquet(f, columns=columns) for f in ctx.files], ignore_index=True
         )

@@ -38,10 +38,7 @@ def adapter_cases(ctx: Context) -> list[Case]:
 
             dataset = TorchAsyncItr(
                 tabloader.Dataset(ctx.files),
-                cats=ctx.cats,
-                conts=ctx.conts,
-                labels=ctx.labels,
-                batch_size=ctx.batch_size,
+                **ctx.loader_options,
                 shuffle=shuffle,
                 seed=0,
                 device=ctx.device,
@@ -76,7 +73,7 @@ class RowDataset:
         import pandas as pd
 
         frame = pd.concat(
-            [pd.read_parquet(p, columns=ctx.cats + ctx.conts + ctx.labels) for p in ctx.files],
+            [pd.read_parquet(p, columns=ctx.columns) for p in ctx.files],
             ignore_index=True,
         )
         self.cats = frame[ctx.cats].to_numpy(dtype=np.int64, copy=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CASE_MODULES = ("cases_core", "cases_torch", "cases_tensorflow", "cases_gpu", "cases_cache")
 """Case modules, in report order; missing ones are skipped."""
@@ -32,6 +33,21 @@ class Context:
     """Rows in the dataset (one epoch)."""
     device: str = "cpu"
     """``"cpu"``, or ``"cuda"`` when run with ``--device cuda``."""
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column the cases read: cats, conts, labels."""
+        return [*self.cats, *self.conts, *self.labels]
+
+    @property
+    def loader_options(self) -> dict[str, Any]:
+        """The columns and batch size as tabloader's loaders take them."""
+        return {
+            "cats": self.cats,
+            "conts": self.conts,
+            "labels": self.labels,
+            "batch_size": self.batch_size,
+        }
 
 
 @dataclass
