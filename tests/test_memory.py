@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import tabloader
+
 MiB = 2**20
 # Row groups of uneven sizes: chunks, and the rows carried between them, differ in size
 # from one chunk to the next, which is what made buffers pile up.
@@ -55,7 +57,7 @@ held = rss()
 pa.default_memory_pool().release_unused()
 held -= rss()
 print(json.dumps({"base": base, "peak": max(peak(), *after), "after": after, "rows": rows,
-                  "pooled": pooled, "arrow_held": held}))
+                  "pooled": pooled, "arrow_held": held, "pandas": "pandas" in sys.modules}))
 """
 
 
@@ -137,6 +139,25 @@ def test_arrow_memory_is_given_back_when_an_epoch_ends(tmp_path):
     measured = _run(paths, epochs=2)
     held = measured["arrow_held"] / MiB
     assert held <= 8, f"Arrow's allocator still held {held:.0f} MiB after the epoch"
+
+
+def test_reading_does_not_import_pandas(tmp_path):
+    # Arrow's to_numpy imports pandas on first use: tens of MiB and a pause in the first
+    # epoch, for a library the loader never uses.
+    measured = _run(_write(tmp_path / "data", 1), epochs=1)
+    assert measured["rows"] == sum(ROW_GROUPS)
+    assert measured["pandas"] is False
+
+
+def test_unshuffled_batches_are_read_only_views_of_the_decoded_data(tmp_path):
+    paths = _write(tmp_path / "data", 1)
+    loader = tabloader.Loader(paths, cats=["c0"], conts=["x"], batch_size=1000)
+    batch = next(iter(loader))
+    for array in batch.values():
+        assert not array.flags.writeable and not array.flags.owndata
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 0
+    assert batch["c0"].tolist() == list(range(1000))
 
 
 @pytest.mark.tensorflow

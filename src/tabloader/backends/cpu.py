@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
-from itertools import islice, pairwise
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 
     from tabloader.backends import Piece, ReadRequest
     from tabloader.batches import Block, Part, Segment
-    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -42,9 +43,6 @@ __all__ = [
 # Rows per step when interleaving columns into a row-major block: the rows being
 # written stay in cache while each of the columns is copied in.
 _BLOCK_ROWS = 4096
-# Largest gather source staged through a scratch buffer first (measured to pay off up
-# to a few MiB, while it stays in cache).
-_STAGE_BYTES = 1 << 22
 
 
 def _size_class(nbytes: int) -> int:
@@ -61,16 +59,33 @@ def _size_class(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
-def _map_memory(nbytes: int) -> mmap.mmap:
-    """Fresh, page-aligned, private anonymous memory, its pages mapped in at once.
+# madvise(2) advice that maps pages in for writing (Linux 5.14 and later).
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
-    ``MAP_POPULATE`` maps every page in one system call instead of one page fault per
-    page on first touch. The memory is not marked for transparent huge pages (numpy
-    marks its large arrays), so the kernel never stalls compacting memory to find them:
-    both were the cost of a loader's first epoch.
+
+def _map_memory(nbytes: int, used: int | None = None) -> mmap.mmap:
+    """Fresh, page-aligned, private anonymous memory of ``nbytes``, its first ``used``
+    bytes (all by default) mapped in at once.
+
+    Mapping the pages in with one system call is several times faster than one page
+    fault per page on first touch; the rest of a buffer rounded up to its size class is
+    left unmapped, so it takes no memory until a larger request reuses the buffer. The
+    memory is not marked for transparent huge pages (numpy marks its large arrays), so
+    the kernel never stalls compacting memory to find them: both were the cost of a
+    loader's first epoch. Where the advice is unknown (older kernels, other systems),
+    pages are mapped in on first touch.
+
+    Examples:
+        >>> memory = _map_memory(1 << 20, used=4096)
+        >>> len(memory)
+        1048576
     """
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(-1, nbytes, flags=flags)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    used = nbytes if used is None else min(used, nbytes)
+    if used and sys.platform == "linux":
+        with contextlib.suppress(OSError):  # (an older kernel) first touch maps them in
+            memory.madvise(_MADV_POPULATE_WRITE, 0, -(-used // mmap.PAGESIZE) * mmap.PAGESIZE)
+    return memory
 
 
 def populated_empty(shape: tuple[int, ...], dtype: Any) -> NDArray[Any]:
@@ -170,7 +185,7 @@ class BufferPool:
                 lent = sum(len(b) for b, free in zip(self._buffers, idle, strict=True) if not free)
                 self._peak_lent = max(self._peak_lent, lent + size)
                 self._release_idle(idle, room=size)
-                self._buffers.append(_map_memory(size))
+                self._buffers.append(_map_memory(size, used=nbytes))
                 self._leases.append(None)
                 self._used.append(0)
                 best = len(self._buffers) - 1
@@ -229,7 +244,6 @@ class PooledNumpy:
 
     def __init__(self, pool: BufferPool) -> None:
         self.pool = pool
-        self._local = threading.local()
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
         return self.pool.empty(shape, dtype)
@@ -245,25 +259,10 @@ class PooledNumpy:
             shape = list(array.shape)
             shape[axis] = len(indices)
             out = self.empty(tuple(shape), array.dtype)
-        if axis == 0 and array.nbytes <= _STAGE_BYTES:
-            array = self._staged(array)
         # Indices come from a permutation of the rows, so they are in range: "clip" skips
         # the bounds-checking copy numpy makes in its default mode.
         np.take(array, indices, axis=axis, out=out, mode="clip")
         return out
-
-    def _staged(self, array: NDArray[Any]) -> NDArray[Any]:
-        """``array`` copied into this thread's scratch buffer, which stays in cache.
-
-        A random gather from memory not in cache waits on nearly every access; copying
-        the source first streams it in at full speed.
-        """
-        stage = getattr(self._local, "stage", None)
-        if stage is None:
-            stage = self._local.stage = np.empty(_STAGE_BYTES, np.uint8)
-        source = stage[: array.nbytes].view(array.dtype).reshape(array.shape)
-        np.copyto(source, array)
-        return source
 
     def concatenate(
         self, arrays: Sequence[NDArray[Any]], axis: int = 0, out: NDArray[Any] | None = None
@@ -296,7 +295,32 @@ def column_to_numpy(
             column = column.chunk(0)
         elif column.num_chunks == 0:
             return np.empty(0, dtype=column.type.to_pandas_dtype())
-    return np.asarray(column.to_numpy(zero_copy_only=False))
+    return array_to_numpy(column)
+
+
+def array_to_numpy(array: pa.Array[Any] | pa.ChunkedArray[Any]) -> NDArray[Any]:
+    """An Arrow array without nulls as numpy: a zero-copy view of its values buffer for
+    numbers in one chunk, else ``to_numpy``.
+
+    The view keeps Arrow's buffer alive and is read-only, as ``to_numpy``'s would be;
+    unlike ``to_numpy`` it does not import pandas (tens of MiB and a noticeable pause).
+
+    Examples:
+        >>> array_to_numpy(pa.array([1.5, 2.5], pa.float32()).slice(1)).tolist()
+        [2.5]
+        >>> array_to_numpy(pa.array([True, False])).tolist()
+        [True, False]
+    """
+    kind = array.type
+    if isinstance(array, pa.Array) and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        dtype = np.dtype(kind.to_pandas_dtype())
+        buffer: Any = array.buffers()[1]  # Arrow's buffer protocol, not typed as such
+        values: NDArray[Any] = np.frombuffer(
+            buffer, dtype, len(array), array.offset * dtype.itemsize
+        )
+        values.flags.writeable = False
+        return values
+    return np.asarray(array.to_numpy(zero_copy_only=False))
 
 
 def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str) -> Ragged:
@@ -315,7 +339,7 @@ def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str
         if fill is None:
             raise NullValuesError(null_message(name, values.null_count, where + " (inside lists)"))
         values = pc.fill_null(values, pa.scalar(fill).cast(values.type))
-    return Ragged(np.asarray(values.to_numpy(zero_copy_only=False)), offsets)
+    return Ragged(array_to_numpy(values), offsets)
 
 
 def _is_list(column: pa.ChunkedArray[Any] | pa.Array[Any]) -> bool:
@@ -354,51 +378,27 @@ class CPUBackend:
                 if order is None:
                     yield [(self._piece_segment(a, blocks, stats), None) for a in arrays]
                     continue
-                yield self._shuffled_parts(arrays, order, plan, chunk, blocks, stats)
+                places = inverse_permutation(order)
+                yield [(self._ordered_segment(arrays, places, blocks, stats), None)]
         finally:
             decoded.close()
 
-    def _shuffled_parts(
-        self,
-        pieces: Iterable[dict[str, NDArray[Any]]],
-        order: NDArray[np.int64],
-        plan: EpochPlan,
-        chunk: int,
-        blocks: Sequence[Block],
-        stats: StatsRecorder,
-    ) -> list[Part]:
-        """A chunk's decoded pieces as parts delivering its rows in ``order``.
-
-        The rows are dealt into their batches first (one sequential pass); then each
-        batch is gathered in order from its own window of the dealt chunk. Two passes
-        with good locality beat one random pass over the whole chunk.
-        """
-        if plan.shuffle_within_batch:
-            places = inverse_permutation(plan.deal(chunk, order))
-            segment = self._dealt_segment(pieces, places, blocks, stats)
-            index = places[order]
-        else:  # the order is already dealt into batches: they are slices of the chunk
-            segment = self._dealt_segment(pieces, inverse_permutation(order), blocks, stats)
-            return [(segment, None)]
-        bounds = plan.batch_bounds(chunk).tolist()
-        return [
-            ({name: a[lo:hi] for name, a in segment.items()}, index[lo:hi] - lo)
-            for lo, hi in pairwise(bounds)
-        ]
-
-    def _dealt_segment(
+    def _ordered_segment(
         self,
         pieces: Iterable[dict[str, NDArray[Any]]],
         places: NDArray[np.int64],
         blocks: Sequence[Block],
         stats: StatsRecorder,
     ) -> Segment:
-        """A chunk with row ``i`` written at ``places[i]``, for rows dealt into batches.
+        """A chunk with row ``i`` written at ``places[i]``: its rows in delivery order,
+        so that every batch is a slice of it.
 
-        Every decoded value is written once, straight to its place. Rows dealt into
-        batches keep their stored order within each, so the writes go to one
-        sequential run per batch. Blocks are row-major, so a batch's rows are gathered
-        whole, and a batch of rows in stored order is a slice.
+        Every decoded value is written once, straight to its place: one scatter per
+        column, into a column of a few MiB that stays in the CPU's cache (rows dealt
+        into batches in stored order, ``shuffle_within_batch=False``, are written in
+        one sequential run per batch). Columns of a stacked block are interleaved a few
+        thousand rows at a time and written out a whole row at a time. List columns
+        stay where they are and are reordered lazily, as each batch is cut.
         """
         segment = empty_segment(
             len(places),
