@@ -186,10 +186,28 @@ def test_worker_ranges_are_batch_aligned():
 
 def test_chunk_offsets_by_parts_and_by_rows():
     assert chunk_offsets(np.array([5, 5, 5, 5, 5]), parts_per_chunk=2).tolist() == [0, 2, 4, 5]
-    assert chunk_offsets(np.array([1, 9, 1, 1, 1]), chunk_rows=3).tolist() == [0, 2, 5]
+    # At most chunk_rows rows a chunk; a bigger piece is a chunk of its own.
+    assert chunk_offsets(np.array([1, 9, 1, 1, 1]), chunk_rows=3).tolist() == [0, 1, 2, 5]
     assert chunk_offsets(np.array([], dtype=np.int64), chunk_rows=3).tolist() == [0]
     with pytest.raises(ValueError, match="exactly one"):
         chunk_offsets(np.array([1]), parts_per_chunk=1, chunk_rows=1)
+
+
+@given(
+    rows=st.lists(st.integers(0, 50), max_size=30),
+    chunk_rows=st.integers(1, 120),
+)
+def test_chunks_by_rows_are_the_largest_that_stay_within_chunk_rows(rows, chunk_rows):
+    pieces = np.array(rows, dtype=np.int64)
+    bounds = chunk_offsets(pieces, chunk_rows=chunk_rows).tolist()
+    assert bounds[0] == 0 and bounds[-1] == len(rows) and bounds == sorted(set(bounds))
+    for lo, hi in itertools.pairwise(bounds):
+        held = int(pieces[lo:hi].sum())
+        # Within the bound (memory), unless one piece is bigger on its own ...
+        assert held <= chunk_rows or np.count_nonzero(pieces[lo:hi]) == 1
+        # ... and as full as it can be: the next piece would not have fitted.
+        if hi < len(rows):
+            assert held + rows[hi] > chunk_rows
 
 
 def test_shuffled_chunks_are_read_in_dataset_order():

@@ -137,14 +137,15 @@ def chunk_offsets(
     """Boundaries (indices into the pieces) of the chunks the pieces are grouped into.
 
     With ``parts_per_chunk`` every chunk holds that many pieces (the last one fewer);
-    with ``chunk_rows`` pieces are added to a chunk until it holds at least that many
-    rows. Exactly one of the two must be given.
+    with ``chunk_rows`` pieces are added to a chunk as long as it holds at most that
+    many rows, so that ``chunk_rows`` bounds a chunk's memory (a piece larger than that
+    is a chunk of its own). Exactly one of the two must be given.
 
     Examples:
         >>> chunk_offsets(np.array([5, 5, 5]), parts_per_chunk=2).tolist()
         [0, 2, 3]
-        >>> chunk_offsets(np.array([3, 3, 3, 3]), chunk_rows=5).tolist()
-        [0, 2, 4]
+        >>> chunk_offsets(np.array([3, 3, 3, 2, 9, 1]), chunk_rows=6).tolist()
+        [0, 2, 4, 5, 6]
     """
     n = len(piece_rows)
     if (parts_per_chunk is None) == (chunk_rows is None):
@@ -155,10 +156,10 @@ def chunk_offsets(
     bounds = [0]
     filled = 0
     for i, rows in enumerate(piece_rows.tolist()):
-        filled += rows
-        if filled >= chunk_rows:
-            bounds.append(i + 1)
+        if filled and filled + rows > chunk_rows:
+            bounds.append(i)
             filled = 0
+        filled += rows
     if bounds[-1] != n:
         bounds.append(n)
     return np.asarray(bounds, dtype=np.int64)
