@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,41 @@ def test_arrow_memory_is_given_back_when_an_epoch_ends(tmp_path):
     measured = _run(paths, epochs=2)
     held = measured["arrow_held"] / MiB
     assert held <= 8, f"Arrow's allocator still held {held:.0f} MiB after the epoch"
+
+
+def test_a_slow_consumer_holds_two_shuffled_chunks_not_three(tmp_path):
+    # Batches are views of their chunk. The reader lays out the next chunk only once the
+    # one before the last is let go: prefetch=1 means the chunk being cut and one more.
+    from tabloader.backends.cpu import _size_class
+
+    paths = _write(tmp_path / "data", 1)
+    loader = tabloader.Loader(
+        paths, cats=CATS, conts=["x", "y", "z"], labels=["label"], batch_size=8192,
+        shuffle=True, seed=0, chunk_rows=100_000, prefetch=1,
+    )  # fmt: skip
+    rows = []
+    for batch in loader:
+        time.sleep(0.002)  # the training step: the loader runs ahead and waits
+        rows.append(batch["c0"].copy())  # (a view would keep the chunk)
+    assert sorted(np.concatenate(rows).tolist()) == list(range(sum(ROW_GROUPS)))
+    chunk = _size_class(100_000 * 112 + 64 * 16)  # the largest chunk, aligned blocks
+    assert loader.backend.xp.pool.peak_lent_bytes <= 2 * chunk
+
+
+def test_a_consumer_that_keeps_every_batch_still_gets_them_all(tmp_path):
+    # Every chunk stays held, so the reader cannot wait for one to be let go: it goes on
+    # once the batcher has nothing left to cut.
+    paths = _write(tmp_path / "data", 1)
+    loader = tabloader.Loader(
+        paths, cats=["c0"], conts=["x"], batch_size=8192, shuffle=True, seed=0,
+        chunk_rows=50_000,
+    )  # fmt: skip
+    started = time.monotonic()
+    batches = list(loader)
+    assert time.monotonic() - started < 30
+    assert sorted(np.concatenate([b["c0"] for b in batches]).tolist()) == list(
+        range(sum(ROW_GROUPS))
+    )
 
 
 def test_reading_does_not_import_pandas(tmp_path):

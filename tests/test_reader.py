@@ -25,8 +25,31 @@ def test_the_producer_stays_at_most_depth_items_ahead():
     prefetcher = Prefetcher(items, depth=2)
     assert next(prefetcher) == 0
     time.sleep(0.3)
-    # One taken, two queued, one waiting to be put.
-    assert len(produced) <= 4
+    # One taken and two ahead of it (for chunks: the consumer's and two more in memory).
+    assert produced == [0, 1, 2]
+    assert next(prefetcher) == 1
+    time.sleep(0.3)
+    assert produced == [0, 1, 2, 3]
+    prefetcher.close()
+
+
+def test_starved_is_set_while_the_consumer_waits_for_an_item():
+    gate = threading.Event()
+
+    def items():
+        yield 0
+        gate.wait()
+        yield 1
+
+    prefetcher = Prefetcher(items, depth=1)
+    assert next(prefetcher) == 0
+    assert not prefetcher.starved.is_set()
+    waiter = threading.Thread(target=next, args=(prefetcher,))
+    waiter.start()
+    assert prefetcher.starved.wait(2)
+    gate.set()
+    waiter.join(2)
+    assert not prefetcher.starved.is_set()
     prefetcher.close()
 
 

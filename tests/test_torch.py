@@ -205,6 +205,7 @@ def test_closing_an_epoch_stops_its_threads(paths):
         "tabloader-batcher",
         "tabloader-reader",
         "tabloader-decoder",
+        "tabloader-order",  # the next chunk's row order, drawn ahead
     }
     epoch.close()
     assert [t.name for t in started if t.is_alive()] == []

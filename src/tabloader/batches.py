@@ -33,6 +33,7 @@ __all__ = [
     "value_rows",
     "Segment",
     "cut_batches",
+    "detached",
     "drop_leading_rows",
     "empty_segment",
     "lists_as_output",
@@ -229,6 +230,26 @@ def cut_batches(
         del part
     if pending_rows and not drop_last:
         yield layout.deliver(_concat(pending, xp))
+
+
+def detached(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """``batch`` with every array that is a view into a larger buffer copied out of it.
+
+    The loader delivers an epoch's last batch detached: a training loop's loop variable
+    keeps that batch past the end of the epoch, and as a view it would keep its whole
+    chunk in memory while the next epoch fills its first chunks. One batch's copy an
+    epoch costs little; list columns (gathered afresh) are left as they are.
+
+    Examples:
+        >>> chunk = np.arange(10)
+        >>> batch = detached({"a": chunk[8:], "b": np.arange(2)})
+        >>> batch["a"].base is None, batch["a"].tolist()
+        (True, [8, 9])
+    """
+    return {
+        key: value.copy() if getattr(value, "base", None) is not None else value
+        for key, value in batch.items()
+    }
 
 
 def drop_leading_rows(parts: Iterable[Part], rows: int) -> Iterator[Part]:

@@ -22,6 +22,7 @@ from tabloader.batches import (
     Layout,
     Part,
     cut_batches,
+    detached,
     drop_leading_rows,
     lists_as_output,
 )
@@ -195,14 +196,16 @@ class Loader:
         shuffle_within_batch: With ``False``, a shuffled batch delivers its rows in
             stored order. Which rows share a batch is exactly as random; only the order
             inside the batch, which a loss summed over the batch does not see, is not.
-            Saves a pass over the data on the CPU (the measured speed-up is in
-            ``benchmarks/results/cpu.md`` and docs/performance.md).
+            On the CPU the rows are then written sequentially rather than scattered
+            (the measured speed-up is in ``benchmarks/results/cpu.md`` and
+            docs/performance.md).
         seed: Seed of all randomness; the same seed and epoch give the same batches on
             every machine. None draws a fresh seed when the loader is created.
         parts_per_chunk: Partitions (row groups) read and shuffled together.
-        chunk_rows: Alternatively, the least number of rows per chunk. Without either,
-            chunks hold about 128 MiB of decoded data. Bigger chunks mix rows from more
-            row groups; memory holds about ``prefetch + 2`` chunks.
+        chunk_rows: Alternatively, the most rows a chunk holds (whole row groups; a
+            bigger row group is a chunk of its own). Without either, chunks hold at most
+            128 MiB of decoded data. Bigger chunks mix rows from more row groups; memory
+            holds at most about ``prefetch + 2`` chunks.
         prefetch: Chunks decoded ahead of the one being cut into batches.
 
     Caching:
@@ -988,11 +991,17 @@ def _batch_stream(
     stop: threading.Event,
 ) -> Iterator[tuple[int, Any]]:
     """Batcher thread: shuffle each chunk, cut batches, transform them."""
+    waiting = threading.Event()  # set while the batcher waits for a chunk
+    request = ReadRequest(
+        dataset, plan, layout.blocks, fill_null, stats, chunks_ahead=prefetch,
+        consumer_waiting=waiting,
+    )  # fmt: skip
     chunks = Prefetcher(
-        partial(_read_chunks, backend, ReadRequest(dataset, plan, layout.blocks, fill_null, stats)),
+        partial(_read_chunks, backend, request),
         depth=prefetch,
         name="tabloader-reader",
         linked=stop,
+        starved=waiting,
     )
     upstream_wait = 0.0
 
@@ -1021,6 +1030,8 @@ def _batch_stream(
             batch = next(batches, None)
             if batch is None:
                 break
+            if delivered == plan.num_batches - 1:
+                batch = detached(batch)  # lets go of the last chunk when the epoch ends
             rows = int(next(iter(batch.values())).shape[0])
             result = batch if transform is None else transform(batch)
             stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)

@@ -20,7 +20,7 @@ How an epoch is laid out:
    batch-aligned ranges, so only the last worker can hold the short batch and the
    rank's batch count is unchanged.
 5. **Chunks.** The worker's rows, as pieces of partitions, are grouped into chunks of
-   ``parts_per_chunk`` pieces or of at least ``chunk_rows`` rows. Batches are cut from
+   ``parts_per_chunk`` pieces or of at most ``chunk_rows`` rows. Batches are cut from
    the stream of chunk rows; a chunk's remainder is carried into the next chunk's first
    batch, so every batch but the epoch's last is full.
 6. **Permutation.** When shuffling, a permutation seeded by
@@ -28,7 +28,7 @@ How an epoch is laid out:
    chunk's stream, and so its batch. With ``shuffle_within_batch=False`` the rows of
    each batch are then delivered in stored order: which rows share a batch is exactly
    as random, only the order inside a batch (which a loss summed over the batch does
-   not see) is not, and the CPU backend saves a pass over the data.
+   not see) is not, and the CPU backend writes each batch's rows sequentially.
 7. **Resume.** A worker that already delivered ``k`` batches of an epoch continues at
    row ``k * batch_size`` of its stream (every delivered batch but the epoch's last is
    full). :meth:`EpochPlan.resume` keeps the chunks from the one holding that row on,

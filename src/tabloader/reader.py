@@ -7,7 +7,10 @@ and gathering (numpy) release the GIL, so both overlap the consumer's own work.
 
 Guarantees:
 
-- The queue is bounded, so a producer is at most ``depth`` items ahead.
+- A producer is at most ``depth`` items ahead, counting the one it is producing: it
+  starts an item only when fewer than ``depth`` are waiting, so that (for chunks of a
+  hundred megabytes) memory holds the consumer's item and ``depth`` more, not one more
+  finished item parked while the next is made.
 - An exception in the producer is re-raised in the consumer, with its traceback.
 - :meth:`Prefetcher.close` (also run when the prefetcher is garbage-collected) stops the
   thread at its next step: a producer waiting on a full queue wakes within
@@ -50,38 +53,37 @@ def _stopped(stops: tuple[threading.Event, ...]) -> bool:
     return any(event.is_set() for event in stops)
 
 
-def _put(q: queue.Queue[Any], item: object, stops: tuple[threading.Event, ...]) -> bool:
-    """Put ``item`` unless one of ``stops`` is set first; returns whether it was put."""
+def _acquire(slots: threading.Semaphore, stops: tuple[threading.Event, ...]) -> bool:
+    """Take a free slot unless one of ``stops`` is set first; returns whether it did."""
     while not _stopped(stops):
-        try:
-            q.put(item, timeout=_POLL_SECONDS)
+        if slots.acquire(timeout=_POLL_SECONDS):
             return True
-        except queue.Full:
-            continue
     return False
 
 
 def _produce(
     make_items: Callable[[], Iterator[Any]],
-    q: queue.Queue[Any],
+    q: queue.SimpleQueue[Any],
+    slots: threading.Semaphore,
     stops: tuple[threading.Event, ...],
 ) -> None:
     items = None
     try:
         items = make_items()
-        for item in items:
-            if not _put(q, item, stops):
+        while _acquire(slots, stops):
+            item = next(items, _END)
+            q.put(item)
+            if item is _END:
                 return
-        _put(q, _END, stops)
     except BaseException as error:  # re-raised in the consumer, never swallowed
-        _put(q, _Failure(error), stops)
+        q.put(_Failure(error))
     finally:
         close = getattr(items, "close", None)
         if close is not None:
             close()
 
 
-def _shutdown(thread: threading.Thread, q: queue.Queue[Any], stop: threading.Event) -> None:
+def _shutdown(thread: threading.Thread, q: queue.SimpleQueue[Any], stop: threading.Event) -> None:
     stop.set()
     # Free the queued items now rather than when the last reference goes.
     try:
@@ -98,11 +100,13 @@ class Prefetcher(Generic[T]):
 
     Args:
         make_items: Called once in the thread; returns the iterator to drain.
-        depth: Queue capacity (items produced but not yet taken).
+        depth: Items ahead of the one the consumer last took: waiting, or being produced.
         name: Thread name, for debuggers and ``threading.enumerate()``.
         stop: The event this stage sets when it is closed (a new one by default).
         linked: The stop event of the stage this one feeds: when that stage is closed,
             this one stops too (closing this one leaves that one alone).
+        starved: The event to set while the consumer waits and no item is ready (a
+            new one by default; the producer may watch it).
 
     Examples:
         >>> from tabloader.reader import Prefetcher
@@ -118,13 +122,20 @@ class Prefetcher(Generic[T]):
         name: str = "tabloader-prefetch",
         stop: threading.Event | None = None,
         linked: threading.Event | None = None,
+        starved: threading.Event | None = None,
     ) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._slots = threading.Semaphore(depth)  # items waiting or being produced
         self._stop = stop if stop is not None else threading.Event()
         self._stops = (self._stop,) if linked is None else (self._stop, linked)
         self._done = False
+        self.starved = starved if starved is not None else threading.Event()
+        """Set while the consumer waits for an item and none is ready."""
         self._thread = threading.Thread(
-            target=_produce, args=(make_items, self._queue, self._stops), name=name, daemon=True
+            target=_produce,
+            args=(make_items, self._queue, self._slots, self._stops),
+            name=name,
+            daemon=True,
         )
         self._finalizer = weakref.finalize(self, _shutdown, self._thread, self._queue, self._stop)
         self._thread.start()
@@ -139,9 +150,12 @@ class Prefetcher(Generic[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
+        if self._queue.empty():
+            self.starved.set()
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_SECONDS)
+                self.starved.clear()
                 break
             except queue.Empty:
                 if _stopped(self._stops):  # closed, here or further down a chain
@@ -158,6 +172,7 @@ class Prefetcher(Generic[T]):
         if isinstance(item, _Failure):
             self.close()
             raise item.error
+        self._slots.release()
         return item  # type: ignore[no-any-return]
 
     def close(self) -> None:

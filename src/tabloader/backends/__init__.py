@@ -9,6 +9,7 @@ seed gives the same batches everywhere.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +38,10 @@ class ReadRequest:
     fill_null: Mapping[str, float]
     """Replacement of nulls, per column."""
     stats: StatsRecorder
+    chunks_ahead: int = 1
+    """Chunks the reader may lay out ahead of the one being cut into batches."""
+    consumer_waiting: threading.Event | None = None
+    """Set while the consumer of the chunks waits for one (see :meth:`Backend.read_chunks`)."""
 
 
 class Backend(Protocol):
@@ -52,6 +57,11 @@ class Backend(Protocol):
         where the layout allows). Shuffled, it is parts that deliver the chunk's rows in
         :meth:`EpochPlan.batch_order <tabloader.plan.EpochPlan.batch_order>`: reordered
         up front, or gathered batch by batch through an index.
+
+        Batches cut from a chunk may be views that keep its memory: a backend holds
+        at most ``chunks_ahead`` chunks besides the one being cut, waiting for an older
+        chunk to be let go before laying out a new one, unless ``consumer_waiting`` says
+        the consumer has run out (it keeps batches, so the old chunk stays).
         """
         ...
 

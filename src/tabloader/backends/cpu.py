@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
     from tabloader.backends import Piece, ReadRequest
     from tabloader.batches import Block, Part, Segment
+    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "populated_empty",
 ]
 
+# How often a reader waiting for an older chunk to be let go looks again.
+_ROOM_POLL_SECONDS = 0.002
 # Rows per step when interleaving columns into a row-major block: the rows being
 # written stay in cache while each of the columns is copied in.
 _BLOCK_ROWS = 4096
@@ -135,7 +139,7 @@ class BufferPool:
     """Smaller arrays come from numpy directly."""
     max_buffers = 16
     """Buffers kept at most; idle ones beyond this are released."""
-    slack = 1.0
+    slack = 1.25
     """Pooled bytes kept at most, as a multiple of the most bytes ever lent at once."""
     stale_after = 4.0
     """An idle buffer is released once the pool has lent this multiple of the most bytes
@@ -159,6 +163,11 @@ class BufferPool:
     def idle_bytes(self) -> int:
         with self._lock:
             return sum(len(b) for i, b in enumerate(self._buffers) if self._idle(i))
+
+    @property
+    def peak_lent_bytes(self) -> int:
+        """The most bytes (of whole buffers) lent out at once so far."""
+        return self._peak_lent
 
     def pooled_bytes(self) -> int:
         """Bytes the pool holds, lent or idle."""
@@ -370,17 +379,22 @@ class CPUBackend:
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         plan, blocks, stats = request.plan, request.blocks, request.stats
         decoded = decode_ahead(request, [c for b in blocks for c in b.columns])
+        places = places_ahead(plan)
+        held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
         try:
-            for chunk in range(plan.num_chunks):
+            for chunk, chunk_places in zip(range(plan.num_chunks), places, strict=True):
                 s = plan.chunk_pieces(chunk)
                 arrays = islice(decoded, s.stop - s.start)
-                order = plan.batch_order(chunk)
-                if order is None:
+                if chunk_places is None:
                     yield [(self._piece_segment(a, blocks, stats), None) for a in arrays]
                     continue
-                places = inverse_permutation(order)
-                yield [(self._ordered_segment(arrays, places, blocks, stats), None)]
+                _wait_for_room(held, request)
+                segment = self._ordered_segment(arrays, chunk_places, blocks, stats)
+                held.append(weakref.ref(_owner(next(iter(segment.values())))))
+                yield [(segment, None)]
+                del segment
         finally:
+            places.close()
             decoded.close()
 
     def _ordered_segment(
@@ -498,6 +512,41 @@ def decode_ahead(
         depth=1,
         name="tabloader-decoder",
     )
+
+
+def _owner(array: Any) -> Any:
+    """The object that owns ``array``'s memory (a pooled buffer's memoryview)."""
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
+
+
+def _wait_for_room(held: deque[weakref.ref[Any]], request: ReadRequest) -> None:
+    """Wait until at most ``request.chunks_ahead`` of the chunks laid out before are
+    still held downstream (their batches are views), or the consumer runs out of chunks.
+
+    Without it a new chunk's memory was mapped while the one before the last was still
+    held by its last few batches, and the pool kept three chunks instead of two.
+    """
+    waiting = request.consumer_waiting
+    while waiting is not None:
+        for ref in [r for r in held if r() is None]:
+            held.remove(ref)
+        if len(held) <= request.chunks_ahead or waiting.wait(_ROOM_POLL_SECONDS):
+            return  # room, or the consumer keeps batches: lay out the next chunk anyway
+
+
+def places_ahead(plan: EpochPlan) -> Prefetcher[NDArray[np.int64] | None]:
+    """Each chunk's rows' places in its delivery order (None without shuffling), the
+    next chunk's drawn in a thread of its own while the current one is laid out, so that
+    the decoder, one piece ahead, is not kept waiting at every chunk boundary."""
+
+    def places() -> Iterator[NDArray[np.int64] | None]:
+        for chunk in range(plan.num_chunks):
+            order = plan.batch_order(chunk)
+            yield None if order is None else inverse_permutation(order)
+
+    return Prefetcher(places, depth=1, name="tabloader-order")
 
 
 def decode_pieces(
