@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CASE_MODULES = ("cases_core", "cases_torch", "cases_tensorflow", "cases_gpu", "cases_cache")
+CASE_MODULES = (
+    "cases_core",
+    "cases_torch",
+    "cases_tensorflow",
+    "cases_merlin",
+    "cases_gpu",
+    "cases_cache",
+)
 """Case modules, in report order; missing ones are skipped."""
 
 
@@ -65,6 +72,9 @@ class Case:
     every_size: bool = True
     """False: run at the smallest dataset size only (a baseline stopping on a row budget,
     whose rate does not depend on the size of the data)."""
+    interpreter: str | None = None
+    """The Python to run the case's process with, for a library that cannot share the
+    project's environment (None: the one running the benchmark)."""
 
 
 def fill_doc(path: Path, table: str, begin: str, end: str) -> None:

@@ -144,9 +144,18 @@ def run_child(case: Case, epochs: int) -> dict[str, Any]:
     }
 
 
-def spawn(name: str, args: argparse.Namespace, rows: int, epochs: int) -> dict[str, Any]:
+def spawn(
+    name: str, args: argparse.Namespace, rows: int, epochs: int, interpreter: str | None = None
+) -> dict[str, Any]:
+    env = None
+    if interpreter is not None:  # tabloader is not installed there: its source is
+        source = str(HERE.parent / "src")
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]),
+        }
     command = [
-        sys.executable,
+        interpreter or sys.executable,
         __file__,
         "--child",
         name,
@@ -160,7 +169,7 @@ def spawn(name: str, args: argparse.Namespace, rows: int, epochs: int) -> dict[s
         *("--device", args.device),
         *("--data", str(args.data)),
     ]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         print(f"    {name}: failed ({done.returncode}): {' | '.join(tail)}", flush=True)
@@ -189,7 +198,7 @@ def measure_size(
         print(f"  {rows:,} rows, round {r + 1}/{args.rounds}", flush=True)
         before = spawn(limit.name, args, rows, args.epochs)
         for case in others:
-            result = spawn(case.name, args, rows, args.epochs)
+            result = spawn(case.name, args, rows, args.epochs, case.interpreter)
             result["load_before"] = os.getloadavg()
             runs[case.name].append(result)
             if "error" not in result:
@@ -273,8 +282,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--from-json", type=Path, help="measure nothing: redraw the outputs from this report"
     )
+    parser.add_argument(
+        "--merlin-python",
+        help="a Python with merlin-dataloader installed: adds its case (see the README)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.merlin_python:
+        os.environ["MERLIN_PYTHON"] = args.merlin_python
     sizes = sorted(int(s) for s in args.sizes.split(","))
     args.epochs = max(args.epochs, 2)
 
@@ -450,6 +465,21 @@ PAIRS = (
         "Loader, shuffle",
     ),
     ("stacked [B, k] / columns, shuffle", "Loader, shuffle, stacked [B, k]", "Loader, shuffle"),
+    (
+        "Loader / merlin-dataloader, shuffle",
+        "Loader, shuffle",
+        "merlin-dataloader (PyTorch), shuffle",
+    ),
+    (
+        "TorchAsyncItr / merlin-dataloader, shuffle",
+        "TorchAsyncItr + DLDataLoader, shuffle",
+        "merlin-dataloader (PyTorch), shuffle",
+    ),
+    (
+        "Loader with disk cache / merlin-dataloader, shuffle",
+        "tabloader Loader, disk cache, shuffle",
+        "merlin-dataloader (PyTorch), shuffle",
+    ),
 )
 
 
@@ -477,7 +507,7 @@ def goals(report: dict[str, Any]) -> list[str]:
                 cells.append(f"{first:.2f} first, {later:.2f} later")
             else:
                 cells.append("-")
-        goal = ">= 0.9" if what.startswith("TorchAsyncItr") else ""
+        goal = ">= 8" if "merlin" in what else ">= 0.9" if what.startswith("TorchAsyncItr") else ""
         lines.append(f"| {what} | {goal} | {' | '.join(cells)} |")
     limit = sections[0]["results"][0]
     rss_cells = []
