@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -175,6 +176,24 @@ def test_a_consumer_that_keeps_every_batch_still_gets_them_all(tmp_path):
     assert sorted(np.concatenate([b["c0"] for b in batches]).tolist()) == list(
         range(sum(ROW_GROUPS))
     )
+
+
+def test_closing_an_epoch_whose_batches_are_still_held_ends_its_threads(tmp_path):
+    # The reader waits for old chunks to be let go; a closed epoch's reader must not.
+    paths = _write(tmp_path / "data", 1)
+    loader = tabloader.Loader(
+        paths, cats=["c0"], conts=["x"], batch_size=8192, shuffle=True, seed=0,
+        chunk_rows=50_000,
+    )  # fmt: skip
+    before = set(threading.enumerate())
+    epoch = iter(loader)
+    kept = [next(epoch) for _ in range(12)]  # views of the first chunks
+    time.sleep(0.2)  # the reader is waiting for them
+    started = time.monotonic()
+    epoch.close()
+    assert time.monotonic() - started < 5
+    assert [t.name for t in threading.enumerate() if t not in before] == []
+    assert len(kept) == 12
 
 
 def test_reading_does_not_import_pandas(tmp_path):

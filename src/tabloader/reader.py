@@ -83,8 +83,16 @@ def _produce(
             close()
 
 
-def _shutdown(thread: threading.Thread, q: queue.SimpleQueue[Any], stop: threading.Event) -> None:
+def _shutdown(
+    thread: threading.Thread,
+    q: queue.SimpleQueue[Any],
+    stop: threading.Event,
+    starved: threading.Event,
+) -> None:
     stop.set()
+    # A producer waiting for its consumer to need more goes on, to its next put, where it
+    # sees the stop: the consumer will take nothing more.
+    starved.set()
     # Free the queued items now rather than when the last reference goes.
     try:
         while True:
@@ -105,8 +113,8 @@ class Prefetcher(Generic[T]):
         stop: The event this stage sets when it is closed (a new one by default).
         linked: The stop event of the stage this one feeds: when that stage is closed,
             this one stops too (closing this one leaves that one alone).
-        starved: The event to set while the consumer waits and no item is ready (a
-            new one by default; the producer may watch it).
+        starved: The event to set while the consumer waits and no item is ready, and
+            once the stage is closed (a new one by default; the producer may watch it).
 
     Examples:
         >>> from tabloader.reader import Prefetcher
@@ -137,7 +145,9 @@ class Prefetcher(Generic[T]):
             name=name,
             daemon=True,
         )
-        self._finalizer = weakref.finalize(self, _shutdown, self._thread, self._queue, self._stop)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._thread, self._queue, self._stop, self.starved
+        )
         self._thread.start()
 
     @property
