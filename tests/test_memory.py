@@ -162,14 +162,19 @@ def test_a_slow_consumer_holds_two_shuffled_chunks_not_three(tmp_path):
     assert loader.backend.xp.pool.peak_lent_bytes <= 2 * chunk
 
 
-def test_a_consumer_that_keeps_every_batch_still_gets_them_all(tmp_path):
-    # Every chunk stays held, so the reader cannot wait for one to be let go: it goes on
-    # once the batcher has nothing left to cut.
+def _six_chunk_loader(tmp_path: Path) -> tabloader.Loader:
+    """A shuffled loader over one file whose epoch has six chunks, the rows' ids in c0."""
     paths = _write(tmp_path / "data", 1)
-    loader = tabloader.Loader(
+    return tabloader.Loader(
         paths, cats=["c0"], conts=["x"], batch_size=8192, shuffle=True, seed=0,
         chunk_rows=50_000,
     )  # fmt: skip
+
+
+def test_a_consumer_that_keeps_every_batch_still_gets_them_all(tmp_path):
+    # Every chunk stays held, so the reader cannot wait for one to be let go: it goes on
+    # once the batcher has nothing left to cut.
+    loader = _six_chunk_loader(tmp_path)
     started = time.monotonic()
     batches = list(loader)
     assert time.monotonic() - started < 30
@@ -180,11 +185,7 @@ def test_a_consumer_that_keeps_every_batch_still_gets_them_all(tmp_path):
 
 def test_closing_an_epoch_whose_batches_are_still_held_ends_its_threads(tmp_path):
     # The reader waits for old chunks to be let go; a closed epoch's reader must not.
-    paths = _write(tmp_path / "data", 1)
-    loader = tabloader.Loader(
-        paths, cats=["c0"], conts=["x"], batch_size=8192, shuffle=True, seed=0,
-        chunk_rows=50_000,
-    )  # fmt: skip
+    loader = _six_chunk_loader(tmp_path)
     before = set(threading.enumerate())
     epoch = iter(loader)
     kept = [next(epoch) for _ in range(12)]  # views of the first chunks

@@ -53,12 +53,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tabloader.backends.cpu import decode_ahead, decode_pieces, populated_empty
+from tabloader.backends.cpu import decode_ahead, decode_pieces, drawn_ahead, populated_empty
 from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
 from tabloader.memory import address
 from tabloader.plan import fixed_share
-from tabloader.reader import Prefetcher
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -689,10 +688,12 @@ class _CacheBackend:
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         cache, plan, stats = self.cache, request.plan, request.stats
+        # Each chunk's delivery rows, the next chunk's drawn while this one is gathered.
+        rows_ahead = partial(drawn_ahead, plan, partial(cache.delivery_rows, plan))
         if not self.write:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
-            with contextlib.closing(_rows_ahead(cache, plan)) as orders:
+            with contextlib.closing(rows_ahead()) as orders:
                 yield from _run_ahead(
                     task
                     for chunk, rows in enumerate(orders)
@@ -719,7 +720,7 @@ class _CacheBackend:
                 yield from cache.chunk_parts(served, plan, chunk, rows, self.xp)
 
         try:
-            with contextlib.closing(_rows_ahead(cache, plan)) as orders:
+            with contextlib.closing(rows_ahead()) as orders:
                 yield from _run_ahead(tasks(orders))
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
@@ -733,17 +734,6 @@ class _CacheBackend:
             decoded.close()
             if not published and temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
-
-
-def _rows_ahead(cache: DecodedCache, plan: EpochPlan) -> Prefetcher[NDArray[np.int64] | None]:
-    """Each chunk's :meth:`DecodedCache.delivery_rows`, in order, the next chunk's drawn
-    in a thread of its own while the current one's batches are gathered: permuting a
-    chunk's rows takes as long as gathering a few of its batches."""
-    return Prefetcher(
-        lambda: (cache.delivery_rows(plan, chunk) for chunk in range(plan.num_chunks)),
-        depth=1,
-        name="tabloader-order",
-    )
 
 
 def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:

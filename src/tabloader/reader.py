@@ -13,7 +13,7 @@ Guarantees:
   finished item parked while the next is made.
 - An exception in the producer is re-raised in the consumer, with its traceback.
 - :meth:`Prefetcher.close` (also run when the prefetcher is garbage-collected) stops the
-  thread at its next step: a producer waiting on a full queue wakes within
+  thread at its next step: a producer waiting for a free slot wakes within
   ``_POLL_SECONDS``; one busy reading finishes that read first.
 - The thread holds no reference to the :class:`Prefetcher`, so dropping the last
   reference (``break`` out of a ``for`` loop) collects it and stops the thread.
@@ -138,7 +138,7 @@ class Prefetcher(Generic[T]):
         self._stops = (self._stop,) if linked is None else (self._stop, linked)
         self._done = False
         self.starved = starved if starved is not None else threading.Event()
-        """Set while the consumer waits for an item and none is ready."""
+        """Set while the consumer waits for an item and none is ready, and once closed."""
         self._thread = threading.Thread(
             target=_produce,
             args=(make_items, self._queue, self._slots, self._stops),

@@ -58,7 +58,7 @@ class Backend(Protocol):
         :meth:`EpochPlan.batch_order <tabloader.plan.EpochPlan.batch_order>`: reordered
         up front, or gathered batch by batch through an index.
 
-        Batches cut from a chunk may be views that keep its memory: a backend holds
+        A backend whose batches are views of their chunk (the CPU's, shuffled) holds
         at most ``chunks_ahead`` chunks besides the one being cut, waiting for an older
         chunk to be let go before laying out a new one, unless ``consumer_waiting`` says
         the consumer has run out (it keeps batches, so the old chunk stays).

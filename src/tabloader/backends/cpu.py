@@ -10,10 +10,10 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,8 @@ __all__ = [
     "null_message",
     "populated_empty",
 ]
+
+T = TypeVar("T")
 
 # How often a reader waiting for an older chunk to be let go looks again.
 _ROOM_POLL_SECONDS = 0.002
@@ -379,7 +381,7 @@ class CPUBackend:
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         plan, blocks, stats = request.plan, request.blocks, request.stats
         decoded = decode_ahead(request, [c for b in blocks for c in b.columns])
-        places = places_ahead(plan)
+        places = drawn_ahead(plan, partial(_chunk_places, plan))
         held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
         try:
             for chunk, chunk_places in zip(range(plan.num_chunks), places, strict=True):
@@ -536,17 +538,22 @@ def _wait_for_room(held: deque[weakref.ref[Any]], request: ReadRequest) -> None:
             return  # room, or the consumer keeps batches: lay out the next chunk anyway
 
 
-def places_ahead(plan: EpochPlan) -> Prefetcher[NDArray[np.int64] | None]:
-    """Each chunk's rows' places in its delivery order (None without shuffling), the
-    next chunk's drawn in a thread of its own while the current one is laid out, so that
-    the decoder, one piece ahead, is not kept waiting at every chunk boundary."""
+def drawn_ahead(plan: EpochPlan, draw: Callable[[int], T]) -> Prefetcher[T]:
+    """``draw(chunk)`` for each chunk of ``plan`` in turn, the next chunk's drawn in a
+    thread of its own while the current one is used: permuting a chunk's rows takes as
+    long as laying out a good part of it, or gathering a few of its batches, and the
+    decoder, one piece ahead, would wait at every chunk boundary."""
+    return Prefetcher(
+        lambda: (draw(chunk) for chunk in range(plan.num_chunks)),
+        depth=1,
+        name="tabloader-order",
+    )
 
-    def places() -> Iterator[NDArray[np.int64] | None]:
-        for chunk in range(plan.num_chunks):
-            order = plan.batch_order(chunk)
-            yield None if order is None else inverse_permutation(order)
 
-    return Prefetcher(places, depth=1, name="tabloader-order")
+def _chunk_places(plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:
+    """Each of the chunk's rows' place in its delivery order; None without shuffling."""
+    order = plan.batch_order(chunk)
+    return None if order is None else inverse_permutation(order)
 
 
 def decode_pieces(
