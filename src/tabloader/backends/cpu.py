@@ -47,8 +47,10 @@ T = TypeVar("T")
 # How often a reader waiting for an older chunk to be let go looks again.
 _ROOM_POLL_SECONDS = 0.002
 # Rows per step when interleaving columns into a row-major block: the rows being
-# written stay in cache while each of the columns is copied in.
-_BLOCK_ROWS = 4096
+# written stay in the CPU's cache while each of the columns is copied in. Measured
+# (26 int64 columns): 1.06 ns a value at 16384 rows, 1.30 at 4096 (more calls, each
+# shorter), 1.21 for whole row groups.
+_BLOCK_ROWS = 16384
 
 
 def _size_class(nbytes: int) -> int:
@@ -458,11 +460,12 @@ class CPUBackend:
     ) -> None:
         """``out[rows[i], j] = arrays[j][i]``: columns interleaved, rows scattered.
 
-        A few thousand rows at a time are interleaved in a scratch block that stays in
-        cache, then written out row by row: every row of ``out`` is written once, whole,
-        where a column-by-column scatter would sweep all of ``out`` once per column.
-        Each row moves as one opaque item of its width (a quarter faster than numpy's
-        row-of-items copy, which sets up a strided copy per row).
+        Some thousands of rows at a time are interleaved in a scratch block, then
+        written out row by row: every row of ``out`` is written once, whole, where a
+        column-by-column scatter would sweep all of ``out`` once per column. Each row
+        moves as one opaque item of its width (a quarter faster than numpy's copy of a
+        row of items, which sets up a strided copy per row); the whole stacked layout
+        then costs what the column layout's scatters cost.
         """
         step = _BLOCK_ROWS
         scratch = np.empty((min(step, len(rows)), len(arrays)), out.dtype)
