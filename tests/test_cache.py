@@ -305,10 +305,40 @@ def test_a_second_loader_reads_only_the_cache(files, tmp_path, memory):
         assert second.stats().bytes_read == 0 and second.stats().read_seconds == 0
         for x, y in zip(expected[epoch], batches, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
-    mapped = [isinstance(a.base, np.memmap) for a in second.cache.arrays.values()]
-    assert all(mapped) if memory == "scarce" else not any(mapped)
+    # The files are mapped (shared with other processes, reclaimable), not copied.
+    assert all(isinstance(a.base, np.memmap) for a in second.cache.arrays.values())
     # 412 rows of int64 id and cat, float32 x and label
     assert second.stats().cache_bytes == ROWS * (8 + 8 + 4 + 4)
+
+
+def _resident_bytes(directory: Path) -> int:
+    """Bytes of this process's mappings of files under ``directory`` that are in memory."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = len(fields) >= 6 and fields[5].startswith(str(directory))
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_published_cache_that_fits_in_memory_is_read_in_when_opened(files, tmp_path, memory):
+    """A later loader maps the files and, when they fit in memory, reads them in at once
+    (large sequential reads), not page by page as shuffled gathers first touch them."""
+    options = dict(**COLS, batch_size=32, shuffle=True, seed=3, cache="disk")
+    first = tabloader.Loader(files, **options, cache_dir=tmp_path / "c")
+    run(first)
+    first.cache.wait()
+    del first
+    second = tabloader.Loader(files, **options, cache_dir=tmp_path / "c")
+    assert second.cache.lookup()
+    resident = _resident_bytes(tmp_path / "c")
+    if memory == "scarce":
+        assert resident == 0  # paged in on demand, as the gathers touch it
+    else:
+        assert resident >= second.cache.nbytes
 
 
 def test_memory_cache_serves_later_epochs_without_the_files(files):

@@ -96,6 +96,8 @@ _WRITER_NICENESS = 10
 _TILE_ROWS = 2048
 """Rows gathered at a time by :func:`take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+"""madvise(2) advice that maps a file's pages in, reading them (Linux 5.14 and later)."""
 _WRITERS: dict[str, threading.Thread] = {}
 """Background writers of disk caches, by key digest, until a loader waits for one."""
 _WRITERS_LOCK = threading.Lock()
@@ -316,10 +318,15 @@ class DecodedCache:
             writer.join()
 
     def _open(self, directory: Path, *, load: bool = False) -> dict[str, NDArray[Any]] | None:
-        """The published cache in ``directory`` if it is complete and has this key.
+        """The published cache in ``directory``, mapped, if it is complete and has this key.
 
-        With ``load``, a cache that fits in memory (see :meth:`_fits_in_memory`) is read
-        into memory rather than mapped.
+        The files are mapped, not copied: every process serving the cache shares the
+        operating system's page cache, which it can reclaim. With ``load``, a cache that
+        fits in memory (see :meth:`_fits_in_memory`) is read in at once, in large
+        sequential reads, rather than page by page as the shuffled gathers first touch
+        it. Measured from a cold disk (4M rows, 1 GB): a first shuffled epoch of 0.65 s,
+        against 1.5-2.1 s when the files were read into private memory; paging in on
+        demand made the gathers alone 1.7x slower than reading in and gathering.
         """
         try:
             manifest = json.loads((directory / MANIFEST).read_text())
@@ -327,18 +334,19 @@ class DecodedCache:
             return None
         if manifest.get("key") != self.key:
             return None
-        read = load and self._fits_in_memory()
         arrays = {}
         try:
             for b, entry in zip(self.blocks, manifest["blocks"], strict=True):
-                path = directory / entry["file"]
-                array = np.load(path, mmap_mode="r")
+                array = np.load(directory / entry["file"], mmap_mode="r")
                 if array.shape != (self.rows, len(b.columns)) or array.dtype != b.dtype:
                     return None
-                arrays[b.name] = np.load(path) if read else np.asarray(array)
+                arrays[b.name] = array
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return arrays
+        if load and self._fits_in_memory():
+            for array in arrays.values():
+                _read_in(array)
+        return {name: np.asarray(array) for name, array in arrays.items()}
 
     def why_not(self) -> str | None:
         """Why the cache cannot be written now (too big), or None when it fits."""
@@ -401,8 +409,8 @@ class DecodedCache:
 
     def _fits_in_memory(self) -> bool:
         """Whether a disk cache is small enough to be kept in memory too (a quarter of
-        the available memory): random row gathers from ordinary memory, which can use
-        huge pages, run about twice as fast as from a file mapping."""
+        the available memory): filled in memory, served from it at once and written out
+        in the background; read in at once when a later loader maps it."""
         available = _available_memory()
         return available is not None and self.nbytes <= available // 4
 
@@ -836,6 +844,20 @@ def _mapping(array: NDArray[Any]) -> np.memmap[Any, Any] | None:
     while base is not None and not isinstance(base, np.memmap):
         base = getattr(base, "base", None)
     return base if isinstance(base, np.memmap) else None
+
+
+def _read_in(array: np.memmap[Any, Any]) -> None:
+    """Map all of a file-mapped ``array`` in now, in large sequential reads where the
+    system allows (``MADV_POPULATE_READ``, Linux 5.14), else ask for it to be read ahead.
+    """
+    mapping = getattr(array, "_mmap", None)
+    if mapping is None or sys.platform != "linux":
+        return
+    try:
+        mapping.madvise(_MADV_POPULATE_READ)
+    except OSError:  # an older kernel: read ahead in the background instead
+        with contextlib.suppress(OSError):
+            mapping.madvise(mmap.MADV_WILLNEED)
 
 
 def _read_only(arrays: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
