@@ -45,6 +45,8 @@ from tabloader.backends.gpu import (
 from tabloader.batches import Layout
 from tabloader.device import DEVICE_ENV, default_device_spec, resolve_device
 from tabloader.errors import InvalidArgumentError, NullValuesError, TabloaderError
+from tabloader.reader import SplitWork
+from tabloader.stats import StatsRecorder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 INSTALL_HINT = r"pip install 'tabloader\[gpu\]'"
@@ -366,8 +368,11 @@ def test_assembly_matches_the_cpu_backend(stacked, concatenate, rows, seed):
     blocks = _layout(stacked).blocks
     pieces = _pieces(rows, seed)
     got = assemble_segments(pieces, blocks, concatenate=concatenate, xp=np)
-    cpu = CPUBackend()
-    per_piece = [cpu._piece_segment(p, blocks) for p in pieces]
+    cpu, work = CPUBackend(), SplitWork(2, name="tabloader-test")
+    try:
+        per_piece = [cpu._piece_segment(p, blocks, StatsRecorder(), work) for p in pieces]
+    finally:
+        work.close()
     if concatenate:
         expected = [{b.name: np.concatenate([s[b.name] for s in per_piece]) for b in blocks}]
     else:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tabloader.reader import Prefetcher
+from tabloader.reader import Prefetcher, SplitWork
 
 
 def test_items_arrive_in_order():
@@ -109,3 +109,60 @@ def test_the_producer_generator_is_closed_when_stopped():
     next(prefetcher)
     prefetcher.close()
     assert closed.wait(2)
+
+
+# -- SplitWork: one step's independent jobs on several threads -------------------------
+
+
+def test_split_work_runs_every_job_once_on_the_caller_and_the_helpers():
+    ran: list[tuple[int, str]] = []
+    work = SplitWork(2, name="tabloader-split-test")
+    jobs = [(w, lambda w=w: ran.append((w, threading.current_thread().name))) for w in (5, 4, 3, 2)]
+    work.run(jobs)
+    work.close()
+    assert sorted(w for w, _ in ran) == [2, 3, 4, 5]
+    threads = {name for _, name in ran}
+    assert threading.current_thread().name in threads
+    assert {name.split("_")[0] for name in threads} - {threading.current_thread().name} == {
+        "tabloader-split-test"
+    }
+    # Balanced by weight: 5 + 2 on one thread, 4 + 3 on the other.
+    by_thread: dict[str, int] = {}
+    for w, name in ran:
+        by_thread[name] = by_thread.get(name, 0) + w
+    assert sorted(by_thread.values()) == [7, 7]
+
+
+def test_split_work_raises_a_helpers_error_once_every_job_has_ended():
+    finished = threading.Event()
+
+    def slow() -> None:
+        time.sleep(0.2)
+        finished.set()
+
+    def failing() -> None:
+        raise ValueError("bad column")
+
+    work = SplitWork(2, name="tabloader-split-test")
+    with pytest.raises(ValueError, match="bad column"):
+        work.run([(2, slow), (1, failing)])  # the caller runs the heavier job
+    assert finished.is_set()
+    work.close()
+
+
+def test_split_work_on_one_thread_runs_jobs_in_the_caller_and_starts_none():
+    before = set(threading.enumerate())
+    names = []
+    work = SplitWork(1, name="tabloader-split-test")
+    work.run([(1, lambda: names.append(threading.current_thread().name))] * 3)
+    assert names == [threading.current_thread().name] * 3
+    assert set(threading.enumerate()) == before
+
+
+def test_split_work_close_ends_its_threads():
+    work = SplitWork(3, name="tabloader-split-test")
+    work.run([(1, lambda: time.sleep(0.01))] * 6)
+    helpers = [t for t in threading.enumerate() if t.name.startswith("tabloader-split-test")]
+    assert helpers
+    work.close()
+    assert not any(t.is_alive() for t in helpers)

@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tabloader  # noqa: E402
+from tabloader.reader import usable_cores  # noqa: E402
 from tabloader.torch import DLDataLoader, TorchAsyncItr, _as_tensor  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -201,11 +202,13 @@ def test_closing_an_epoch_stops_its_threads(paths):
     next(epoch)
     assert len(epoch) == -(-TOTAL // 32) - 1
     started = [t for t in threading.enumerate() if t not in before]
-    assert {t.name for t in started} == {
+    helpers = {"tabloader-layout"} if usable_cores() > 1 else set()
+    assert {t.name.split("_")[0] for t in started} == {
         "tabloader-batcher",
         "tabloader-reader",
         "tabloader-decoder",
         "tabloader-order",  # the next chunk's row order, drawn ahead
+        *helpers,  # threads laying out a chunk beside the reader
     }
     epoch.close()
     assert [t.name for t in started if t.is_alive()] == []

@@ -64,6 +64,7 @@ from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
 from tabloader.memory import address
 from tabloader.plan import fixed_share
+from tabloader.reader import usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -749,7 +750,7 @@ def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]
     Gathers release the GIL, so windows are gathered on several cores at once; at most
     two per thread are done or in progress, which bounds the memory they hold.
     """
-    threads = max(1, min(_GATHER_THREADS, os.cpu_count() or 1))
+    threads = max(1, min(_GATHER_THREADS, usable_cores()))
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
     pending: deque[Future[list[Part]]] = deque()
     try:

@@ -36,6 +36,7 @@ from tabloader.errors import (
 )
 from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
+from tabloader.reader import usable_cores
 
 __all__ = [
     "LOADER_THREADS",
@@ -48,7 +49,8 @@ __all__ = [
 ]
 
 LOADER_THREADS = 2
-"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool."""
+"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool
+and the reader's short-lived layout helpers."""
 LABEL_NAME = re.compile(r"label|target|click", re.IGNORECASE)
 """Column names taken for labels when suggesting columns."""
 
@@ -131,13 +133,6 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _thread_warning(torch_threads: int, cores: int) -> str | None:

@@ -1,6 +1,7 @@
 """Background prefetch: run a producer in a thread, hand its items over a bounded queue.
 
-:class:`Prefetcher` is the one threading primitive of tabloader. The loader chains two:
+:class:`Prefetcher` is tabloader's threading primitive (:class:`SplitWork` runs the
+independent jobs of one step on a few threads at once). The loader chains two:
 a reader that decodes the next chunks while the batcher shuffles and cuts the current
 one into batches, which wait in a short queue for the training loop. Decoding (pyarrow)
 and gathering (numpy) release the GIL, so both overlap the consumer's own work.
@@ -21,15 +22,17 @@ Guarantees:
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from tabloader.errors import TabloaderError
 
-__all__ = ["Prefetcher"]
+__all__ = ["Prefetcher", "SplitWork", "usable_cores"]
 
 T = TypeVar("T")
 
@@ -189,3 +192,66 @@ class Prefetcher(Generic[T]):
         """Stop the producer, drop queued items and wait for the thread to end."""
         self._done = True
         self._finalizer()
+
+
+class SplitWork:
+    """Independent jobs run by the calling thread and ``threads - 1`` helpers together.
+
+    The jobs of one call are grouped by weight into one group per thread; the caller
+    runs its group, then waits for the others', so every job has ended when
+    :meth:`run` returns or raises (the first error of any group is raised in the
+    caller). Helper threads start on first use and end at :meth:`close`.
+
+    Examples:
+        >>> done = []
+        >>> work = SplitWork(2, name="example")
+        >>> work.run([(3, lambda: done.append("a")), (1, lambda: done.append("b"))])
+        >>> work.close()
+        >>> sorted(done)
+        ['a', 'b']
+    """
+
+    def __init__(self, threads: int, *, name: str) -> None:
+        self.threads = max(1, threads)
+        self._name = name
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, jobs: Sequence[tuple[int, Callable[[], None]]]) -> None:
+        groups: list[list[Callable[[], None]]] = [[] for _ in range(min(self.threads, len(jobs)))]
+        loads = [0] * len(groups)
+        for weight, job in sorted(jobs, key=lambda j: -j[0]):
+            lightest = loads.index(min(loads))
+            groups[lightest].append(job)
+            loads[lightest] += weight
+        if len(groups) <= 1:
+            for job in groups[0] if groups else []:
+                job()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix=self._name)
+        futures = [self._pool.submit(_run_all, group) for group in groups[1:]]
+        errors: list[BaseException] = []
+        try:
+            _run_all(groups[0])
+        except BaseException as error:  # raised below, once every group has ended
+            errors.append(error)
+        errors.extend(e for e in (f.exception() for f in futures) if e is not None)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _run_all(jobs: Sequence[Callable[[], None]]) -> None:
+    for job in jobs:
+        job()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
