@@ -64,7 +64,7 @@ from tabloader.batches import empty_segment
 from tabloader.errors import CacheWarning, InvalidArgumentError
 from tabloader.memory import address
 from tabloader.plan import fixed_share
-from tabloader.reader import usable_cores
+from tabloader.reader import SplitWork, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -86,6 +86,8 @@ _TEMP_PREFIX = ".tmp-"
 _OWNER = "owner.json"
 _DISK_RESERVE_BYTES = 1 << 30
 _DISK_RESERVE_FRACTION = 0.05
+_WRITE_THREADS = 2
+"""Threads writing a decoded piece into a cache being filled, the reader's included."""
 _GATHER_THREADS = 4
 """Most threads gathering a cached epoch's batch windows at once."""
 _PAGE = 4096
@@ -571,12 +573,23 @@ class DecodedCache:
                 continue
 
     def _write(
-        self, arrays: dict[str, NDArray[Any]], first_row: int, piece: dict[str, Any]
+        self,
+        arrays: dict[str, NDArray[Any]],
+        first_row: int,
+        piece: dict[str, Any],
+        work: SplitWork,
     ) -> None:
-        """Cast one decoded piece's columns into their blocks' rows from ``first_row``."""
+        """Cast one decoded piece's columns into their blocks' rows from ``first_row``,
+        ``work``'s threads a share of the rows each."""
         n = len(next(iter(piece.values())))
+        step = -(-n // work.threads) or 1
+        jobs: list[tuple[int, Callable[[], None]]] = []
         for b in self.blocks:
-            interleave([piece[c] for c in b.columns], arrays[b.name][first_row : first_row + n])
+            for lo in range(0, n, step):
+                part = [piece[c][lo : lo + step] for c in b.columns]
+                out = arrays[b.name][first_row + lo : first_row + lo + len(part[0])]
+                jobs.append((len(part[0]) * len(part), partial(interleave, part, out)))
+        work.run(jobs)
 
     def missing_pieces(self, written: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """The share's rows not in ``written`` pieces, as ``(partition, start, stop)``.
@@ -714,6 +727,7 @@ class _CacheBackend:
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
         decoded = decode_ahead(request, columns, lists=False)
         served = _read_only(arrays)
+        work = SplitWork(min(_WRITE_THREADS, usable_cores()), name="tabloader-cache-fill")
 
         def tasks(orders: Iterator[NDArray[np.int64] | None]) -> Iterator[Callable[[], list[Part]]]:
             # A chunk's windows are gathered once its rows are written; meanwhile the
@@ -723,7 +737,7 @@ class _CacheBackend:
                 for p, a, _ in pieces[s]:
                     piece = next(decoded)
                     started = time.perf_counter()
-                    cache._write(arrays, int(cache._base[p]) + a, piece)
+                    cache._write(arrays, int(cache._base[p]) + a, piece, work)
                     stats.assemble_seconds += time.perf_counter() - started
                 yield from cache.chunk_parts(served, plan, chunk, rows, self.xp)
 
@@ -734,11 +748,12 @@ class _CacheBackend:
             for (p, a, _), piece in zip(
                 missing, decode_pieces(request, missing, columns, lists=False), strict=True
             ):
-                cache._write(arrays, int(cache._base[p]) + a, piece)
+                cache._write(arrays, int(cache._base[p]) + a, piece, work)
             cache._complete(arrays, temp)
             published = True
             stats.cache_bytes = cache.nbytes
         finally:
+            work.close()
             decoded.close()
             if not published and temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
