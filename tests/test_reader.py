@@ -6,8 +6,10 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tabloader.reader import Prefetcher, SplitWork
+from tabloader.reader import Prefetcher, SplitWork, balanced_groups
 
 
 def test_items_arrive_in_order():
@@ -166,3 +168,14 @@ def test_split_work_close_ends_its_threads():
     assert helpers
     work.close()
     assert not any(t.is_alive() for t in helpers)
+
+
+@given(weights=st.lists(st.integers(0, 10**9), max_size=60), count=st.integers(1, 8))
+def test_balanced_groups_use_every_job_once_and_stay_near_the_mean(weights, count):
+    groups = balanced_groups(weights, count)
+    assert sorted(i for g in groups for i in g) == list(range(len(weights)))
+    assert all(groups) and len(groups) <= count
+    if weights:
+        loads = [sum(weights[i] for i in g) for g in groups]
+        # Greedy, heaviest first: no group exceeds the mean by more than one job.
+        assert max(loads) <= sum(weights) / len(groups) + max(weights)

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from tabloader.errors import TabloaderError
 
-__all__ = ["Prefetcher", "SplitWork", "usable_cores"]
+__all__ = ["Prefetcher", "SplitWork", "balanced_groups", "usable_cores"]
 
 T = TypeVar("T")
 
@@ -217,12 +217,10 @@ class SplitWork:
         self._pool: ThreadPoolExecutor | None = None
 
     def run(self, jobs: Sequence[tuple[int, Callable[[], None]]]) -> None:
-        groups: list[list[Callable[[], None]]] = [[] for _ in range(min(self.threads, len(jobs)))]
-        loads = [0] * len(groups)
-        for weight, job in sorted(jobs, key=lambda j: -j[0]):
-            lightest = loads.index(min(loads))
-            groups[lightest].append(job)
-            loads[lightest] += weight
+        groups = [
+            [jobs[i][1] for i in group]
+            for group in balanced_groups([w for w, _ in jobs], self.threads)
+        ]
         if len(groups) <= 1:
             for job in groups[0] if groups else []:
                 job()
@@ -243,6 +241,27 @@ class SplitWork:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def balanced_groups(weights: Sequence[int], count: int) -> list[list[int]]:
+    """The indices of ``weights`` in at most ``count`` non-empty groups of nearly equal
+    total weight: heaviest first, each to the lightest group so far.
+
+    No group exceeds the mean by more than the heaviest weight.
+
+    Examples:
+        >>> balanced_groups([5, 4, 3, 2], 2)
+        [[0, 3], [1, 2]]
+        >>> balanced_groups([7], 3)
+        [[0]]
+    """
+    groups: list[list[int]] = [[] for _ in range(max(1, min(count, len(weights))))]
+    loads = [0] * len(groups)
+    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(i)
+        loads[lightest] += weights[i]
+    return [g for g in groups if g]
 
 
 def _run_all(jobs: Sequence[Callable[[], None]]) -> None:
