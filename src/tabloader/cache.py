@@ -582,13 +582,12 @@ class DecodedCache:
         """Cast one decoded piece's columns into their blocks' rows from ``first_row``,
         ``work``'s threads a share of the rows each."""
         n = len(next(iter(piece.values())))
-        step = -(-n // work.threads) or 1
         jobs: list[tuple[int, Callable[[], None]]] = []
         for b in self.blocks:
-            for lo in range(0, n, step):
-                part = [piece[c][lo : lo + step] for c in b.columns]
-                out = arrays[b.name][first_row + lo : first_row + lo + len(part[0])]
-                jobs.append((len(part[0]) * len(part), partial(interleave, part, out)))
+            out = arrays[b.name][first_row : first_row + n]
+            for share in work.shares(n):
+                part = [piece[c][share] for c in b.columns]
+                jobs.append((len(part[0]) * len(part), partial(interleave, part, out[share])))
         work.run(jobs)
 
     def missing_pieces(self, written: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

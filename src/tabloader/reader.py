@@ -222,8 +222,7 @@ class SplitWork:
             for group in balanced_groups([w for w, _ in jobs], self.threads)
         ]
         if len(groups) <= 1:
-            for job in groups[0] if groups else []:
-                job()
+            _run_all(groups[0] if groups else [])
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix=self._name)
@@ -236,6 +235,19 @@ class SplitWork:
         errors.extend(e for e in (f.exception() for f in futures) if e is not None)
         if errors:
             raise errors[0]
+
+    def shares(self, rows: int) -> list[slice]:
+        """``rows`` rows cut into at most :attr:`threads` contiguous shares of nearly
+        equal size, for jobs that each take a share of a piece's rows.
+
+        Examples:
+            >>> SplitWork(3, name="example").shares(7)
+            [slice(0, 3, None), slice(3, 6, None), slice(6, 7, None)]
+            >>> SplitWork(2, name="example").shares(0)
+            []
+        """
+        step = max(-(-rows // self.threads), 1)
+        return [slice(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -448,10 +448,9 @@ class CPUBackend:
                     # scatter and cast in one pass
                     jobs.append((n, partial(out[:, 0].__setitem__, rows, arrays[b.columns[0]])))
                     continue
-                step = -(-n // work.threads)
-                for lo in range(0, n, step):
-                    cols = [arrays[c][lo : lo + step] for c in b.columns]
-                    job = partial(self._scatter_rows, cols, rows[lo : lo + step], out)
+                for share in work.shares(n):
+                    cols = [arrays[c][share] for c in b.columns]
+                    job = partial(self._scatter_rows, cols, rows[share], out)
                     jobs.append((len(cols[0]) * len(cols), job))
             work.run(jobs)
             offset += n
@@ -516,11 +515,9 @@ class CPUBackend:
                 continue
             n = len(cols[0])
             out = self.xp.empty((n, len(cols)), b.dtype)
-            step = max(-(-n // work.threads), 1)
-            for lo in range(0, n, step):
-                part = [c[lo : lo + step] for c in cols]
-                job = partial(interleave, part, out[lo : lo + step])
-                jobs.append((len(part[0]) * len(cols), job))
+            for share in work.shares(n):
+                part = [c[share] for c in cols]
+                jobs.append((len(part[0]) * len(cols), partial(interleave, part, out[share])))
             segment[b.name] = out
         work.run(jobs)
         stats.assemble_seconds += time.perf_counter() - started
