@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import warnings
 from pathlib import Path
@@ -824,3 +826,84 @@ def test_cache_files_are_valid_npy_whatever_the_size_and_alignment(tmp_path, row
     assert loaded.dtype == np.int64 and loaded.shape == (rows, 3)
     np.testing.assert_array_equal(loaded, values)
     np.testing.assert_array_equal(mapped, values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(0, 40_000),
+    width=st.integers(1, 5),
+    dtype=st.sampled_from(["int64", "float32", "int32"]),
+    cuts=st.lists(st.floats(0, 1), max_size=4),
+)
+def test_cache_files_are_valid_npy_whatever_the_size_width_dtype_and_pieces(
+    rows, width, dtype, cuts
+):
+    """Rows written piece by piece, in any order, cast on the way, make a valid ``.npy``
+    file whose mapping, read back before and after syncing, holds every row."""
+    from tabloader.batches import Block
+    from tabloader.cache import CacheFiles
+
+    values = np.arange(rows * width, dtype=np.int64).reshape(rows, width) * 7 - 5
+    block = Block("b", tuple(f"c{j}" for j in range(width)), np.dtype(dtype))
+    with tempfile.TemporaryDirectory() as directory:
+        files = CacheFiles(Path(directory), [block], rows)
+        bounds = sorted({0, rows, *(int(c * rows) for c in cuts)})
+        for lo, hi in reversed(list(itertools.pairwise(bounds))):
+            files.write_rows("b", lo, [values[lo:hi, j] for j in range(width)])
+        expected = values.astype(dtype)
+        np.testing.assert_array_equal(files.mapped()["b"], expected)
+        files.sync_and_close()
+        loaded = np.load(Path(directory) / "block0.npy")
+        assert loaded.dtype == np.dtype(dtype) and loaded.shape == (rows, width)
+        np.testing.assert_array_equal(loaded, expected)
+
+
+def test_a_disk_cache_too_large_for_memory_is_written_into_its_files(files, tmp_path, monkeypatch):
+    """A disk cache that does not fit in memory is written straight into its files in
+    epoch 0 (read back through a mapping of them), and served from them after."""
+    monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+    options = dict(**COLS, batch_size=8, shuffle=True, seed=2)
+    streamed = tabloader.Loader(files, **options)
+    cached = tabloader.Loader(files, **options, cache="disk", cache_dir=tmp_path)
+    for epoch in range(2):
+        a, b = run(streamed), run(cached)
+        assert cached.stats().from_cache == (epoch > 0)
+        assert [x["id"].tolist() for x in a] == [y["id"].tolist() for y in b]
+        check_rows_intact(b)
+    (directory,) = published(tmp_path)
+    arrays = cached.cache.arrays
+    assert arrays and all(isinstance(a.base, np.memmap) for a in arrays.values())
+    if sys.platform.startswith("linux"):  # the mappings are of the published files
+        maps = Path("/proc/self/maps").read_text().split()
+        assert {Path(m).name for m in maps if m.startswith(str(directory))} == {
+            f"block{i}.npy" for i in range(len(arrays))
+        }
+
+
+def test_a_disk_that_fills_up_before_the_cache_is_created_warns_once_and_streams(
+    files, tmp_path, monkeypatch
+):
+    """The files' space is reserved before any row is written (no crash on a full disk
+    halfway through the epoch): a disk that filled up since its free space was measured
+    is found there, said once, and the loader streams."""
+    import errno
+
+    monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    loader = tabloader.Loader(
+        files, **COLS, batch_size=8, shuffle=True, seed=2, cache="disk", cache_dir=tmp_path
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        epochs = [run(loader) for _ in range(2)]
+    messages = [str(w.message) for w in caught if issubclass(w.category, tabloader.CacheWarning)]
+    assert len(messages) == 1
+    assert "files could not be created" in messages[0] and "No space left" in messages[0]
+    for batches in epochs:
+        assert sorted(ids(batches).tolist()) == list(range(ROWS))
+    assert not loader.stats().from_cache
+    assert not published(tmp_path) and not temporary(tmp_path)

@@ -31,6 +31,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import mmap
@@ -94,6 +95,9 @@ _PAGE = 4096
 """Alignment of direct writes: memory, file offsets and sizes (a disk block or page)."""
 _DIRECT_WRITE_BYTES = 64 << 20
 """Bytes per system call when a cache file is written directly."""
+_WRITE_ROWS = 16384
+"""Rows interleaved in a scratch block and written per system call when a cache too
+large for memory is written into its files: a few MiB, which stay in the CPU's cache."""
 _WRITER_NICENESS = 10
 """Niceness of the thread writing a disk cache out while epochs are served (Linux)."""
 _TILE_ROWS = 2048
@@ -389,19 +393,24 @@ class DecodedCache:
             return _CacheBackend(self, backend, write=False)
         stats.from_cache = False
         if self.refused is None:
-            self.refused = self.why_not()
-            if self.refused is not None:
-                warnings.warn(
-                    f"not caching the decoded rows: {self.refused}. Every epoch reads and "
-                    "decodes the files instead",
-                    CacheWarning,
-                    stacklevel=4,
-                )
+            reason = self.why_not()
+            if reason is not None:
+                self.refuse(reason, stacklevel=5)
                 return backend
             self.refused = ""
         if self.refused:
             return backend
         return _CacheBackend(self, backend, write=True)
+
+    def refuse(self, reason: str, *, stacklevel: int = 2) -> None:
+        """Stop caching (every epoch streams from now on), and say why, once."""
+        self.refused = reason
+        warnings.warn(
+            f"not caching the decoded rows: {reason}. Every epoch reads and decodes the "
+            "files instead",
+            CacheWarning,
+            stacklevel=stacklevel,
+        )
 
     @property
     def usable(self) -> bool:
@@ -417,11 +426,13 @@ class DecodedCache:
         available = _available_memory()
         return available is not None and self.nbytes <= available // 4
 
-    def _new_arrays(self) -> tuple[dict[str, NDArray[Any]], Path | None]:
-        """Empty arrays to fill, and the temporary directory of a disk cache.
+    def _new_arrays(self) -> tuple[dict[str, NDArray[Any]], Path | None, CacheFiles | None]:
+        """Empty arrays to fill, the temporary directory of a disk cache, and the files
+        being written in it when the cache does not fit in memory.
 
-        A disk cache that does not fit in memory is filled as memory-mapped ``.npy``
-        files; one that fits is filled in memory and written out when complete.
+        A disk cache that fits is filled in memory and written out when complete; one
+        that does not is written straight into its ``.npy`` files (:class:`CacheFiles`),
+        and the arrays are read-only mappings of them.
         """
         in_memory = self.root is None or self._fits_in_memory()
         arrays: dict[str, NDArray[Any]] = {}
@@ -431,25 +442,21 @@ class DecodedCache:
                 b.name: populated_empty((self.rows, len(b.columns)), b.dtype) for b in self.blocks
             }
         if self.root is None:
-            return arrays, None
+            return arrays, None, None
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_abandoned()
         temp = self.root / f"{_TEMP_PREFIX}{self.digest}-{os.getpid()}-{secrets.token_hex(4)}"
         temp.mkdir()
-        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        (temp / _OWNER).write_text(json.dumps(owner))
-        if in_memory:
-            return arrays, temp
-        for i, b in enumerate(self.blocks):
-            arrays[b.name] = np.asarray(
-                np.lib.format.open_memmap(
-                    temp / f"block{i}.npy",
-                    mode="w+",
-                    dtype=b.dtype,
-                    shape=(self.rows, len(b.columns)),
-                )
-            )
-        return arrays, temp
+        try:
+            owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+            (temp / _OWNER).write_text(json.dumps(owner))
+            if in_memory:
+                return arrays, temp, None
+            files = CacheFiles(temp, self.blocks, self.rows)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        return files.mapped(), temp, files
 
     def _remove_abandoned(self) -> None:
         """Delete temporary directories whose writer (on this host) is gone."""
@@ -468,16 +475,18 @@ class DecodedCache:
             if stale:
                 shutil.rmtree(temp, ignore_errors=True)
 
-    def _complete(self, arrays: dict[str, NDArray[Any]], temp: Path | None) -> None:
+    def _complete(
+        self, arrays: dict[str, NDArray[Any]], temp: Path | None, files: CacheFiles | None
+    ) -> None:
         """Make the filled ``arrays`` the cache.
 
         A disk cache filled in memory is served from memory at once and written out by
         a background thread (``tabloader-cache-writer``), which publishes it when its
         files are on disk; a loader on the same cache waits for that thread first.
         """
-        mapped = any(_mapping(a) is not None for a in arrays.values())
-        if temp is not None and mapped:
-            self._persist(arrays, temp)
+        if temp is not None and files is not None:
+            files.sync_and_close()
+            self._persist({}, temp)
             return  # the next epoch maps the published files
         for array in arrays.values():
             array.flags.writeable = False
@@ -516,13 +525,10 @@ class DecodedCache:
             )
 
     def _persist(self, arrays: dict[str, NDArray[Any]], temp: Path) -> None:
-        """Write ``arrays`` into ``temp`` and publish it atomically as the cache."""
+        """Write ``arrays`` (none when they are in ``temp`` already) into ``temp`` and
+        publish it atomically as the cache."""
         assert self.root is not None
         for i, array in enumerate(arrays.values()):
-            mapping = _mapping(array)
-            if mapping is not None:
-                mapping.flush()
-                continue
             write_npy(temp / f"block{i}.npy", array)
         manifest = {
             "format": FORMAT,
@@ -575,19 +581,24 @@ class DecodedCache:
     def _write(
         self,
         arrays: dict[str, NDArray[Any]],
+        files: CacheFiles | None,
         first_row: int,
         piece: dict[str, Any],
         work: SplitWork,
     ) -> None:
-        """Cast one decoded piece's columns into their blocks' rows from ``first_row``,
-        ``work``'s threads a share of the rows each."""
+        """Cast one decoded piece's columns into their blocks' rows from ``first_row``
+        (into ``files`` when given), ``work``'s threads a share of the rows each."""
         n = len(next(iter(piece.values())))
         jobs: list[tuple[int, Callable[[], None]]] = []
         for b in self.blocks:
-            out = arrays[b.name][first_row : first_row + n]
+            rows = arrays[b.name][first_row : first_row + n]
             for share in work.shares(n):
                 part = [piece[c][share] for c in b.columns]
-                jobs.append((len(part[0]) * len(part), partial(interleave, part, out[share])))
+                if files is None:
+                    job = partial(interleave, part, rows[share])
+                else:
+                    job = partial(files.write_rows, b.name, first_row + share.start, part)
+                jobs.append((len(part[0]) * len(part), job))
         work.run(jobs)
 
     def missing_pieces(self, written: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -702,6 +713,7 @@ class _CacheBackend:
 
     def __init__(self, cache: DecodedCache, backend: Backend, *, write: bool) -> None:
         self.cache = cache
+        self.backend = backend
         self.name = backend.name
         self.xp = backend.xp
         self.write = write
@@ -720,7 +732,12 @@ class _CacheBackend:
                     for task in cache.chunk_parts(served, plan, chunk, rows, self.xp)
                 )
             return
-        arrays, temp = cache._new_arrays()
+        try:
+            arrays, temp, files = cache._new_arrays()
+        except OSError as error:  # the disk filled up since its free space was measured
+            cache.refuse(f"its files could not be created ({type(error).__name__}: {error})")
+            yield from self.backend.read_chunks(request)
+            return
         published = False
         columns = [c for b in cache.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
@@ -736,7 +753,7 @@ class _CacheBackend:
                 for p, a, _ in pieces[s]:
                     piece = next(decoded)
                     started = time.perf_counter()
-                    cache._write(arrays, int(cache._base[p]) + a, piece, work)
+                    cache._write(arrays, files, int(cache._base[p]) + a, piece, work)
                     stats.assemble_seconds += time.perf_counter() - started
                 yield from cache.chunk_parts(served, plan, chunk, rows, self.xp)
 
@@ -747,13 +764,15 @@ class _CacheBackend:
             for (p, a, _), piece in zip(
                 missing, decode_pieces(request, missing, columns, lists=False), strict=True
             ):
-                cache._write(arrays, int(cache._base[p]) + a, piece, work)
-            cache._complete(arrays, temp)
+                cache._write(arrays, files, int(cache._base[p]) + a, piece, work)
+            cache._complete(arrays, temp, files)
             published = True
             stats.cache_bytes = cache.nbytes
         finally:
             work.close()
             decoded.close()
+            if files is not None:
+                files.close()
             if not published and temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
 
@@ -778,6 +797,120 @@ def _run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+class CacheFiles:
+    """The ``.npy`` files of a disk cache being written, one per block, in ``directory``.
+
+    Each file is created at its full size (its disk space reserved at once where the
+    system allows, so a disk that filled up since it was measured fails here, before
+    any row is written) with its data on a page boundary. Rows are written in place
+    with :meth:`write_rows`, through the operating system's page cache, and read back
+    through :meth:`mapped`, a read-only mapping of the same files.
+
+    Examples:
+        >>> import tempfile
+        >>> from tabloader.batches import Block
+        >>> block = Block("x", ("a", "b"), np.dtype("int64"))
+        >>> files = CacheFiles(Path(tempfile.mkdtemp()), [block], rows=3)
+        >>> files.write_rows("x", 1, [np.array([1, 2]), np.array([10, 20])])
+        >>> files.write_rows("x", 0, [np.array([0]), np.array([0])])
+        >>> files.mapped()["x"].tolist()
+        [[0, 0], [1, 10], [2, 20]]
+        >>> files.sync_and_close()
+        >>> np.load(files.directory / "block0.npy").tolist()
+        [[0, 0], [1, 10], [2, 20]]
+    """
+
+    def __init__(self, directory: Path, blocks: Sequence[Block], rows: int) -> None:
+        self.directory = directory
+        self.rows = rows
+        self._blocks = {b.name: (i, b) for i, b in enumerate(blocks)}
+        self._files: dict[str, tuple[int, int]] = {}
+        """Block name -> (open file descriptor, offset of the data)."""
+        self._arrays: dict[str, NDArray[Any]] = {}
+        """Block name -> its file's read-only mapping (``np.memmap``), ``[rows, k]``."""
+        try:
+            for name, (i, b) in self._blocks.items():
+                path, shape = directory / f"block{i}.npy", (rows, len(b.columns))
+                _, offset = self._files[name] = _create_npy(path, shape, b.dtype)
+                self._arrays[name] = (
+                    np.memmap(path, b.dtype, "r", offset=offset, shape=shape)
+                    if rows and b.columns
+                    else np.empty(shape, b.dtype)  # nothing to map
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def write_rows(self, name: str, first_row: int, columns: Sequence[NDArray[Any]]) -> None:
+        """Write ``columns`` (cast to the block's dtype) as block ``name``'s rows from
+        ``first_row`` on: :data:`_WRITE_ROWS` rows at a time interleaved in a scratch
+        block that stays in the CPU's cache, then written with one system call."""
+        fd, offset = self._files[name]
+        dtype = self._blocks[name][1].dtype
+        width = len(columns) * dtype.itemsize
+        n = len(columns[0])
+        if len(columns) == 1:
+            _write_at(fd, np.ascontiguousarray(columns[0], dtype=dtype), offset + first_row * width)
+        else:
+            scratch = np.empty((min(_WRITE_ROWS, n), len(columns)), dtype)
+            for start in range(0, n, _WRITE_ROWS):
+                block = scratch[: min(_WRITE_ROWS, n - start)]
+                interleave([c[start : start + len(block)] for c in columns], block)
+                _write_at(fd, block, offset + (first_row + start) * width)
+
+    def mapped(self) -> dict[str, NDArray[Any]]:
+        """Each block's ``[rows, k]`` array as a read-only mapping of its file."""
+        return {name: np.asarray(array) for name, array in self._arrays.items()}
+
+    def sync_and_close(self) -> None:
+        """Wait until the files are on disk, then close them."""
+        for fd, _ in self._files.values():
+            os.fsync(fd)
+        self.close()
+
+    def close(self) -> None:
+        files, self._files = self._files, {}
+        for fd, _ in files.values():
+            os.close(fd)
+
+
+def _create_npy(path: Path, shape: tuple[int, int], dtype: np.dtype[Any]) -> tuple[int, int]:
+    """Create ``path`` as an ``.npy`` file of ``shape`` and ``dtype`` whose data is to be
+    written in place; its open file descriptor and the offset of its data."""
+    header = _npy_header(shape, dtype, _PAGE)
+    size = len(header) + shape[0] * shape[1] * dtype.itemsize
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_at(fd, memoryview(header), 0)
+        reserved = False
+        if hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, size)
+                reserved = True
+            except OSError as error:
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # (a file system that cannot reserve space: sized below instead)
+        if not reserved:
+            os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, len(header)
+
+
+def _write_at(fd: int, data: NDArray[Any] | memoryview, offset: int) -> None:
+    """Write all of ``data`` (C-contiguous) at ``offset`` of the file ``fd``."""
+    view = memoryview(data).cast("B")
+    while len(view):
+        if hasattr(os, "pwrite"):
+            written = os.pwrite(fd, view, offset)
+        else:  # (no pwrite: Windows)
+            os.lseek(fd, offset, os.SEEK_SET)
+            written = os.write(fd, view)
+        view, offset = view[written:], offset + written
+
+
 def write_npy(path: Path, array: NDArray[Any]) -> None:
     """Write ``array`` (C-contiguous) to ``path`` as an ``.npy`` file and sync it.
 
@@ -796,7 +929,7 @@ def write_npy(path: Path, array: NDArray[Any]) -> None:
         >>> np.load(path).tolist()
         [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
     """
-    header = _npy_header(array, _PAGE)
+    header = _npy_header(array.shape, array.dtype, _PAGE)
     contiguous = np.ascontiguousarray(array)
     data = contiguous.reshape(-1).view(np.uint8).data
     direct = getattr(os, "O_DIRECT", 0)
@@ -823,42 +956,32 @@ def _write_direct(path: Path, header: bytes, data: memoryview, whole: int, direc
     page.write(header)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
     try:
-        _write_all(fd, memoryview(page))
+        _write_at(fd, memoryview(page), 0)
         for start in range(0, whole, _DIRECT_WRITE_BYTES):
-            _write_all(fd, data[start : min(start + _DIRECT_WRITE_BYTES, whole)])
+            _write_at(
+                fd, data[start : min(start + _DIRECT_WRITE_BYTES, whole)], len(header) + start
+            )
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~direct)
-        _write_all(fd, data[whole:])
+        _write_at(fd, data[whole:], len(header) + whole)
         os.fsync(fd)
     finally:
         os.close(fd)
         page.close()
 
 
-def _write_all(fd: int, view: memoryview) -> None:
-    while len(view):
-        view = view[os.write(fd, view) :]
-
-
-def _npy_header(array: NDArray[Any], align: int) -> bytes:
-    """An ``.npy`` (version 1.0) header for ``array``, padded to a multiple of ``align``."""
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype[Any], align: int) -> bytes:
+    """An ``.npy`` (version 1.0) header for ``shape`` and ``dtype``, padded to a multiple
+    of ``align``."""
     fields = {
-        "descr": np.lib.format.dtype_to_descr(array.dtype),
+        "descr": np.lib.format.dtype_to_descr(dtype),
         "fortran_order": False,
-        "shape": array.shape,
+        "shape": shape,
     }
     text = repr(fields).encode("latin1")
     prefix = len(np.lib.format.MAGIC_PREFIX) + 2 + 2  # magic, version, header length
     size = -(-(prefix + len(text) + 1) // align) * align
     text += b" " * (size - prefix - len(text) - 1) + b"\n"
     return np.lib.format.magic(1, 0) + len(text).to_bytes(2, "little") + text
-
-
-def _mapping(array: NDArray[Any]) -> np.memmap[Any, Any] | None:
-    """The file mapping ``array`` is a view of, if any."""
-    base = array.base
-    while base is not None and not isinstance(base, np.memmap):
-        base = getattr(base, "base", None)
-    return base if isinstance(base, np.memmap) else None
 
 
 def _read_in(array: np.memmap[Any, Any]) -> None:
