@@ -850,13 +850,15 @@ class CacheFiles:
         width = len(columns) * dtype.itemsize
         n = len(columns[0])
         if len(columns) == 1:
-            _write_at(fd, np.ascontiguousarray(columns[0], dtype=dtype), offset + first_row * width)
+            _write_at(
+                fd, np.ascontiguousarray(columns[0], dtype=dtype).data, offset + first_row * width
+            )
         else:
             scratch = np.empty((min(_WRITE_ROWS, n), len(columns)), dtype)
             for start in range(0, n, _WRITE_ROWS):
                 block = scratch[: min(_WRITE_ROWS, n - start)]
                 interleave([c[start : start + len(block)] for c in columns], block)
-                _write_at(fd, block, offset + (first_row + start) * width)
+                _write_at(fd, block.data, offset + (first_row + start) * width)
 
     def mapped(self) -> dict[str, NDArray[Any]]:
         """Each block's ``[rows, k]`` array as a read-only mapping of its file."""
@@ -899,9 +901,9 @@ def _create_npy(path: Path, shape: tuple[int, int], dtype: np.dtype[Any]) -> tup
     return fd, len(header)
 
 
-def _write_at(fd: int, data: NDArray[Any] | memoryview, offset: int) -> None:
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
     """Write all of ``data`` (C-contiguous) at ``offset`` of the file ``fd``."""
-    view = memoryview(data).cast("B")
+    view = data.cast("B")
     while len(view):
         if hasattr(os, "pwrite"):
             written = os.pwrite(fd, view, offset)
