@@ -482,7 +482,9 @@ class DecodedCache:
 
         A disk cache filled in memory is served from memory at once and written out by
         a background thread (``tabloader-cache-writer``), which publishes it when its
-        files are on disk; a loader on the same cache waits for that thread first.
+        files are on disk; a loader on the same cache waits for that thread first. A
+        cache written into its ``files`` is synced and published now, and the next
+        epoch maps the published files.
         """
         if temp is not None and files is not None:
             files.sync_and_close()
@@ -822,7 +824,6 @@ class CacheFiles:
 
     def __init__(self, directory: Path, blocks: Sequence[Block], rows: int) -> None:
         self.directory = directory
-        self.rows = rows
         self._blocks = {b.name: (i, b) for i, b in enumerate(blocks)}
         self._files: dict[str, tuple[int, int]] = {}
         """Block name -> (open file descriptor, offset of the data)."""
