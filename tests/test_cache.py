@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import tabloader
 from conftest import make_table, write_dataset
+from tabloader.batches import segment_rows
 from tabloader.cache import MANIFEST, DecodedCache, cache_directory
 from tabloader.plan import fixed_share, plan_cached_epoch, plan_epoch, rank_rows
 
@@ -287,6 +288,53 @@ def test_cached_epochs_are_the_streamed_epochs(files, tmp_path, mode, options, m
             for key in x:
                 assert (x[key].dtype, x[key].shape) == (y[key].dtype, y[key].shape)
                 np.testing.assert_array_equal(x[key], y[key])
+
+
+@pytest.mark.parametrize("within", [True, False])
+def test_shuffled_cached_epochs_gather_each_batch_whole(files, within):
+    """A batch that begins in one chunk and ends in the next is gathered once, from
+    both, never as two parts copied together again."""
+    options = dict(COLS, batch_size=24, seed=2, shuffle=True, shuffle_within_batch=within)
+    loader = tabloader.Loader(files, cache="memory", chunk_rows=100, **options)
+    run(loader)
+    expected = ids(run(loader))
+    cache, plan = loader.cache, loader.plan(1)
+    assert plan.num_chunks > 1 and any(plan.chunk_rows(c) % 24 for c in range(plan.num_chunks))
+    chunks = [(c, cache.delivery_rows(plan, c)) for c in range(plan.num_chunks)]
+    parts = [p for task in cache.batch_tasks(cache.arrays, plan, chunks, np) for p in task()]
+    assert [segment_rows(segment) for segment, _ in parts] == [24] * (ROWS // 24) + [ROWS % 24]
+    np.testing.assert_array_equal(np.concatenate([s["id"][:, 0] for s, _ in parts]), expected)
+
+
+@pytest.mark.parametrize("stop", [1, 7, 17])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(chunk_rows=150),
+        dict(parts_per_chunk=1, shuffle_within_batch=False, drop_last=True),
+        dict(chunk_rows=100, shuffle="global", layout="stacked"),
+    ],
+)
+def test_a_cached_epoch_resumed_mid_way_delivers_exactly_the_rest(files, tmp_path, stop, options):
+    """Batches that straddle chunks are gathered whole from the cache; a resume point
+    inside such a chunk still gives exactly the batches that were still to come."""
+    options = dict(COLS, batch_size=24, seed=11, shuffle=True, cache_dir=tmp_path / "c") | options
+    reference = tabloader.Loader(files, cache="disk", **options)
+    expected = [run(reference) for _ in range(2)][1]
+    first = tabloader.Loader(files, cache="disk", **options)
+    run(first)
+    iterator = iter(first)
+    before = [next(iterator) for _ in range(stop)]
+    state = first.state_dict()
+    iterator.close()
+    resumed = tabloader.Loader(files, cache="disk", **options)
+    resumed.load_state_dict(state)
+    after = run(resumed)
+    assert resumed.stats().from_cache
+    assert len(before) + len(after) == len(expected)
+    for x, y in zip(before + after, expected, strict=True):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
 
 
 # -- reuse and invalidation -----------------------------------------------------------

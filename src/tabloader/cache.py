@@ -45,7 +45,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from itertools import pairwise
@@ -90,7 +90,7 @@ _DISK_RESERVE_FRACTION = 0.05
 _WRITE_THREADS = 2
 """Threads writing a decoded piece into a cache being filled, the reader's included."""
 _GATHER_THREADS = 4
-"""Most threads gathering a cached epoch's batch windows at once."""
+"""Most threads gathering a cached epoch's batches at once."""
 _PAGE = 4096
 """Alignment of direct writes: memory, file offsets and sizes (a disk block or page)."""
 _DIRECT_WRITE_BYTES = 64 << 20
@@ -502,9 +502,9 @@ class DecodedCache:
             name="tabloader-cache-writer",
             daemon=True,
         )
-        with _WRITERS_LOCK:
+        with _WRITERS_LOCK:  # started before it is found: join() refuses a thread not started
+            writer.start()
             _WRITERS[self.digest] = writer
-        writer.start()
         # Wait for the files at exit, rather than leave them unpublished.
         weakref.finalize(writer, writer.join)
 
@@ -640,35 +640,46 @@ class DecodedCache:
         )
         return rows if order is None else rows[order]
 
-    def chunk_parts(
+    def batch_tasks(
         self,
         arrays: Mapping[str, NDArray[Any]],
         plan: EpochPlan,
-        chunk: int,
-        rows: NDArray[np.int64] | None,
+        chunks: Iterable[tuple[int, NDArray[np.int64] | None]],
         xp: Any,
     ) -> Iterator[Callable[[], list[Part]]]:
-        """Chunk ``chunk`` of ``plan`` as parts over the cache ``arrays``, as tasks that
-        gather them (run in order by :func:`_run_ahead`, several at once); ``rows`` are
-        its :meth:`delivery_rows`.
+        """The parts of ``plan``'s chunks over the cache ``arrays``, as tasks that
+        gather them (run in order by :func:`_run_ahead`, several at once); ``chunks``
+        gives each chunk's :meth:`delivery_rows`, in order.
 
-        Without shuffling, the chunk's pieces are zero-copy views of the cache. With
-        shuffling, each batch's rows are gathered from the cache in the plan's order,
-        one batch window at a time (so memory holds a few batches, not a chunk). Rows
-        are stored row-major per kind, so a gathered row is a few contiguous cache
-        lines, not one random access per column.
+        Without shuffling, a chunk's pieces are zero-copy views of the cache. With
+        shuffling, rows are gathered from the cache in the plan's order one whole batch
+        at a time (so memory holds a few batches, not a chunk): a batch that begins at
+        the end of one chunk and ends in the next is gathered once, from both, rather
+        than in two parts copied together again. Rows are stored row-major per kind, so
+        a gathered row is a few contiguous cache lines, not one random access per column.
         """
-        if rows is None:
-            pieces = plan.pieces(chunk)
-            first = [int(self._base[p]) + s for p, s, _ in pieces]
-            views: list[Part] = [
-                ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
-                for lo, (_, s, e) in zip(first, pieces, strict=True)
-            ]
-            yield lambda: views
-            return
-        for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
-            yield partial(self._gather, arrays, rows[lo:hi], xp)
+        carried: list[NDArray[np.int64]] = []  # the rows of a batch begun in a chunk before
+        for chunk, rows in chunks:
+            if rows is None:
+                pieces = plan.pieces(chunk)
+                first = [int(self._base[p]) + s for p, s, _ in pieces]
+                views: list[Part] = [
+                    ({name: a[lo : lo + e - s] for name, a in arrays.items()}, None)
+                    for lo, (_, s, e) in zip(first, pieces, strict=True)
+                ]
+                yield partial(list, views)
+                continue
+            before = plan.rows_before(chunk)
+            last = chunk == plan.num_chunks - 1
+            for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
+                carried.append(rows[lo:hi])
+                if (before + hi) % plan.batch_size and not (last and hi == len(rows)):
+                    continue  # the batch goes on in the next chunk
+                window = carried[0] if len(carried) == 1 else np.concatenate(carried)
+                carried = []
+                yield partial(self._gather, arrays, window, xp)
+        if carried:  # the plan's last chunk was empty
+            yield partial(self._gather, arrays, np.concatenate(carried), xp)
 
     def _gather(
         self, arrays: Mapping[str, NDArray[Any]], rows: NDArray[np.int64], xp: Any
@@ -728,11 +739,7 @@ class _CacheBackend:
             assert cache.arrays is not None
             served = _read_only(cache.arrays)
             with contextlib.closing(rows_ahead()) as orders:
-                yield from _run_ahead(
-                    task
-                    for chunk, rows in enumerate(orders)
-                    for task in cache.chunk_parts(served, plan, chunk, rows, self.xp)
-                )
+                yield from _run_ahead(cache.batch_tasks(served, plan, enumerate(orders), self.xp))
             return
         try:
             arrays, temp, files = cache._new_arrays()
@@ -747,8 +754,10 @@ class _CacheBackend:
         served = _read_only(arrays)
         work = SplitWork(min(_WRITE_THREADS, usable_cores()), name="tabloader-cache-fill")
 
-        def tasks(orders: Iterator[NDArray[np.int64] | None]) -> Iterator[Callable[[], list[Part]]]:
-            # A chunk's windows are gathered once its rows are written; meanwhile the
+        def written(
+            orders: Iterator[NDArray[np.int64] | None],
+        ) -> Iterator[tuple[int, NDArray[np.int64] | None]]:
+            # A chunk's batches are gathered once its rows are written; meanwhile the
             # gather threads still work on the previous chunk's.
             for chunk, rows in enumerate(orders):
                 s = plan.chunk_pieces(chunk)
@@ -757,11 +766,11 @@ class _CacheBackend:
                     started = time.perf_counter()
                     cache._write(arrays, files, int(cache._base[p]) + a, piece, work)
                     stats.assemble_seconds += time.perf_counter() - started
-                yield from cache.chunk_parts(served, plan, chunk, rows, self.xp)
+                yield chunk, rows
 
         try:
             with contextlib.closing(rows_ahead()) as orders:
-                yield from _run_ahead(tasks(orders))
+                yield from _run_ahead(cache.batch_tasks(served, plan, written(orders), self.xp))
             missing = cache.missing_pieces(pieces)
             for (p, a, _), piece in zip(
                 missing, decode_pieces(request, missing, columns, lists=False), strict=True

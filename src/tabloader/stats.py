@@ -18,7 +18,7 @@ class LoaderStats:
     Attributes:
         rows: Rows delivered to the consumer.
         batches: Batches delivered to the consumer.
-        chunks: Chunks read (for epochs served from the decoded cache: batch windows).
+        chunks: Chunks read (for epochs served from the decoded cache: batches gathered).
         bytes_read: Bytes of decoded column data read from the source.
         read_seconds: Background time spent reading and decoding partitions.
         assemble_seconds: Background time spent casting and laying out chunks.
