@@ -4,6 +4,9 @@
   process, a case's first epoch decodes the files and writes the cache, and its later
   epochs read nothing but the cache, so the report's "first epoch" column is the
   cache-writing epoch and "later epochs" the cached ones.
+- ``TorchAsyncItr(cache="disk")`` through ``DLDataLoader``, the same three ways: the
+  ``[B, k]`` blocks a training loop receives, which cached epochs gather without
+  transposing rows into columns.
 The memory-copy ceiling of cached epochs (``numpy.copyto`` of the decoded columns) is
 a core case (``cases_core.py``).
 
@@ -15,6 +18,7 @@ epoch. Caches are written to a temporary directory removed when the process exit
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -22,26 +26,44 @@ from typing import Any
 
 from common import Case, Context
 
+SHUFFLES = (("no shuffle", False), ("shuffle", True), ("global shuffle", "global"))
+NOTE = "the first epoch writes the cache; later epochs read only the cache"
 
-def _cached_epochs(ctx: Context, shuffle: Any) -> Callable[[], Callable[[], int]]:
+
+def _cached_epochs(ctx: Context, shuffle: Any, torch: bool) -> Callable[[], Callable[[], int]]:
     def make() -> Callable[[], int]:
         import tabloader
 
         directory = tempfile.mkdtemp(prefix="tabloader-cache-bench-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        loader = tabloader.Loader(
-            ctx.files,
+        options = {
             **ctx.loader_options,
-            shuffle=shuffle,
-            seed=0,
-            device="cpu",
-            cache="disk",
-            cache_dir=directory,
-        )
+            "shuffle": shuffle,
+            "seed": 0,
+            "device": "cpu",
+            "cache": "disk",
+            "cache_dir": directory,
+        }
+        if torch:
+            from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+            dataset = TorchAsyncItr(tabloader.Dataset(ctx.files), **options)
+            loader = dataset.loader
+            batches = DLDataLoader(dataset, batch_size=None, collate_fn=_identity)
+
+            def count() -> int:
+                return sum(len(y) for _, _, y in batches)
+
+        else:
+            loader = tabloader.Loader(ctx.files, **options)
+
+            def count() -> int:
+                return sum(len(next(iter(batch.values()))) for batch in loader)
+
         epochs = [0]
 
         def run() -> int:
-            rows = sum(len(next(iter(batch.values()))) for batch in loader)
+            rows = count()
             if epochs[0] and not loader.stats().from_cache:
                 raise RuntimeError("a later epoch was not served from the cache")
             epochs[0] += 1
@@ -52,19 +74,27 @@ def _cached_epochs(ctx: Context, shuffle: Any) -> Callable[[], Callable[[], int]
     return make
 
 
+def _identity(batch: Any) -> Any:
+    return batch
+
+
 def cache_cases(ctx: Context) -> list[Case]:
-    return [
+    found = [
         Case(
-            f"tabloader Loader, disk cache, {label}",
-            _cached_epochs(ctx, shuffle),
-            note="the first epoch writes the cache; later epochs read only the cache",
+            f"tabloader Loader, disk cache, {label}", _cached_epochs(ctx, shuffle, False), note=NOTE
         )
-        for label, shuffle in (
-            ("no shuffle", False),
-            ("shuffle", True),
-            ("global shuffle", "global"),
-        )
+        for label, shuffle in SHUFFLES
     ]
+    if importlib.util.find_spec("torch") is not None:
+        found += [
+            Case(
+                f"TorchAsyncItr + DLDataLoader, disk cache, {label}",
+                _cached_epochs(ctx, shuffle, True),
+                note=NOTE,
+            )
+            for label, shuffle in SHUFFLES
+        ]
+    return found
 
 
 def cases(ctx: Context) -> list[Case]:

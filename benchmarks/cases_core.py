@@ -7,8 +7,8 @@ each of its modes, and the in-memory pandas baseline (CPU only).
 - ceiling: ``numpy.copyto`` of the decoded arrays into arrays of the same size, the data
   loaded untimed first: the memory bandwidth a cached epoch could reach at most.
 - tabloader: ``Loader`` shuffled (rows in random order), not shuffled, shuffled with
-  each batch's rows in stored order (``shuffle_within_batch=False``), and shuffled in
-  the ``"stacked"`` ``[B, k]`` layout the framework adapters use.
+  each batch's rows in stored order (``shuffle_within_batch=False``), and shuffled and
+  not in the ``"stacked"`` ``[B, k]`` layout the framework adapters use.
 - baseline: what many users write: the files loaded with pandas (untimed), then a
   permutation and one fancy-indexing gather per batch every epoch.
 """
@@ -119,6 +119,7 @@ def loader_cases(ctx: Context) -> list[Case]:
             loader(shuffle=True, shuffle_within_batch=False),
         ),
         Case("Loader, shuffle, stacked [B, k]", loader(shuffle=True, layout="stacked")),
+        Case("Loader, no shuffle, stacked [B, k]", loader(shuffle=False, layout="stacked")),
     ]
 
 

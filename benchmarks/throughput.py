@@ -444,6 +444,29 @@ GOALS = (
     ("Loader shuffle, first/later epoch time", "Loader, shuffle", "first_over_later", 1.2, "<="),
     ("Loader no shuffle, first/later", "Loader, no shuffle", "first_over_later", 1.2, "<="),
     ("Loader shuffle, first/later CPU time", "Loader, shuffle", "cpu_first_over_later", 1.2, "<="),
+    *(
+        (
+            f"{who} disk cache, {label}, cached epochs",
+            f"{case}, disk cache, {label}",
+            "later_ratio",
+            goal,
+            ">=",
+        )
+        for who, case in (
+            ("Loader", "tabloader Loader"),
+            ("TorchAsyncItr", "TorchAsyncItr + DLDataLoader"),
+        )
+        for label, goal in (("no shuffle", 2.0), ("shuffle", 1.5), ("global shuffle", 0.7))
+    ),
+)
+CACHE_WRITES = (
+    # (what, the cache-writing case, the streaming case): first epochs' time ratio <= 1.3
+    ("Loader", "tabloader Loader, disk cache, shuffle", "Loader, shuffle"),
+    (
+        "TorchAsyncItr",
+        "TorchAsyncItr + DLDataLoader, disk cache, shuffle",
+        "TorchAsyncItr + DLDataLoader, shuffle",
+    ),
 )
 PAIRS = (
     # (what, case, reference): speed ratios within one size
@@ -465,6 +488,16 @@ PAIRS = (
         "Loader, shuffle",
     ),
     ("stacked [B, k] / columns, shuffle", "Loader, shuffle, stacked [B, k]", "Loader, shuffle"),
+    (
+        "TorchAsyncItr / Loader stacked [B, k], shuffle",
+        "TorchAsyncItr + DLDataLoader, shuffle",
+        "Loader, shuffle, stacked [B, k]",
+    ),
+    (
+        "TorchAsyncItr / Loader stacked [B, k], no shuffle",
+        "TorchAsyncItr + DLDataLoader, no shuffle",
+        "Loader, no shuffle, stacked [B, k]",
+    ),
     (
         "Loader / merlin-dataloader, shuffle",
         "Loader, shuffle",
@@ -509,6 +542,16 @@ def goals(report: dict[str, Any]) -> list[str]:
                 cells.append("-")
         goal = ">= 8" if "merlin" in what else ">= 0.9" if what.startswith("TorchAsyncItr") else ""
         lines.append(f"| {what} | {goal} | {' | '.join(cells)} |")
+    for who, writing, streaming in CACHE_WRITES:
+        cells = []
+        for rows in by_size:
+            a, b = rows.get(writing, {}), rows.get(streaming, {})
+            if "first_rows_per_second" in a and "first_rows_per_second" in b:
+                cells.append(f"{b['first_rows_per_second'] / a['first_rows_per_second']:.2f}")
+            else:
+                cells.append("-")
+        what = f"{who} cache-writing epoch / streaming first epoch, shuffle (time)"
+        lines.append(f"| {what} | <= 1.3 | {' | '.join(cells)} |")
     limit = sections[0]["results"][0]
     rss_cells = []
     for rows in by_size:

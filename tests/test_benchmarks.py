@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -33,8 +34,12 @@ def test_every_case_runs_in_its_own_process_against_the_limit(throughput, tmp_pa
             *("--batch-size", "2048"),
             *("--epochs", "2"),
             *("--soak-epochs", "4"),
-            # the core cases, and one of each adapter's when its framework is installed
-            *("--cases", "^Loader|ceiling|pandas \\+ permute|^TorchAsyncItr.*, shuffle"),
+            # the core cases, the shuffled disk caches, and one of each adapter's when its
+            # framework is installed
+            *(
+                "--cases",
+                "^Loader|ceiling|pandas \\+ permute|disk cache, shuffle|^TorchAsync.*, shuffle",
+            ),
             *("--data", str(tmp_path / "data")),
             *("--json", str(out)),
             *("--table", str(table)),
@@ -63,6 +68,12 @@ def test_every_case_runs_in_its_own_process_against_the_limit(throughput, tmp_pa
     text = table.read_text()
     assert "| Loader, shuffle |" in text and "load average" in text
     assert "RSS over 4 epochs" in text
+    # the cache goals, derived from the cases at both sizes
+    assert re.search(r"\| Loader disk cache, shuffle, cached epochs \| >= 1.5 \| \d.* \| \d", text)
+    writes = (
+        r"\| Loader cache-writing epoch / streaming first epoch, shuffle \(time\) \| <= 1.3 \| \d"
+    )
+    assert re.search(writes, text)
     assert doc.read_text().startswith("# Before") and "| Loader, shuffle |" in doc.read_text()
     assert "old" not in doc.read_text() and doc.read_text().endswith("After\n")
 
