@@ -6,7 +6,8 @@
   cache-writing epoch and "later epochs" the cached ones.
 - ``TorchAsyncItr(cache="disk")`` through ``DLDataLoader``, the same three ways: the
   ``[B, k]`` blocks a training loop receives, which cached epochs gather without
-  transposing rows into columns.
+  transposing rows into columns; and the same with ``cache="memory"``, whose epochs do
+  not share the cores with a background thread writing the cache's files.
 The memory-copy ceiling of cached epochs (``numpy.copyto`` of the decoded columns) is
 a core case (``cases_core.py``).
 
@@ -30,7 +31,9 @@ SHUFFLES = (("no shuffle", False), ("shuffle", True), ("global shuffle", "global
 NOTE = "the first epoch writes the cache; later epochs read only the cache"
 
 
-def _cached_epochs(ctx: Context, shuffle: Any, torch: bool) -> Callable[[], Callable[[], int]]:
+def _cached_epochs(
+    ctx: Context, shuffle: Any, torch: bool, cache: str = "disk"
+) -> Callable[[], Callable[[], int]]:
     def make() -> Callable[[], int]:
         import tabloader
 
@@ -41,7 +44,7 @@ def _cached_epochs(ctx: Context, shuffle: Any, torch: bool) -> Callable[[], Call
             "shuffle": shuffle,
             "seed": 0,
             "device": "cpu",
-            "cache": "disk",
+            "cache": cache,
             "cache_dir": directory,
         }
         if torch:
@@ -90,6 +93,14 @@ def cache_cases(ctx: Context) -> list[Case]:
             Case(
                 f"TorchAsyncItr + DLDataLoader, disk cache, {label}",
                 _cached_epochs(ctx, shuffle, True),
+                note=NOTE,
+            )
+            for label, shuffle in SHUFFLES
+        ]
+        found += [
+            Case(
+                f"TorchAsyncItr + DLDataLoader, memory cache, {label}",
+                _cached_epochs(ctx, shuffle, True, "memory"),
                 note=NOTE,
             )
             for label, shuffle in SHUFFLES
