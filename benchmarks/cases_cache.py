@@ -37,16 +37,11 @@ def _cached_epochs(
     def make() -> Callable[[], int]:
         import tabloader
 
-        directory = tempfile.mkdtemp(prefix="tabloader-cache-bench-")
-        atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        options = {
-            **ctx.loader_options,
-            "shuffle": shuffle,
-            "seed": 0,
-            "device": "cpu",
-            "cache": cache,
-            "cache_dir": directory,
-        }
+        options = {**ctx.loader_options, "shuffle": shuffle, "seed": 0, "device": "cpu"}
+        options["cache"] = cache
+        if cache == "disk":
+            options["cache_dir"] = tempfile.mkdtemp(prefix="tabloader-cache-bench-")
+            atexit.register(shutil.rmtree, options["cache_dir"], ignore_errors=True)
         if torch:
             from tabloader.torch import DLDataLoader, TorchAsyncItr
 
