@@ -35,25 +35,20 @@ def _cached_epochs(
     ctx: Context, shuffle: Any, torch: bool, cache: str = "disk"
 ) -> Callable[[], Callable[[], int]]:
     def make() -> Callable[[], int]:
-        import tabloader
-
-        options = {**ctx.loader_options, "shuffle": shuffle, "seed": 0, "device": "cpu"}
-        options["cache"] = cache
+        options: dict[str, Any] = {"shuffle": shuffle, "cache": cache}
         if cache == "disk":
             options["cache_dir"] = tempfile.mkdtemp(prefix="tabloader-cache-bench-")
             atexit.register(shutil.rmtree, options["cache_dir"], ignore_errors=True)
         if torch:
-            from tabloader.torch import DLDataLoader, TorchAsyncItr
+            from cases_torch import adapter_pass
 
-            dataset = TorchAsyncItr(tabloader.Dataset(ctx.files), **options)
-            loader = dataset.loader
-            batches = DLDataLoader(dataset, batch_size=None, collate_fn=_identity)
-
-            def count() -> int:
-                return sum(len(y) for _, _, y in batches)
-
+            loader, count = adapter_pass(ctx, **options)
         else:
-            loader = tabloader.Loader(ctx.files, **options)
+            import tabloader
+
+            loader = tabloader.Loader(
+                ctx.files, **ctx.loader_options, seed=0, device="cpu", **options
+            )
 
             def count() -> int:
                 return sum(len(next(iter(batch.values()))) for batch in loader)
@@ -70,10 +65,6 @@ def _cached_epochs(
         return run
 
     return make
-
-
-def _identity(batch: Any) -> Any:
-    return batch
 
 
 def cache_cases(ctx: Context) -> list[Case]:

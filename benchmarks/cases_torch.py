@@ -30,31 +30,32 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
+def adapter_pass(ctx: Context, **options: Any) -> tuple[Any, Callable[[], int]]:
+    """``TorchAsyncItr`` over the files through ``DLDataLoader``, as a training loop uses
+    it, with ``options``: its core ``Loader`` (for its stats) and one pass, which returns
+    the rows it delivered."""
+    import tabloader
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    dataset = TorchAsyncItr(
+        tabloader.Dataset(ctx.files),
+        **ctx.loader_options,
+        seed=0,
+        device=ctx.device,
+        backend="gpu" if ctx.device != "cpu" else "cpu",
+        **options,
+    )
+    batches = DLDataLoader(dataset, batch_size=None, collate_fn=_identity, num_workers=0)
+
+    def run() -> int:
+        return sum(len(y) for _, _, y in batches)
+
+    return dataset.loader, run
+
+
 def adapter_cases(ctx: Context) -> list[Case]:
     def make(shuffle: bool) -> Callable[[], Callable[[], int]]:
-        def build() -> Callable[[], int]:
-            import tabloader
-            from tabloader.torch import DLDataLoader, TorchAsyncItr
-
-            dataset = TorchAsyncItr(
-                tabloader.Dataset(ctx.files),
-                **ctx.loader_options,
-                shuffle=shuffle,
-                seed=0,
-                device=ctx.device,
-                backend="gpu" if ctx.device != "cpu" else "cpu",
-            )
-            loader = DLDataLoader(dataset, batch_size=None, collate_fn=_identity, num_workers=0)
-
-            def run() -> int:
-                rows = 0
-                for _, _, y in loader:
-                    rows += len(y)
-                return rows
-
-            return run
-
-        return build
+        return lambda: adapter_pass(ctx, shuffle=shuffle)[1]
 
     return [
         Case("TorchAsyncItr + DLDataLoader, shuffle", make(True)),
