@@ -29,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tabloader
+from conftest import make_table, write_dataset
 from tabloader.backends import gpu as gpu_module
 from tabloader.backends.cpu import CPUBackend
 from tabloader.backends.gpu import (
@@ -40,7 +41,7 @@ from tabloader.backends.gpu import (
     chunk_rows_for_fraction,
     is_out_of_memory,
     memory_error_message,
-    plan_reads,
+    plan_read,
 )
 from tabloader.batches import Layout
 from tabloader.device import DEVICE_ENV, default_device_spec, resolve_device
@@ -318,17 +319,65 @@ def test_probing_for_an_absent_gpu_stack_imports_nothing():
 # -- pure parts of the reader ----------------------------------------------------------------
 
 
-def test_plan_reads_groups_consecutive_ascending_row_groups_of_a_file():
+def test_plan_read_reads_each_row_group_once_and_locates_every_piece():
     part_file = np.array([0, 0, 0, 1, 1])
     part_row_group = np.array([0, 1, 2, 0, 1])
     rows = np.array([10, 20, 30, 5, 6])
     pieces = [(0, 2, 10), (1, 0, 20), (2, 0, 4), (4, 1, 6), (3, 0, 5), (1, 3, 9)]
-    assert plan_reads(pieces, part_file, part_row_group, rows) == [
-        (0, [0, 1, 2], [(0, 2, 10), (1, 10, 30), (2, 30, 34)]),
-        (1, [1], [(4, 1, 6)]),
-        (1, [0], [(3, 0, 5)]),  # row group 0 after 1: a new read keeps the order exact
-        (0, [1], [(1, 3, 9)]),
+    read = plan_read(pieces, part_file, part_row_group, rows)
+    assert read.files == [0, 1]
+    assert read.row_groups == [[0, 1, 2], [0, 1]]  # ascending: the row order is plain
+    assert read.partitions == [[0, 1, 2], [3, 4]]
+    assert read.starts == [0, 60]
+    assert read.spans == [
+        (0, 0, 2, 10),
+        (0, 1, 10, 30),
+        (0, 2, 30, 34),
+        (1, 4, 66, 71),
+        (1, 3, 60, 65),
+        (0, 1, 13, 19),  # row group 1 again: read once, located twice
     ]
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=4).flatmap(
+        lambda groups: st.tuples(
+            st.just(groups),
+            st.lists(
+                st.integers(0, sum(groups) - 1).flatmap(
+                    lambda p: st.tuples(st.just(p), st.integers(0, 5), st.integers(0, 5))
+                ),
+                min_size=1,
+                max_size=8,
+            ),
+        )
+    )
+)
+def test_plan_read_spans_hold_exactly_the_pieces_rows(case):
+    """Reading the planned row groups and slicing each span gives each piece's rows."""
+    groups_per_file, raw = case
+    part_file = np.repeat(np.arange(len(groups_per_file)), groups_per_file)
+    part_row_group = np.concatenate([np.arange(n) for n in groups_per_file])
+    rows = np.arange(len(part_file)) % 3 + 3  # 3..5 rows per row group
+    starts = np.concatenate([[0], np.cumsum(rows)])  # global row numbers of each partition
+    pieces = []
+    for p, a, b in raw:
+        first, last = sorted((min(a, rows[p]), min(b, rows[p])))
+        pieces.append((p, first, last))
+    read = plan_read(pieces, part_file, part_row_group, rows)
+    returned = np.concatenate(  # what cudf returns: each file in turn, row groups as listed
+        [
+            np.arange(starts[p], starts[p] + rows[p])
+            for f, groups in zip(read.files, read.row_groups, strict=True)
+            for p in (np.flatnonzero((part_file == f) & (part_row_group == g))[0] for g in groups)
+        ]
+    )
+    assert all(g == sorted(set(g)) for g in read.row_groups)
+    assert len(set(read.files)) == len(read.files)
+    for (p, first, last), (i, partition, start, stop) in zip(pieces, read.spans, strict=True):
+        assert partition == p
+        assert part_file[p] == read.files[i]
+        assert returned[start:stop].tolist() == list(range(starts[p] + first, starts[p] + last))
 
 
 def _pieces(rows: list[int], seed: int) -> list[dict[str, np.ndarray]]:
@@ -690,7 +739,8 @@ def test_gpu_batches_make_no_host_round_trip(dataset_dir, monkeypatch):
     ):
         for name in names:
             monkeypatch.setattr(cls, name, refuse)
-    monkeypatch.setattr(cudf.Series, "values_host", property(refuse))
+    if hasattr(cudf.Series, "values_host"):  # gone from newer cudf
+        monkeypatch.setattr(cudf.Series, "values_host", property(refuse))
     for shuffle in (True, False):
         loader = tabloader.Loader(
             tabloader.Dataset(dataset_dir([[100, 50], [70]])),
@@ -705,6 +755,59 @@ def test_gpu_batches_make_no_host_round_trip(dataset_dir, monkeypatch):
         batches = list(loader)
         assert len(batches) == len(loader)
         assert all(isinstance(a, cupy.ndarray) for b in batches for a in b.values())
+
+
+@gpu
+def test_a_chunk_is_one_cudf_read_even_across_files(dataset_dir, monkeypatch):
+    """cudf's per-call cost is paid once per chunk, not once per file or row group."""
+    import cudf
+
+    calls = []
+    read_parquet = cudf.read_parquet
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("row_groups"))
+        return read_parquet(*args, **kwargs)
+
+    monkeypatch.setattr(cudf, "read_parquet", counted)
+    paths = dataset_dir([[40, 30], [50], [20, 10]])
+    for shuffle in (True, False):
+        calls.clear()
+        loader = tabloader.Loader(
+            paths, cats=["id"], batch_size=16, shuffle=shuffle, seed=1, device="cuda"
+        )
+        ids = np.concatenate([_host(b)["id"] for b in loader])
+        assert sorted(ids.tolist()) == list(range(150))
+        assert len(calls) == 1  # the whole dataset is one chunk here
+        assert sorted(len(groups) for groups in calls[0]) == [1, 2, 2]
+
+
+@gpu
+def test_files_read_together_may_differ_in_columns_not_read(tmp_path):
+    """One read of several files still works where the files' schemas differ elsewhere."""
+    first = make_table(0, 60)
+    second = make_table(60, 40).append_column("extra", pa.array(np.arange(40.0)))
+    paths = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    pq.write_table(first, paths[0], row_group_size=30)
+    pq.write_table(second, paths[1], row_group_size=20)
+    options: dict[str, Any] = {"cats": ["id"], "conts": ["x"], "batch_size": 16, "seed": 2}
+    for shuffle in (True, False):
+        cpu = list(tabloader.Loader(paths, shuffle=shuffle, device="cpu", **options))
+        gpu = list(tabloader.Loader(paths, shuffle=shuffle, device="cuda", **options))
+        assert len(cpu) == len(gpu)
+        for c, g in zip(cpu, gpu, strict=True):
+            np.testing.assert_equal(_host(g), c)
+
+
+@gpu
+def test_a_corrupt_file_among_several_is_named(tmp_path):
+    paths = write_dataset(tmp_path, [[50], [50], [50]])
+    data = bytearray(Path(paths[1]).read_bytes())
+    data[100:400] = bytes(300)  # column chunks of the middle file, not its footer
+    Path(paths[1]).write_bytes(bytes(data))
+    loader = tabloader.Loader(paths, cats=["id", "cat"], batch_size=16, device="cuda")
+    with pytest.raises(TabloaderError, match=r"part-001\.parquet"):
+        list(loader)
 
 
 @gpu

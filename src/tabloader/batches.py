@@ -205,8 +205,14 @@ def cut_batches(
     Rows left at the end of a part are carried into the next one; only the very last
     batch may be short, and ``drop_last`` drops it. Without an index, full batches
     inside a segment are views of it (no copy); a batch that straddles parts is
-    concatenated.
+    concatenated. ``xp.synchronize()`` runs before each batch is handed over: on a GPU,
+    one wait for all of a batch's gathers rather than one each.
     """
+
+    def complete(segment: Segment) -> dict[str, Any]:
+        xp.synchronize()
+        return layout.deliver(segment)
+
     pending: list[Segment] = []
     pending_rows = 0
     source = iter(parts)
@@ -218,18 +224,18 @@ def cut_batches(
             pending.append(_cut(part, 0, pos, xp))
             pending_rows += pos
             if pending_rows == batch_size:
-                yield layout.deliver(_concat(pending, xp))
+                yield complete(_concat(pending, xp))
                 pending, pending_rows = [], 0
         if not pending_rows:
             while rows - pos >= batch_size:
-                yield layout.deliver(_cut(part, pos, pos + batch_size, xp))
+                yield complete(_cut(part, pos, pos + batch_size, xp))
                 pos += batch_size
             if pos < rows:
                 pending, pending_rows = [_cut(part, pos, rows, xp)], rows - pos
         # Let go of a finished chunk before waiting for the next one.
         del part
     if pending_rows and not drop_last:
-        yield layout.deliver(_concat(pending, xp))
+        yield complete(_concat(pending, xp))
 
 
 def detached(batch: Mapping[str, Any]) -> dict[str, Any]:

@@ -1032,6 +1032,7 @@ def _batch_stream(
                 break
             if delivered == plan.num_batches - 1:
                 batch = detached(batch)  # lets go of the last chunk when the epoch ends
+                backend.xp.synchronize()  # its copies, complete like every batch
             rows = int(next(iter(batch.values())).shape[0])
             result = batch if transform is None else transform(batch)
             stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)

@@ -11,7 +11,9 @@ infinities:
   on the loader's device;
 - memory flat over several epochs (device memory on a GPU, resident memory on the CPU);
 - throughput as a ratio to the decode limit of the same row groups (cudf's own read on
-  a GPU, pyarrow's on the CPU); the GPU goal is 0.8.
+  a GPU, pyarrow's on the CPU). It is reported, not judged: on a few hundred thousand
+  generated rows it says more about the data size than about the install, and
+  ``benchmarks/`` measures speed properly.
 
 The exit code is 0 when nothing failed, 1 when a check failed, and 2 when the device
 asked for cannot be used here. When cudf or cupy is the emulated stand-in used in
@@ -49,10 +51,7 @@ import tabloader
 from tabloader.device import Device, resolve_device
 from tabloader.errors import TabloaderError
 
-__all__ = ["GPU_THROUGHPUT_GOAL", "main", "run_selftest"]
-
-GPU_THROUGHPUT_GOAL = 0.8
-"""Least rows/s of a shuffled GPU epoch, as a share of cudf's read of the same row groups."""
+__all__ = ["main", "run_selftest"]
 _CATS, _CONTS, _LABELS = ["id", "item"], ["x", "y"], ["label"]
 
 
@@ -306,11 +305,8 @@ def _check_throughput(paths: list[str], device: Device, emulated: bool) -> _Chec
         f"{rates['limit']:,.0f} rows/s)"
     )
     if emulated:
-        return _Check("throughput", "INFO", detail + "; emulated device: not a GPU figure")
-    if not device.is_cuda:
-        return _Check("throughput", "INFO", detail)
-    status = "PASS" if ratio >= GPU_THROUGHPUT_GOAL else "FAIL"
-    return _Check("throughput", status, detail + f"; goal {GPU_THROUGHPUT_GOAL}x")
+        detail += "; emulated device: not a GPU figure"
+    return _Check("throughput", "INFO", detail)
 
 
 def loader_rows(paths: list[str]) -> int:

@@ -292,6 +292,9 @@ class PooledNumpy:
         np.concatenate(arrays, axis=axis, out=out)
         return out
 
+    def synchronize(self) -> None:
+        """Nothing to wait for: numpy's work is done when its calls return."""
+
 
 def null_message(column: str, count: int, where: str) -> str:
     return (

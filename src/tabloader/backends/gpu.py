@@ -13,9 +13,9 @@ Everything here runs on the device's legacy default stream, where cudf decodes t
 Two rules follow, and the framework adapters rely on both:
 
     **Every array this backend hands out is complete.** A chunk leaves the reader thread
-    only after the stream is synchronised, and every ``take``/``concatenate`` of the
-    batcher synchronises before it returns, so batch arrays have no pending work on any
-    stream. ``torch.from_dlpack(array)`` or
+    only after the stream is synchronised, and the batcher synchronises it again once a
+    batch's gathers are queued, before the batch is handed over, so batch arrays have no
+    pending work on any stream. ``torch.from_dlpack(array)`` or
     ``tf.experimental.dlpack.from_dlpack(array.__dlpack__())`` may run in the loader's
     ``transform`` (the batcher thread) without further synchronisation.
 
@@ -54,7 +54,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -87,7 +87,7 @@ __all__ = [
     "import_gpu",
     "is_out_of_memory",
     "memory_error_message",
-    "plan_reads",
+    "plan_read",
 ]
 
 INSTALL = "pip install 'tabloader[gpu]'"
@@ -352,35 +352,67 @@ def _out_of_memory_as_error(device: int, doing: str) -> Iterator[None]:
 # -- pure helpers of the reader (tested on the CPU) ----------------------------------------
 
 
-def plan_reads(
+class ChunkRead(NamedTuple):
+    """One ``cudf.read_parquet`` call for a chunk: each file once, its row groups ascending.
+
+    ``spans`` locates every piece, in the chunk's order, in the rows the call returns:
+    ``(file position, partition, start, stop)``. ``starts`` holds the rows before each
+    file's first, so a file read alone finds its pieces at ``start - starts[i]``.
+    """
+
+    files: list[int]
+    row_groups: list[list[int]]
+    partitions: list[list[int]]
+    starts: list[int]
+    spans: list[tuple[int, int, int, int]]
+
+
+def plan_read(
     pieces: Sequence[Piece],
     part_file: NDArray[Any],
     part_row_group: NDArray[Any],
     partition_rows: NDArray[Any],
-) -> list[tuple[int, list[int], list[tuple[int, int, int]]]]:
-    """Group pieces into reads: ``(file, row groups, [(partition, start, stop), ...])``.
+) -> ChunkRead:
+    """Plan the one read of a chunk's pieces: every row group it touches, read once.
 
-    Consecutive pieces of one file with ascending row groups are read by one call; the
-    spans locate each piece's rows in the rows that call returns. Ascending row groups
-    make the returned row order unambiguous.
+    cudf reads several files in the order given, and each file's row groups in the order
+    given; ascending row groups per file make the order of the returned rows plain.
+    A row group that two pieces share (a rank's share ending inside it) is read once.
 
     Examples:
-        >>> plan_reads([(0, 0, 10), (1, 5, 20), (2, 0, 7)], part_file=[0, 0, 1],
-        ...            part_row_group=[0, 1, 0], partition_rows=[10, 20, 7])
-        [(0, [0, 1], [(0, 0, 10), (1, 15, 30)]), (1, [0], [(2, 0, 7)])]
+        >>> read = plan_read([(2, 0, 7), (0, 0, 10), (1, 5, 20)], part_file=[0, 0, 1],
+        ...                  part_row_group=[0, 1, 0], partition_rows=[10, 20, 7])
+        >>> read.files, read.row_groups, read.starts
+        ([0, 1], [[0, 1], [0]], [0, 30])
+        >>> read.spans  # (file position, partition, start, stop) in the 37 rows read
+        [(1, 2, 30, 37), (0, 0, 0, 10), (0, 1, 15, 30)]
     """
-    runs: list[tuple[int, list[int], list[tuple[int, int, int]]]] = []
+    touched = sorted(
+        {int(partition) for partition, _, _ in pieces},
+        key=lambda q: (int(part_file[q]), int(part_row_group[q])),
+    )
+    files: list[int] = []
+    row_groups: list[list[int]] = []
+    partitions: list[list[int]] = []
+    starts: list[int] = []
+    offset_of: dict[int, tuple[int, int]] = {}  # partition -> (file position, first row)
     offset = 0
-    for partition, first, last in pieces:
-        file, group = int(part_file[partition]), int(part_row_group[partition])
-        if not runs or runs[-1][0] != file or runs[-1][1][-1] >= group:
-            runs.append((file, [], []))
-            offset = 0
-        _, groups, spans = runs[-1]
-        groups.append(group)
-        spans.append((int(partition), offset + int(first), offset + int(last)))
+    for partition in touched:
+        file = int(part_file[partition])
+        if not files or files[-1] != file:
+            files.append(file)
+            row_groups.append([])
+            partitions.append([])
+            starts.append(offset)
+        row_groups[-1].append(int(part_row_group[partition]))
+        partitions[-1].append(partition)
+        offset_of[partition] = (len(files) - 1, offset)
         offset += int(partition_rows[partition])
-    return runs
+    spans = []
+    for partition, first, last in pieces:
+        position, at = offset_of[int(partition)]
+        spans.append((position, int(partition), at + int(first), at + int(last)))
+    return ChunkRead(files, row_groups, partitions, starts, spans)
 
 
 def assemble_segments(
@@ -438,9 +470,11 @@ class DeviceArrays:
     """The array namespace the batching code runs with on a GPU.
 
     cupy on one device and one stream: every call makes the device current (the
-    batcher thread starts on GPU 0 like any new thread) and runs on the stream, and
-    ``take``/``concatenate`` synchronise before returning, which keeps the hand-off
-    rule and lets their inputs be freed safely as soon as they return.
+    batcher thread starts on GPU 0 like any new thread) and runs on the stream.
+    ``take``/``concatenate`` only queue their kernels; the batcher calls
+    :meth:`synchronize` once a batch's gathers are queued, which keeps the hand-off
+    rule. Their inputs may be dropped before that: memory goes back to a pool that
+    hands it out again only to work queued after theirs on the same stream.
     """
 
     def __init__(self, cupy: Any, device: int, stream: Any) -> None:
@@ -463,15 +497,15 @@ class DeviceArrays:
 
     def take(self, array: Any, indices: Any, axis: int = 0, out: Any = None) -> Any:
         with self._on_device(f"shuffling a block of {array.shape[0]:,} rows"):
-            out = self.cupy.take(array, indices, axis=axis, out=out)
-            self.stream.synchronize()
-        return out
+            return self.cupy.take(array, indices, axis=axis, out=out)
 
     def concatenate(self, arrays: Sequence[Any], axis: int = 0, out: Any = None) -> Any:
         with self._on_device("joining a batch across chunks"):
-            out = self.cupy.concatenate(list(arrays), axis=axis, out=out)
-            self.stream.synchronize()
-        return out
+            return self.cupy.concatenate(list(arrays), axis=axis, out=out)
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the stream: what it wrote is complete."""
+        self.stream.synchronize()
 
 
 def _optional_import(name: str) -> Any:
@@ -568,7 +602,9 @@ def device_bytes_in_use(rmm: Any, cupy: Any, device: int) -> int:
     resource = rmm.mr.get_per_device_resource(device) if rmm is not None else None
     counts = getattr(resource, "allocation_counts", None)
     if counts is not None:
-        return int(counts["current_bytes"])
+        # rmm before 25.x returns a dict; newer rmm a Statistics object with the same fields.
+        current = counts["current_bytes"] if isinstance(counts, dict) else counts.current_bytes
+        return int(current)
     with cupy.cuda.Device(device):
         free, total = cupy.cuda.runtime.memGetInfo()
     return int(total) - int(free)
@@ -620,17 +656,8 @@ class GPUBackend:
         doing = f"reading a chunk of {rows:,} rows"
         with cupy.cuda.Device(self.device), _out_of_memory_as_error(self.device, doing):
             t0 = time.perf_counter()
-            arrays = []
-            for partition, frame in self._read_frames(dataset, pieces, columns):
-                where = dataset.describe_partition(partition)
-                arrays.append(
-                    {
-                        c: (_device_list_column if c in lists else _device_column)(
-                            frame[c], c, fill_null.get(c), where, cupy
-                        )
-                        for c in columns
-                    }
-                )
+            frames, spans = self._read_frames(dataset, pieces, columns)
+            arrays = self._piece_arrays(dataset, frames, spans, columns, lists, fill_null)
             stats.bytes_read += sum(_nbytes(a) for piece in arrays for a in piece.values())
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
@@ -645,81 +672,145 @@ class GPUBackend:
         stats.device_bytes = device_bytes_in_use(self._rmm, cupy, self.device)
         return [(segment, index) for segment in segments]
 
+    def _piece_arrays(
+        self,
+        dataset: Dataset,
+        frames: list[Any],
+        spans: list[tuple[int, int, int, int]],
+        columns: list[str],
+        lists: set[str],
+        fill_null: Mapping[str, float],
+    ) -> list[dict[str, Any]]:
+        """Each piece's columns as device arrays (or :class:`Ragged`), in piece order.
+
+        A frame's columns are converted once and sliced per piece (views, no copies),
+        unless a piece needs its own conversion: list columns, or nulls in a column with
+        no fill value, which are an error only in the rows a piece delivers and must name
+        its row group.
+        """
+        cupy = self._cupy
+        whole: dict[int, dict[str, Any] | None] = {}
+        out = []
+        for i, partition, start, stop in spans:
+            frame = frames[i]
+            if i not in whole:
+                refused = any(fill_null.get(c) is None and frame[c].null_count for c in columns)
+                whole[i] = (
+                    None
+                    if lists or refused
+                    else {
+                        c: _device_column(frame[c], c, fill_null.get(c), "", cupy) for c in columns
+                    }
+                )
+            converted = whole[i]
+            if converted is not None:
+                out.append({c: a[start:stop] for c, a in converted.items()})
+                continue
+            piece = frame if start == 0 and stop == len(frame) else frame.iloc[start:stop]
+            where = dataset.describe_partition(partition)
+            out.append(
+                {
+                    c: (_device_list_column if c in lists else _device_column)(
+                        piece[c], c, fill_null.get(c), where, cupy
+                    )
+                    for c in columns
+                }
+            )
+        return out
+
     def _read_frames(
         self, dataset: Dataset, pieces: Sequence[Piece], columns: list[str]
-    ) -> list[tuple[int, Any]]:
-        """``(partition, cudf DataFrame of the piece's rows)`` for every piece, in order."""
+    ) -> tuple[list[Any], list[tuple[int, int, int, int]]]:
+        """cudf DataFrames of the pieces' rows, and where each piece lies in them.
+
+        Returns ``(frames, spans)``: ``spans`` holds ``(frame, partition, start, stop)``
+        for every piece, in order. A chunk of parquet files is one read.
+        """
         cudf = self._cudf
         source = dataset._source
-        frames: list[tuple[int, Any]] = []
         if isinstance(source, _ParquetSource):
-            reads = plan_reads(pieces, source.part_file, source.part_row_group, source.rows)
-            for file, row_groups, spans in reads:
-                frame = self._read_parquet(dataset, source, file, row_groups, spans, columns)
-                frames.extend((p, frame.iloc[start:stop]) for p, start, stop in spans)
-            return frames
+            read = plan_read(pieces, source.part_file, source.part_row_group, source.rows)
+            frames = self._read_parquet(dataset, source, read, columns)
+            if len(frames) == 1:
+                return frames, [(0, p, start, stop) for _, p, start, stop in read.spans]
+            return frames, [
+                (i, p, start - read.starts[i], stop - read.starts[i])
+                for i, p, start, stop in read.spans
+            ]
+        frames = []
         if isinstance(source, _DaskSource):
-            for partition, first, last in pieces:
+            for partition, _, _ in pieces:
                 try:
-                    frame = source.compute_partition(partition, columns).iloc[first:last]
+                    frame = source.compute_partition(partition, columns)
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise
                     raise read_error(dataset.describe_partition(partition), err) from err
                 if not type(frame).__module__.startswith("cudf"):  # dask with pandas parts
                     frame = cudf.from_pandas(frame)
-                frames.append((partition, frame))
-            return frames
+                frames.append(frame)
+            spans = [
+                (i, int(p), int(first), int(last)) for i, (p, first, last) in enumerate(pieces)
+            ]
+            return frames, spans
         # An in-memory table lives on the host: one copy to the device is unavoidable.
         tables = dataset.iter_pieces(pieces, columns)
-        for (partition, _, _), table in zip(pieces, tables, strict=True):
-            frames.append((partition, cudf.DataFrame.from_arrow(table)))
-        return frames
+        for table in tables:
+            frames.append(cudf.DataFrame.from_arrow(table))
+        spans = [(i, int(p), 0, len(frames[i])) for i, (p, _, _) in enumerate(pieces)]
+        return frames, spans
 
     def _read_parquet(
-        self,
-        dataset: Dataset,
-        source: _ParquetSource,
-        file: int,
-        row_groups: list[int],
-        spans: list[tuple[int, int, int]],
-        columns: list[str],
-    ) -> Any:
-        where = dataset.describe_partition(spans[0][0])
-        if len(spans) > 1:
-            where += f" or one of {len(spans) - 1} other row group(s) of that file"
+        self, dataset: Dataset, source: _ParquetSource, read: ChunkRead, columns: list[str]
+    ) -> list[Any]:
+        """``read``'s row groups as one cudf DataFrame, or one per file (see below)."""
+        parts = [p for file_parts in read.partitions for p in file_parts]
+        where = dataset.describe_partition(parts[0])
+        if len(parts) > 1:
+            where += f" or one of {len(parts) - 1} other row group(s)"
         try:
-            if source.filesystem is None:
+            with contextlib.ExitStack() as opened:
+                if source.filesystem is None:
+                    sources: list[Any] = [source.files[f] for f in read.files]
+                else:
+                    # Only the footer and the byte ranges of these row groups and columns
+                    # cross the network (retried like the CPU's reads); cudf given the URL
+                    # would fetch the whole object.
+                    sources = [
+                        opened.enter_context(dataset.open_row_groups(f, groups, columns))
+                        for f, groups in zip(read.files, read.row_groups, strict=True)
+                    ]
                 frame = self._cudf.read_parquet(
-                    [source.files[file]],
-                    columns=columns,
-                    row_groups=[row_groups],
-                    use_pandas_metadata=False,
+                    sources, columns=columns, row_groups=read.row_groups, use_pandas_metadata=False
                 )
-            else:
-                # Only the footer and the byte ranges of these row groups and columns
-                # cross the network (retried like the CPU's reads); cudf given the URL
-                # would fetch the whole object.
-                with dataset.open_row_groups(file, row_groups, columns) as ranges:
-                    frame = self._cudf.read_parquet(
-                        [ranges],
-                        columns=columns,
-                        row_groups=[row_groups],
-                        use_pandas_metadata=False,
-                    )
         except ReadError:
             raise  # a network failure, already named with its remedy
         except Exception as err:
             if is_out_of_memory(err):
                 raise
+            if len(read.files) > 1:
+                return self._read_each_file(dataset, source, read, columns)
             raise read_error(where, err) from err
-        # cudf adds the key=value directories of a hive-partitioned path as columns; the
-        # CPU backend reads the file alone, so deliver exactly the requested columns.
-        frame = frame[columns]
-        expected = int(sum(source.rows[p] for p, _, _ in spans))
+        expected = int(sum(source.rows[p] for p in parts))
         if len(frame) != expected:
+            if len(read.files) > 1:
+                return self._read_each_file(dataset, source, read, columns)
             raise ReadError(
                 f"cudf read {len(frame)} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
             )
-        return frame
+        # cudf adds the key=value directories of a hive-partitioned path as columns; the
+        # CPU backend reads the file alone, so deliver exactly the requested columns.
+        if list(frame.columns) != columns:
+            frame = frame[columns]
+        return [frame]
+
+    def _read_each_file(
+        self, dataset: Dataset, source: _ParquetSource, read: ChunkRead, columns: list[str]
+    ) -> list[Any]:
+        """``read`` one file at a time: files that fail together may each read alone (their
+        schemas may differ in columns not read), and a file at fault is named."""
+        return [
+            self._read_parquet(dataset, source, ChunkRead([f], [groups], [ps], [0], []), columns)[0]
+            for f, groups, ps in zip(read.files, read.row_groups, read.partitions, strict=True)
+        ]
