@@ -44,12 +44,12 @@ def cases(ctx: Context) -> list[Case]:
 
         def run() -> int:
             rows = 0
-            with cupy.cuda.Device(device):
+            with cupy.cuda.Device(device) as current:
                 for path in ctx.files:
                     frame = cudf.read_parquet([path], columns=columns, use_pandas_metadata=False)
                     rows += len(frame)
                     del frame
-                cupy.cuda.runtime.deviceSynchronize()
+                current.synchronize()
             return rows
 
         return run
@@ -74,7 +74,10 @@ def cases(ctx: Context) -> list[Case]:
         for shuffle in (True, False)
     )
     if importlib.util.find_spec("torch") is not None:
-        found.append(_pinned_torch_case(ctx, options))
+        import torch
+
+        if torch.cuda.is_available():
+            found.append(_pinned_torch_case(ctx, options))
     return found
 
 
