@@ -290,11 +290,11 @@ def test_resources_are_per_device_and_statistics_count(gpu, monkeypatch):
         assert rmm.mr.get_current_device_resource() is stats
         b = cupy.empty(1000, dtype=cupy.uint8)
         counts = stats.allocation_counts
-    assert counts["current_bytes"] == 1000 and counts["current_count"] == 1
+    assert counts.current_bytes == 1000 and counts.current_count == 1
     del b
     gc.collect()
     counts = stats.allocation_counts
-    assert (counts["current_bytes"], counts["peak_bytes"], counts["total_count"]) == (0, 1000, 1)
+    assert (counts.current_bytes, counts.peak_bytes, counts.total_count) == (0, 1000, 1)
     assert a.device.id == 0
 
 

@@ -380,6 +380,21 @@ def test_plan_read_spans_hold_exactly_the_pieces_rows(case):
         assert returned[start:stop].tolist() == list(range(starts[p] + first, starts[p] + last))
 
 
+@pytest.mark.parametrize(
+    "counts",
+    [
+        pytest.param({"current_bytes": 4096, "peak_bytes": 8192}, id="rmm-before-25-dict"),
+        pytest.param(types.SimpleNamespace(current_bytes=4096, peak_bytes=8192), id="Statistics"),
+    ],
+)
+def test_device_bytes_in_use_reads_both_forms_of_rmm_counts(counts):
+    """Older rmm gives allocation counts as a dict, rmm 25 and later as a Statistics object."""
+    resource = types.SimpleNamespace(allocation_counts=counts)
+    mr = types.SimpleNamespace(get_per_device_resource=lambda device: resource)
+    rmm = types.SimpleNamespace(mr=mr)
+    assert gpu_module.device_bytes_in_use(rmm, None, 0) == 4096
+
+
 def _pieces(rows: list[int], seed: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [

@@ -7,6 +7,7 @@ count against the emulated memory size, and with the real cupy they are real.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from typing import Any
@@ -159,13 +160,25 @@ class PoolMemoryResource(_UpstreamAdaptor):
         return any(p <= a < p + s and p <= b < p + s for p, s in self._blocks)
 
 
+@dataclasses.dataclass(frozen=True)
+class Statistics:
+    """What ``StatisticsResourceAdaptor.allocation_counts`` returns: fields, not keys."""
+
+    current_bytes: int
+    current_count: int
+    peak_bytes: int
+    peak_count: int
+    total_bytes: int
+    total_count: int
+
+
 class StatisticsResourceAdaptor(_UpstreamAdaptor):
     """Counts what passes through to ``upstream_mr``.
 
-    ``allocation_counts`` is a property returning a dict with the keys ``current_bytes``,
-    ``current_count``, ``peak_bytes``, ``peak_count``, ``total_bytes`` and ``total_count``
-    (rmm's Cython memory_resource module; newer rmm returns a Statistics object with the
-    same fields as attributes).
+    ``allocation_counts`` is a property returning a :class:`Statistics` with the fields
+    ``current_bytes``, ``current_count``, ``peak_bytes``, ``peak_count``, ``total_bytes``
+    and ``total_count``, as rmm 25 and later do (rmm 26.10 was seen to; older rmm returned
+    a dict with those keys).
     """
 
     def __init__(self, upstream_mr: DeviceMemoryResource) -> None:
@@ -183,9 +196,9 @@ class StatisticsResourceAdaptor(_UpstreamAdaptor):
         )
 
     @property
-    def allocation_counts(self) -> dict[str, int]:
+    def allocation_counts(self) -> Statistics:
         with _lock:
-            return dict(self._counts)
+            return Statistics(**self._counts)
 
     def allocate(self, nbytes: int, stream: Any = None) -> int:
         ptr = self.upstream_mr.allocate(nbytes, stream)
