@@ -694,12 +694,14 @@ class GPUBackend:
         for i, partition, start, stop in spans:
             frame = frames[i]
             if i not in whole:
-                refused = any(fill_null.get(c) is None and frame[c].null_count for c in columns)
+                series = {c: frame[c] for c in columns}
+                refused = any(fill_null.get(c) is None and series[c].null_count for c in columns)
                 whole[i] = (
                     None
                     if lists or refused
                     else {
-                        c: _device_column(frame[c], c, fill_null.get(c), "", cupy) for c in columns
+                        c: _device_column(col, c, fill_null.get(c), "", cupy)
+                        for c, col in series.items()
                     }
                 )
             converted = whole[i]
@@ -739,9 +741,9 @@ class GPUBackend:
             ]
         frames = []
         if isinstance(source, _DaskSource):
-            for partition, _, _ in pieces:
+            for partition, first, last in pieces:
                 try:
-                    frame = source.compute_partition(partition, columns)
+                    frame = source.compute_partition(partition, columns).iloc[first:last]
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise
@@ -749,14 +751,11 @@ class GPUBackend:
                 if not type(frame).__module__.startswith("cudf"):  # dask with pandas parts
                     frame = cudf.from_pandas(frame)
                 frames.append(frame)
-            spans = [
-                (i, int(p), int(first), int(last)) for i, (p, first, last) in enumerate(pieces)
-            ]
-            return frames, spans
-        # An in-memory table lives on the host: one copy to the device is unavoidable.
-        tables = dataset.iter_pieces(pieces, columns)
-        for table in tables:
-            frames.append(cudf.DataFrame.from_arrow(table))
+        else:
+            # An in-memory table lives on the host: one copy to the device is unavoidable.
+            for table in dataset.iter_pieces(pieces, columns):
+                frames.append(cudf.DataFrame.from_arrow(table))
+        # One frame per piece, holding exactly its rows.
         spans = [(i, int(p), 0, len(frames[i])) for i, (p, _, _) in enumerate(pieces)]
         return frames, spans
 
