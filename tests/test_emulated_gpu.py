@@ -358,8 +358,34 @@ def test_read_parquet_through_a_filesystem_reads_the_whole_object(gpu, tmp_path)
     )
     np.testing.assert_array_equal(frame["id"].values.get(), [4, 5, 6, 7])
     assert cudf._emulation_stats["remote_bytes"] == Path(path).stat().st_size
-    with open(path, "rb") as handle:  # file-like objects too
+
+
+def test_file_like_objects_go_through_cudfs_fsspec_transfer(gpu, tmp_path):
+    """cudf reads a file-like object through ioutils._fsspec_data_transfer, which compares
+    ``bytes_per_thread >= path_or_fob.size``: a number reads the object whole, a method
+    (``RangeFile.size()``) raises TypeError, as it did for remote files on a real GPU."""
+    fsspec = pytest.importorskip("fsspec")
+    _cupy, cudf, _rmm = gpu
+    path = _nan_and_null_file(tmp_path / "f.parquet")
+    fs = fsspec.filesystem("file")
+    with fs.open(path, "rb") as handle:  # an fsspec file: size is a number
         assert len(cudf.read_parquet(handle, columns=["x"])) == 12
+
+    class SizeMethod:
+        def __init__(self) -> None:
+            self._f = open(path, "rb")  # noqa: SIM115
+
+        def read(self, n: int = -1) -> bytes:
+            return self._f.read(n)
+
+        def seek(self, offset: int, whence: int = 0) -> int:
+            return self._f.seek(offset, whence)
+
+        def size(self) -> int:
+            return Path(path).stat().st_size
+
+    with pytest.raises(TypeError, match="not supported between"):
+        cudf.read_parquet(SizeMethod(), columns=["x"])
 
 
 def test_frames_from_arrow_and_pandas(gpu):
@@ -382,3 +408,97 @@ def test_list_columns_expose_leaves_and_lengths(gpu):
     lists = frame["l"].iloc[1:3]
     np.testing.assert_array_equal(lists.list.leaves.values.get(), [3, 4, 5])
     np.testing.assert_array_equal(lists.list.len().values.get(), [0, 3])
+
+
+# -- the rules real hardware enforced where an earlier stand-in was too forgiving --------------
+
+
+def test_views_carry_their_base_and_copies_do_not(cupy_alone):
+    """cupy sets ``base`` on views (cupy/_core/core.pyx ``_view``): code that copies views
+    out of a larger buffer (``batches.detached``) then really copies on a GPU."""
+    a = cupy_alone.arange(10)
+    view = a[2:5].reshape(3, 1)[:, 0]
+    assert view.base is a and a.base is None
+    assert a[2:5].copy().base is None
+
+
+def test_memory_belongs_to_the_device_it_came_from(gpu, monkeypatch):
+    """cupy asks the driver for a pointer's device when rmm passes -1
+    (cupy/cuda/memory.pyx UnownedMemory; rmm/allocators/cupy.py): memory of GPU 0 is
+    GPU 0's whichever device is current, as a pool built on the wrong device showed."""
+    cupy, _cudf, rmm = gpu
+    monkeypatch.setenv("TABLOADER_EMULATED_GPUS", "2")
+    pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 20)
+    rmm.mr.set_per_device_resource(1, pool)  # built while GPU 0 is current: GPU 0's memory
+    try:
+        with cupy.cuda.Device(1):
+            a = cupy.empty(16)
+        assert a.device.id == 0
+        with cupy.cuda.Device(1), pytest.raises(ValueError, match="Peer access is unavailable"):
+            a + 1
+    finally:
+        rmm.mr.set_per_device_resource(1, rmm.mr.CudaMemoryResource())
+
+
+def test_a_stream_belongs_to_its_device(cupy_alone, monkeypatch):
+    monkeypatch.setenv("TABLOADER_EMULATED_GPUS", "2")
+    with cupy_alone.cuda.Device(1):
+        stream = cupy_alone.cuda.Stream(non_blocking=True)
+        a = cupy_alone.arange(3)
+    with stream, pytest.raises(cupy_alone.cuda.CUDARuntimeError, match="invalid resource handle"):
+        a + 1  # device 0 is current
+
+
+def test_work_on_a_non_blocking_stream_is_ordered_only_by_events_or_the_host(cupy_alone):
+    cupy = cupy_alone
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cupy.arange(4) * 2  # written on the stream
+    with pytest.raises(cupy.cuda.RaceError, match="without waiting"):
+        a + 1  # read on the default stream, unordered
+    cupy.cuda.Stream.null.wait_event(stream.record())
+    assert (a + 1).get().tolist() == [1, 3, 5, 7]
+    with stream:
+        b = cupy.arange(4) + 0
+    stream.synchronize()
+    assert b.get().tolist() == [0, 1, 2, 3]  # the host waited for it
+
+
+def test_a_blocking_stream_and_the_default_stream_order_each_other(cupy_alone):
+    cupy = cupy_alone
+    with cupy.cuda.Stream():  # blocking, as cupy's default
+        a = cupy.arange(3) + 1
+    assert (a + 1).get().tolist() == [2, 3, 4]
+
+
+def test_memory_read_elsewhere_is_overwritten_only_after_that_read(cupy_alone):
+    """A pool hands memory freed on a stream back to that stream at once: a loader that
+    writes into memory its consumer read on the default stream must wait for it."""
+    cupy = cupy_alone
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        batch = cupy.arange(1024) + 0
+    cupy.cuda.Stream.null.wait_event(stream.record())
+    _ = batch * 2  # the consumer reads it on the default stream
+    with stream, pytest.raises(cupy.cuda.RaceError, match="still reads"):
+        batch[...] = 0
+    stream.wait_event(cupy.cuda.Stream.null.record())
+    with stream:
+        batch[...] = 0  # ordered after the consumer's read
+
+
+def test_using_allocator_is_per_thread(cupy_alone):
+    cupy = cupy_alone
+    calls = []
+
+    def counting(nbytes):
+        calls.append(threading.current_thread().name)
+        return cupy.cuda.memory._malloc(nbytes)
+
+    with cupy.cuda.using_allocator(counting):
+        cupy.empty(8)
+        other = threading.Thread(target=cupy.empty, args=(8,), name="other")
+        other.start()
+        other.join()
+    cupy.empty(8)
+    assert calls == [threading.current_thread().name]

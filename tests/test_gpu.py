@@ -36,9 +36,10 @@ from tabloader.backends.gpu import (
     GPUMemoryError,
     GPUUnavailableError,
     as_contiguous,
-    assemble_segments,
+    assemble_frames,
     batch_device,
     chunk_rows_for_fraction,
+    delivery_rows,
     is_out_of_memory,
     memory_error_message,
     plan_read,
@@ -408,55 +409,69 @@ def _pieces(rows: list[int], seed: int) -> list[dict[str, np.ndarray]]:
     ]
 
 
-LAYOUTS = [
-    pytest.param(False, True, id="columns-shuffle"),
-    pytest.param(False, False, id="columns-ordered"),
-    pytest.param(True, True, id="stacked-shuffle"),
-    pytest.param(True, False, id="stacked-ordered"),
-]
-
-
-def _layout(stacked: bool) -> Layout:
+def _layout(stacked: bool, grouped: bool = True) -> Layout:
     i8, f4 = np.dtype("int64"), np.dtype("float32")
     return Layout.build(
         {"cats": ["a", "b"], "conts": ["x", "y"], "labels": []},
         {"a": i8, "b": i8, "x": f4, "y": f4},
         stacked=stacked,
+        grouped=grouped,
     )
 
 
-@pytest.mark.parametrize(("stacked", "concatenate"), [(s.values[0], s.values[1]) for s in LAYOUTS])
+@pytest.mark.parametrize("stacked", [False, True], ids=["columns", "stacked"])
 @settings(max_examples=25, deadline=None)
 @given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=4), seed=st.integers(0, 99))
-def test_assembly_matches_the_cpu_backend(stacked, concatenate, rows, seed):
-    blocks = _layout(stacked).blocks
-    pieces = _pieces(rows, seed)
-    got = assemble_segments(pieces, blocks, concatenate=concatenate, xp=np)
+def test_assembly_delivers_the_cpu_backends_columns(stacked, rows, seed):
+    """The GPU's blocks (grouped by dtype, column-major) deliver exactly the columns the
+    CPU's per-column blocks do, for frames laid end to end."""
+    layout = _layout(stacked)
+    frames = _pieces(rows, seed)
+    segment = assemble_frames(frames, layout.blocks, np)
+    delivered = layout.deliver(segment)
+    cpu_layout = _layout(stacked, grouped=False)
     cpu, work = CPUBackend(), SplitWork(2, name="tabloader-test")
     try:
-        per_piece = [cpu._piece_segment(p, blocks, StatsRecorder(), work) for p in pieces]
+        per_frame = [
+            cpu._piece_segment(f, cpu_layout.blocks, StatsRecorder(), work) for f in frames
+        ]
     finally:
         work.close()
-    if concatenate:
-        expected = [{b.name: np.concatenate([s[b.name] for s in per_piece]) for b in blocks}]
-    else:
-        expected = per_piece
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        assert g.keys() == e.keys()
-        for name in g:
-            assert g[name].dtype == e[name].dtype
-            assert g[name].shape == e[name].shape
-            np.testing.assert_array_equal(g[name], e[name])
+    expected = cpu_layout.deliver(
+        {b.name: np.concatenate([s[b.name] for s in per_frame]) for b in cpu_layout.blocks}
+    )
+    assert delivered.keys() == expected.keys()
+    for name, got in delivered.items():
+        assert got.dtype == expected[name].dtype, name
+        np.testing.assert_array_equal(got, expected[name])
+        if not stacked:
+            assert got.flags.c_contiguous, name  # a column of a column-major block
 
 
-def test_assembly_without_shuffle_keeps_a_matching_column_zero_copy():
-    piece = {"a": np.arange(5, dtype=np.int64), "x": np.arange(5, dtype=np.float64)}
-    i8, f4 = np.dtype("int64"), np.dtype("float32")
-    blocks = Layout.build({"cats": ["a"], "conts": ["x"]}, {"a": i8, "x": f4}, stacked=False).blocks
-    (segment,) = assemble_segments([piece], blocks, concatenate=False, xp=np)
-    assert np.shares_memory(segment["a"], piece["a"])  # already int64: a view
-    assert segment["x"].dtype == np.float32  # cast: a copy
+@settings(max_examples=50, deadline=None)
+@given(
+    frame_rows=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_delivery_rows_point_at_each_pieces_rows_in_order(frame_rows, data):
+    spans = []
+    for f, n in enumerate(frame_rows):
+        start = data.draw(st.integers(0, n - 1))
+        stop = data.draw(st.integers(start + 1, n))
+        spans.append((f, 10 + f, start, stop))
+    spans = data.draw(st.permutations(spans))
+    total = sum(stop - start for _, _, start, stop in spans)
+    shuffled = data.draw(st.booleans())
+    order = np.random.default_rng(0).permutation(total) if shuffled else None
+    index, first = delivery_rows(spans, frame_rows, order)
+    starts = np.concatenate([[0], np.cumsum(frame_rows)])
+    expected = np.concatenate([np.arange(starts[f] + a, starts[f] + b) for f, _, a, b in spans])
+    if order is not None:
+        expected = expected[order]
+    got = np.arange(first, first + total) if index is None else index
+    np.testing.assert_array_equal(got, expected)
+    if index is None:  # one ascending run: served as slices
+        assert np.all(np.diff(expected) == 1)
 
 
 # -- memory sizing and out-of-memory errors ----------------------------------------------------
@@ -1118,12 +1133,15 @@ def test_device_memory_is_bounded_by_the_chunk_buffer_and_flat_across_epochs(dat
 
 
 @gpu
-def test_batches_are_made_on_the_legacy_default_stream():
-    """Memory a consumer dropped is reused only after its work on the default stream."""
+def test_the_loader_works_on_a_non_blocking_stream_of_its_own():
+    """Not the default stream: the loader neither waits for a training step's kernels nor
+    holds them up (see backends/gpu.py, "Devices, streams, and the hand-off rules")."""
     import cupy
 
     loader = tabloader.Loader(_table(), cats=["id"], batch_size=4, device="cuda")
-    assert loader.backend.xp.stream is cupy.cuda.Stream.null
+    stream = loader.backend.xp.stream
+    assert stream is not cupy.cuda.Stream.null and stream.ptr != 0
+    assert stream.device_id == loader.device.index
 
 
 # -- the self-test --------------------------------------------------------------------------------

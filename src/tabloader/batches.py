@@ -18,7 +18,7 @@ A :class:`Layout` says which columns share a block and how batches are delivered
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,9 @@ class Block:
     dtype: np.dtype[Any]
     ragged: bool = False
     """A list column (one column, held as :class:`Ragged` rather than a 2-D array)."""
+    column_major: bool = False
+    """Each column contiguous (a Fortran-ordered ``[rows, k]`` array): a delivered column
+    of a wide block is then a contiguous array, and one gather serves all ``k``."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,14 @@ class Layout:
         dtypes: Mapping[str, np.dtype[Any]],
         *,
         stacked: bool,
+        grouped: bool = False,
     ) -> Layout:
         """Layout for columns grouped by kind (``cats``/``conts``/``labels``).
+
+        Without ``stacked``, each column is delivered alone; ``grouped`` then keeps the
+        columns of one dtype side by side in one column-major block (the GPU's layout:
+        one gather a batch per dtype instead of one per column), else each column is a
+        block of its own (the CPU's: zero-copy views of the decoded columns).
 
         Examples:
             >>> i8, f4 = np.dtype("int64"), np.dtype("float32")
@@ -86,6 +95,9 @@ class Layout:
             [('a',), ('b',), ('x',), ('y',)]
             >>> Layout.build(kinds, dtypes, stacked=True).outputs
             (('cats', 'cats', None), ('conts', 'conts', None), ('labels', 'labels', None))
+            >>> grouped = Layout.build(kinds, dtypes, stacked=False, grouped=True)
+            >>> [(b.name, b.columns) for b in grouped.blocks], grouped.outputs[2]
+            ([('<int64>', ('a', 'b')), ('<float32>', ('x', 'y'))], ('x', '<float32>', 0))
         """
         if stacked:
             blocks = tuple(
@@ -93,8 +105,18 @@ class Layout:
             )
             return cls(blocks, tuple((b.name, b.name, None) for b in blocks))
         columns = [c for cols in kinds.values() for c in cols]
-        blocks = tuple(Block(c, (c,), dtypes[c]) for c in columns)
-        return cls(blocks, tuple((c, c, 0) for c in columns))
+        if not grouped:
+            blocks = tuple(Block(c, (c,), dtypes[c]) for c in columns)
+            return cls(blocks, tuple((c, c, 0) for c in columns))
+        by_dtype: dict[np.dtype[Any], list[str]] = {}
+        for c in columns:
+            by_dtype.setdefault(np.dtype(dtypes[c]), []).append(c)
+        blocks = tuple(
+            Block(f"<{dtype}>", tuple(cols), dtype, column_major=True)
+            for dtype, cols in by_dtype.items()
+        )
+        where = {c: (b.name, j) for b in blocks for j, c in enumerate(b.columns)}
+        return cls(blocks, tuple((c, *where[c]) for c in columns))
 
     def with_lists(self, names: Sequence[str], dtypes: Mapping[str, np.dtype[Any]]) -> Layout:
         """This layout plus list columns ``names``, each its own ragged block, delivered
@@ -143,21 +165,35 @@ def _cut(part: Part, start: int, stop: int, xp: Any) -> Segment:
     rows = index[start:stop]
     lists = {name: a for name, a in segment.items() if isinstance(a, Ragged)}
     shapes = [(name, a.shape[1], a.dtype) for name, a in segment.items() if name not in lists]
-    out = empty_segment(len(rows), shapes, xp)
+    out = empty_segment(len(rows), shapes, xp, column_major=_column_major(segment))
     for name, array in out.items():
         xp.take(segment[name], rows, axis=0, out=array)
     out.update({name: ragged.take(rows) for name, ragged in lists.items()})
     return out
 
 
+def _column_major(segment: Segment) -> set[str]:
+    """The blocks of ``segment`` laid out column-major (Fortran-ordered, several columns)."""
+    return {
+        name
+        for name, a in segment.items()
+        if not isinstance(a, Ragged) and a.shape[1] > 1 and not a.flags.c_contiguous
+    }
+
+
 def empty_segment(
-    rows: int, shapes: Iterable[tuple[str, int, Any]], xp: Any, *, column_major: bool = False
+    rows: int,
+    shapes: Iterable[tuple[str, int, Any]],
+    xp: Any,
+    *,
+    column_major: bool | Container[str] = False,
 ) -> Segment:
     """A segment of ``(name, columns, dtype)`` blocks carved out of one allocation.
 
     One allocation per segment keeps a pooled allocator's buffers few and large, so they
     are reused rather than mapped afresh. Every block starts 64-byte aligned. With
-    ``column_major`` each block's columns are contiguous (a Fortran-ordered 2-D array).
+    ``column_major`` (all blocks, or the names of some) a block's columns are contiguous
+    (a Fortran-ordered 2-D array).
 
     Examples:
         >>> segment = empty_segment(3, [("a", 2, "int64"), ("x", 1, "float32")], np)
@@ -174,7 +210,8 @@ def empty_segment(
     offset = 0
     for (name, k, dtype), size, span in zip(shapes, sizes, spans, strict=True):
         block = memory[offset : offset + size].view(dtype)
-        segment[name] = block.reshape(k, rows).T if column_major else block.reshape(rows, k)
+        by_column = column_major if isinstance(column_major, bool) else name in column_major
+        segment[name] = block.reshape(k, rows).T if by_column else block.reshape(rows, k)
         offset += span
     return segment
 
@@ -185,7 +222,7 @@ def _concat(parts: Sequence[Segment], xp: Any) -> Segment:
     rows = sum(segment_rows(p) for p in parts)
     lists = [name for name, a in parts[0].items() if isinstance(a, Ragged)]
     shapes = [(name, a.shape[1], a.dtype) for name, a in parts[0].items() if name not in lists]
-    out = empty_segment(rows, shapes, xp)
+    out = empty_segment(rows, shapes, xp, column_major=_column_major(parts[0]))
     for name, array in out.items():
         xp.concatenate([p[name] for p in parts], axis=0, out=array)
     out.update({name: Ragged.concatenate([p[name] for p in parts]) for name in lists})
@@ -205,12 +242,11 @@ def cut_batches(
     Rows left at the end of a part are carried into the next one; only the very last
     batch may be short, and ``drop_last`` drops it. Without an index, full batches
     inside a segment are views of it (no copy); a batch that straddles parts is
-    concatenated. ``xp.synchronize()`` runs before each batch is handed over: on a GPU,
-    one wait for all of a batch's gathers rather than one each.
+    concatenated. On a GPU the gathers are only issued: the loader orders its consumer
+    after them once the batch is finished (``xp.hand_over()``).
     """
 
     def complete(segment: Segment) -> dict[str, Any]:
-        xp.synchronize()
         return layout.deliver(segment)
 
     pending: list[Segment] = []

@@ -729,6 +729,8 @@ class _CacheBackend:
         self.backend = backend
         self.name = backend.name
         self.xp = backend.xp
+        self.groups_columns = backend.groups_columns
+        self.scope = backend.scope
         self.write = write
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:

@@ -448,6 +448,46 @@ class Dataset:
             return open(source.files[file_index], "rb")
         return source.fetch_row_groups(file_index, list(row_groups), list(columns))
 
+    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]] | None:
+        """For parquet files: each partition's file index, row group and rows (else None).
+
+        Examples:
+            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
+            >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
+            >>> pq.write_table(pa.table({"a": range(5)}), path, row_group_size=3)
+            >>> [a.tolist() for a in tabloader.Dataset(path).parquet_layout()]
+            [[0, 0], [0, 1], [3, 2]]
+        """
+        source = self._source
+        if not isinstance(source, _ParquetSource):
+            return None
+        return source.part_file, source.part_row_group, source.rows
+
+    def local_paths(self, files: Sequence[int]) -> list[str] | None:
+        """The local paths of these files (by index), or None for object storage."""
+        source = self._source
+        if not isinstance(source, _ParquetSource) or source.remote is not None:
+            return None
+        return [source.files[f] for f in files]
+
+    def computed_partitions(
+        self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
+    ) -> list[Any] | None:
+        """For a Dask DataFrame: each piece's rows of its partition, computed (pandas, or
+        cudf for dask-cudf, whose partitions stay on the GPU); None for other sources."""
+        source = self._source
+        if not isinstance(source, _DaskSource):
+            return None
+        frames = []
+        for partition, first, last in pieces:
+            try:
+                frames.append(source.compute_partition(partition, list(columns)).iloc[first:last])
+            except Exception as err:
+                if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+                    raise
+                raise read_error(self.describe_partition(partition), err) from err
+        return frames
+
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
         """Arrow type of each column, checked to be present and identical in every file.
 

@@ -20,6 +20,8 @@ __all__ = [
     "ColumnTypeError",
     "EmptyDatasetError",
     "EmptyEpochWarning",
+    "GPUMemoryError",
+    "GPUUnavailableError",
     "InvalidArgumentError",
     "InvalidFileError",
     "NullValuesError",
@@ -72,6 +74,14 @@ class EmptyDatasetError(TabloaderError, ValueError):
 
 class ReadError(TabloaderError, OSError):
     """Reading or decoding a partition failed while loading; the message names the file."""
+
+
+class GPUUnavailableError(TabloaderError, ImportError):
+    """The GPU backend was asked for, but cudf or cupy is missing or broken, or no GPU is seen."""
+
+
+class GPUMemoryError(TabloaderError, MemoryError):
+    """A chunk did not fit in GPU memory; the message says how to make chunks smaller."""
 
 
 class EmptyEpochWarning(UserWarning):

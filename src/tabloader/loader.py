@@ -380,7 +380,12 @@ class Loader:
             kind: tuple(c for c in names if c not in self.sparse_names)
             for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
         }
-        self.layout_plan = Layout.build(scalar, self.dtypes, stacked=layout == "stacked")
+        self.layout_plan = Layout.build(
+            scalar,
+            self.dtypes,
+            stacked=layout == "stacked",
+            grouped=self.backend.groups_columns,
+        )
         if self.sparse_names:
             self.layout_plan = self.layout_plan.with_lists(self.sparse_names, self.dtypes)
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
@@ -1024,22 +1029,26 @@ def _batch_stream(
         layout=layout,
         xp=backend.xp,
     )
-    try:
-        while True:
-            started, waited = time.perf_counter(), upstream_wait
-            batch = next(batches, None)
-            if batch is None:
-                break
-            if delivered == plan.num_batches - 1:
-                batch = detached(batch)  # lets go of the last chunk when the epoch ends
-                backend.xp.synchronize()  # its copies, complete like every batch
-            rows = int(next(iter(batch.values())).shape[0])
-            result = batch if transform is None else transform(batch)
-            stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
-            yield rows, result
-            delivered += 1
-    finally:
-        chunks.close()
+    # The backend's device, stream and allocator in this thread: a batch's gathers, the
+    # epoch's last (detached) batch and the tensors a transform makes land on its device.
+    with backend.scope():
+        try:
+            while True:
+                started, waited = time.perf_counter(), upstream_wait
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                if delivered == plan.num_batches - 1:
+                    batch = detached(batch)  # lets go of the last chunk when the epoch ends
+                rows = int(next(iter(batch.values())).shape[0])
+                result = batch if transform is None else transform(batch)
+                # On a GPU: the consumer's work is ordered after the batch's (no host wait).
+                backend.xp.hand_over()
+                stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
+                yield rows, result
+                delivered += 1
+        finally:
+            chunks.close()
     if delivered != plan.num_batches and not stop.is_set():
         raise TabloaderError(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "

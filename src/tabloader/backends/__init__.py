@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +50,14 @@ class Backend(Protocol):
 
     name: str
     xp: Any
+    groups_columns: bool
+    """Whether the ``"columns"`` layout keeps columns of one dtype in one block
+    (see :meth:`Layout.build <tabloader.batches.Layout.build>`)."""
+
+    def scope(self) -> AbstractContextManager[None]:
+        """Set up the calling thread to work with this backend's arrays (a GPU backend's
+        device, stream and allocator), for as long as the block runs."""
+        ...
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         """Read the plan's chunks in turn, each block cast to its dtype.

@@ -292,8 +292,8 @@ class PooledNumpy:
         np.concatenate(arrays, axis=axis, out=out)
         return out
 
-    def synchronize(self) -> None:
-        """Nothing to wait for: numpy's work is done when its calls return."""
+    def hand_over(self) -> None:
+        """Nothing to order: numpy's work is done when its calls return."""
 
 
 def null_message(column: str, count: int, where: str) -> str:
@@ -384,9 +384,15 @@ class CPUBackend:
     """Chunks in host memory as numpy arrays."""
 
     name = "cpu"
+    groups_columns = False
+    """Each column is a block of its own: unshuffled batches are views of decoded data."""
 
     def __init__(self) -> None:
         self.xp = PooledNumpy(BufferPool())
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to set up in a thread that works on host arrays."""
+        return contextlib.nullcontext()
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         plan, blocks, stats = request.plan, request.blocks, request.stats

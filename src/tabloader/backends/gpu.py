@@ -3,36 +3,39 @@
 Selected with ``device="cuda"``, ``"cuda:N"`` or an int (and by default when cudf and
 cupy import and a GPU is visible, see :func:`tabloader.device.default_device_spec`). The
 plan, the shuffled delivery order and the batch cutting are the CPU backend's: the
-order is drawn on the host from the plan and moved to the device, so a seed gives the
-same rows in the same batches, in the same order, on both backends. Only reading and
-the array work differ.
+order is drawn on the host from the plan (a chunk ahead, in a thread of its own) and
+moved to the device, so a seed gives the same rows in the same batches, in the same
+order, on both backends. Only reading and the array work differ.
 
-Streams, and the hand-off rules
--------------------------------
-Everything here runs on the device's legacy default stream, where cudf decodes too.
-Two rules follow, and the framework adapters rely on both:
+Devices, streams, and the hand-off rules
+----------------------------------------
+Each loader works on its device (``cuda:N``) in every thread that touches the GPU, and
+issues its work to a stream of its own, created non-blocking (``cudaStreamNonBlocking``)
+so that it is never queued behind the training step's kernels on the default stream,
+nor they behind it. cudf decodes on the legacy default stream. The host never waits for
+the GPU; the order between the loader and its consumer is kept by events, two rules:
 
-    **Every array this backend hands out is complete.** A chunk leaves the reader thread
-    only after the stream is synchronised, and the batcher synchronises it again once a
-    batch's gathers are queued, before the batch is handed over, so batch arrays have no
-    pending work on any stream. ``torch.from_dlpack(array)`` or
-    ``tf.experimental.dlpack.from_dlpack(array.__dlpack__())`` may run in the loader's
-    ``transform`` (the batcher thread) without further synchronisation.
+    **A batch is handed over ordered.** Once a batch's gathers are issued, the legacy
+    default stream of the device waits for them (an event recorded on the loader's
+    stream, ``cudaStreamWaitEvent``). Work a consumer issues afterwards to the default
+    stream, or to any blocking stream (PyTorch's and cupy's defaults), runs after the
+    batch is complete. ``torch.from_dlpack(array)`` in the loader's ``transform`` is
+    ordered the same way by DLPack. A consumer on a non-blocking stream of its own makes
+    it wait for :meth:`DeviceArrays.hand_over`'s event, as the framework adapters do.
 
-    **A batch's memory is reused only after the consumer's work on it.** Delivered
-    arrays are never written again; once the consumer drops them their memory returns
-    to the pool, and the pool hands it out again only to work queued on the legacy
-    default stream, which CUDA orders after all work already queued on the framework's
-    default stream. (A side stream of the loader's own would let a new batch overwrite
-    memory that a training kernel still reads, since DLPack orders nothing between the
-    consumer's stream and the producer's next write.) Consumers that train on streams
-    of their own, or with per-thread default streams, must make the legacy default
-    stream wait for them before dropping a batch (see ``docs/gpu.md``).
+    **Memory is written only after the consumer is done with it.** Delivered arrays
+    are never written again; once the consumer drops them their memory returns to the
+    pool, which may give it to the loader's next allocation. So every allocation made
+    in the loader's threads is followed by the loader's stream waiting for an event
+    recorded on the default stream: whatever the consumer issued there before it let go
+    of the memory runs before the loader writes it. A consumer that reads batches on
+    streams of its own, after dropping its references to them, must make the default
+    stream wait for those streams first (see ``docs/gpu.md``).
 
 :func:`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
 :func:`device_scope` makes that GPU current in the calling thread, and
 :func:`as_contiguous` gives the C-contiguous copy TensorFlow's DLPack import needs for a
-column view, also complete when it returns.
+column view.
 
 Example (needs a CUDA GPU with cudf and cupy)::
 
@@ -53,15 +56,24 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from numbers import Real
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from tabloader.backends.cpu import null_message
+from tabloader.backends.cpu import drawn_ahead, null_message
 from tabloader.batches import Ragged, host_int
-from tabloader.dataset import _DaskSource, _ParquetSource, read_error
-from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
+from tabloader.dataset import read_error
+from tabloader.errors import (
+    GPUMemoryError,
+    GPUUnavailableError,
+    InvalidArgumentError,
+    NullValuesError,
+    ReadError,
+    TabloaderError,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -69,7 +81,7 @@ if TYPE_CHECKING:
     from tabloader.backends import Piece, ReadRequest
     from tabloader.batches import Block, Part, Segment
     from tabloader.dataset import Dataset
-    from tabloader.stats import StatsRecorder
+    from tabloader.plan import EpochPlan
 
 __all__ = [
     "DeviceArrays",
@@ -77,10 +89,11 @@ __all__ = [
     "GPUMemoryError",
     "GPUUnavailableError",
     "as_contiguous",
-    "assemble_segments",
+    "assemble_frames",
     "batch_device",
     "chunk_rows_for_device",
     "chunk_rows_for_fraction",
+    "delivery_rows",
     "device_scope",
     "free_device_memory",
     "gpu_usable",
@@ -92,14 +105,6 @@ __all__ = [
 
 INSTALL = "pip install 'tabloader[gpu]'"
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13  # DLPack device types whose memory is on a GPU
-
-
-class GPUUnavailableError(TabloaderError, ImportError):
-    """The GPU backend was asked for, but cudf or cupy is missing or broken, or no GPU is seen."""
-
-
-class GPUMemoryError(TabloaderError, MemoryError):
-    """A chunk did not fit in GPU memory; the message says how to make chunks smaller."""
 
 
 # -- importing cudf and cupy, guarded ----------------------------------------------------
@@ -218,8 +223,9 @@ def as_contiguous(array: Any) -> Any:
     """``array`` itself when C-contiguous, else a C-contiguous copy on the same device.
 
     TensorFlow's DLPack import rejects strided arrays such as the column views of the
-    ``"columns"`` layout. A GPU copy is synchronised before it is returned, so it keeps
-    the hand-off rule (complete arrays only).
+    ``"columns"`` layout. A GPU copy is made on the calling thread's current stream
+    (the loader's, inside its ``transform``) and handed over like a batch: the default
+    stream waits for it.
 
     Examples:
         >>> import numpy as np
@@ -234,7 +240,7 @@ def as_contiguous(array: Any) -> Any:
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(array.device.id):
         out = cupy.ascontiguousarray(array)
-        cupy.cuda.get_current_stream().synchronize()
+        cupy.cuda.Stream.null.wait_event(cupy.cuda.get_current_stream().record())
     return out
 
 
@@ -287,14 +293,28 @@ def chunk_rows_for_fraction(
 def free_device_memory(device: int | None = None) -> int:
     """Bytes a new allocation can get on ``device`` (None: the current device).
 
-    Free memory as the driver reports it, plus what cupy's default memory pool holds
-    unused (it hands that out before asking the driver).
+    Free memory as the driver reports it, plus what the memory pools hold unused and
+    hand out before asking the driver: cupy's default pool, and an rmm pool (the one
+    tabloader sets up, or the user's) of the device's rmm resource.
     """
     _, cupy, device = import_gpu(device)
     with cupy.cuda.Device(device):
         free, _total = cupy.cuda.runtime.memGetInfo()
         pooled = cupy.get_default_memory_pool().free_bytes()
-    return int(free) + int(pooled)
+    rmm = _optional_import("rmm")
+    return int(free) + int(pooled) + (_rmm_pool_free(rmm, device) if rmm is not None else 0)
+
+
+def _rmm_pool_free(rmm: Any, device: int) -> int:
+    """Bytes an rmm pool on ``device`` holds unused: its size less what it lent out (known
+    when a statistics adaptor wraps it, as the pool tabloader sets up does)."""
+    resource = rmm.mr.get_per_device_resource(device)
+    counts = getattr(resource, "allocation_counts", None)
+    pool = getattr(resource, "get_upstream", lambda: None)()
+    if counts is None or pool is None or not hasattr(pool, "pool_size"):
+        return 0
+    lent = counts["current_bytes"] if isinstance(counts, dict) else counts.current_bytes
+    return max(int(pool.pool_size()) - int(lent), 0)
 
 
 def chunk_rows_for_device(
@@ -415,110 +435,55 @@ def plan_read(
     return ChunkRead(files, row_groups, partitions, starts, spans)
 
 
-def assemble_segments(
-    pieces: Sequence[Mapping[str, Any]], blocks: Sequence[Block], *, concatenate: bool, xp: Any
-) -> list[Segment]:
-    """Lay out decoded columns as the blocks' row-major 2-D arrays, cast to their dtypes.
+def delivery_rows(
+    spans: Sequence[tuple[int, int, int, int]],
+    frame_rows: Sequence[int],
+    order: NDArray[np.int64] | None,
+) -> tuple[NDArray[np.int64] | None, int]:
+    """Where a chunk's rows lie in its read frames laid end to end, in delivery order.
 
-    ``pieces`` holds one ``{column: 1-D array}`` per piece. With ``concatenate`` the
-    result is one segment of all rows in piece order; otherwise one segment per piece,
-    a single column already of the block's dtype being a zero-copy view. Uses only
-    ``xp.empty`` and slice assignment, so numpy runs exactly the code cupy runs.
+    ``spans`` holds ``(frame, partition, start, stop)`` for each piece of the chunk, in
+    plan order; ``frame_rows`` the rows of each frame; ``order`` the chunk's delivery
+    order (None: plan order). Returns ``(index, first)``: the block rows to gather, in
+    delivery order, or None and the first row when they are one ascending run (served as
+    zero-copy slices).
+
+    Examples:
+        >>> delivery_rows([(0, 7, 2, 5), (1, 3, 0, 4)], [5, 4], None)
+        (None, 2)
+        >>> index, _ = delivery_rows([(1, 3, 0, 2), (0, 7, 0, 2)], [5, 4], np.array([3, 0, 2, 1]))
+        >>> index.tolist()
+        [1, 5, 0, 6]
     """
-    if concatenate:
-        rows = sum(len(next(iter(p.values()))) for p in pieces)
-        segment: Segment = {}
-        for b in blocks:
-            if b.ragged:  # a list column: its pieces' values one after the other
-                whole = Ragged.concatenate([piece[b.columns[0]] for piece in pieces])
-                segment[b.name] = Ragged(whole.values.astype(b.dtype, copy=False), whole.offsets)
-                continue
-            out = xp.empty((rows, len(b.columns)), dtype=b.dtype)
-            offset = 0
-            for piece in pieces:
-                n = len(piece[b.columns[0]])
-                for j, column in enumerate(b.columns):
-                    out[offset : offset + n, j] = piece[column]  # one cast-and-copy kernel
-                offset += n
-            segment[b.name] = out
-        return [segment]
-    segments = []
-    for piece in pieces:
-        segment = {}
-        for b in blocks:
-            cols = [piece[c] for c in b.columns]
-            if b.ragged:
-                segment[b.name] = Ragged(
-                    cols[0].values.astype(b.dtype, copy=False), cols[0].offsets
-                )
-                continue
-            if len(cols) == 1 and cols[0].dtype == b.dtype:
-                segment[b.name] = cols[0].reshape(-1, 1)
-                continue
-            out = xp.empty((len(cols[0]), len(cols)), dtype=b.dtype)
-            for j, col in enumerate(cols):
-                out[:, j] = col
-            segment[b.name] = out
-        segments.append(segment)
-    return segments
+    starts = np.concatenate([[0], np.cumsum(frame_rows, dtype=np.int64)])
+    lengths = np.array([stop - start for _, _, start, stop in spans], dtype=np.int64)
+    firsts = np.array([starts[f] + start for f, _, start, _ in spans], dtype=np.int64)
+    total = int(lengths.sum())
+    # each row's block row: its piece's first block row plus its place in the piece
+    piece_of = np.repeat(np.arange(len(spans)), lengths)
+    before = np.cumsum(lengths) - lengths
+    rows = firsts[piece_of] + (np.arange(total, dtype=np.int64) - before[piece_of])
+    if order is not None:
+        rows = rows[order]
+    if total and int(rows[-1]) - int(rows[0]) == total - 1 and bool(np.all(np.diff(rows) == 1)):
+        return None, int(rows[0])
+    if not total:
+        return None, 0
+    return rows, 0
 
 
-# -- the backend ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChunkPlan:
+    """What the reader does for one chunk, worked out ahead on the host: the read (one
+    ``cudf.read_parquet`` call for parquet files), and the delivery order in block rows."""
+
+    read: ChunkRead | None
+    index: NDArray[np.int64] | None
+    first: int
+    rows: int
 
 
-class DeviceArrays:
-    """The array namespace the batching code runs with on a GPU.
-
-    cupy on one device and one stream: every call makes the device current (the
-    batcher thread starts on GPU 0 like any new thread) and runs on the stream.
-    ``take``/``concatenate`` only queue their kernels; the batcher calls
-    :meth:`synchronize` once a batch's gathers are queued, which keeps the hand-off
-    rule. Their inputs may be dropped before that: memory goes back to a pool that
-    hands it out again only to work queued after theirs on the same stream.
-    """
-
-    def __init__(self, cupy: Any, device: int, stream: Any) -> None:
-        self.cupy = cupy
-        self.device = device
-        self.stream = stream
-
-    @contextlib.contextmanager
-    def _on_device(self, doing: str) -> Iterator[None]:
-        with (
-            self.cupy.cuda.Device(self.device),
-            self.stream,
-            _out_of_memory_as_error(self.device, doing),
-        ):
-            yield
-
-    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> Any:
-        with self._on_device(f"allocating {shape} {np.dtype(dtype)}"):
-            return self.cupy.empty(shape, dtype=dtype)
-
-    def take(self, array: Any, indices: Any, axis: int = 0, out: Any = None) -> Any:
-        with self._on_device(f"shuffling a block of {array.shape[0]:,} rows"):
-            return self.cupy.take(array, indices, axis=axis, out=out)
-
-    def concatenate(self, arrays: Sequence[Any], axis: int = 0, out: Any = None) -> Any:
-        with self._on_device("joining a batch across chunks"):
-            return self.cupy.concatenate(list(arrays), axis=axis, out=out)
-
-    def synchronize(self) -> None:
-        """Wait for the work queued on the stream: what it wrote is complete."""
-        self.stream.synchronize()
-
-
-def _optional_import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-def _nbytes(array: Any) -> int:
-    if isinstance(array, Ragged):
-        return int(array.values.nbytes) + int(array.offsets.nbytes)
-    return int(array.nbytes)
+# -- columns of a read frame ---------------------------------------------------------------
 
 
 def _device_list_column(
@@ -561,6 +526,216 @@ def _device_column(series: Any, name: str, fill: float | None, where: str, cupy:
     return values
 
 
+def _frame_columns(
+    frame: Any,
+    columns: Sequence[str],
+    lists: set[str],
+    fill_null: Mapping[str, float],
+    pieces: Sequence[tuple[int, int, int]],
+    dataset: Dataset,
+    cupy: Any,
+) -> dict[str, Any]:
+    """A read frame's columns as device arrays (list columns as :class:`Ragged`).
+
+    Nulls are filled by ``fill_null``; a column without a fill value may hold nulls only
+    in rows no piece delivers (a rank's share ending inside a row group), which are then
+    filled with 0 and never delivered. Otherwise :class:`NullValuesError` names the row
+    group of the first piece with nulls (``pieces``: ``(partition, start, stop)`` rows of
+    this frame).
+    """
+    out: dict[str, Any] = {}
+    where = dataset.describe_partition(pieces[0][0]) if pieces else "a chunk"
+    if len(pieces) > 1:
+        where += f" or one of {len(pieces) - 1} other row group(s)"
+    for c in columns:
+        if c not in frame.columns:
+            raise ReadError(
+                f"column {c!r} is missing from {where}: the file changed after the dataset "
+                "was created. Create the Dataset again"
+            )
+        series = frame[c]
+        fill = fill_null.get(c)
+        if fill is None and c not in lists and int(series.null_count):
+            for partition, start, stop in pieces:
+                nulls = int(series.iloc[start:stop].null_count)
+                if nulls:
+                    part = dataset.describe_partition(partition)
+                    raise NullValuesError(null_message(c, nulls, part))
+            fill = 0  # the nulls are in rows no piece delivers
+        convert = _device_list_column if c in lists else _device_column
+        out[c] = convert(series, c, fill, where, cupy)
+    return out
+
+
+def assemble_frames(
+    frames: Sequence[Mapping[str, Any]], blocks: Sequence[Block], xp: Any
+) -> Segment:
+    """The frames' columns laid out as the blocks, cast to their dtypes, frame after frame.
+
+    Row-major blocks (``[rows, k]``, the stacked layout) and column-major ones (each
+    column contiguous, columns of one dtype side by side) take one cast-and-copy kernel
+    per column and frame; list columns are joined. Uses only ``xp.empty`` and slice
+    assignment, so numpy runs exactly the code cupy runs.
+
+    Examples:
+        >>> from tabloader.batches import Block
+        >>> blocks = [Block("<int64>", ("a", "b"), np.dtype("int64"), column_major=True)]
+        >>> frames = [{"a": np.arange(2), "b": np.arange(2) * 10}, {"a": np.array([7]),
+        ...            "b": np.array([70])}]
+        >>> segment = assemble_frames(frames, blocks, np)
+        >>> segment["<int64>"].tolist(), segment["<int64>"][:, 1].flags.c_contiguous
+        ([[0, 0], [1, 10], [7, 70]], True)
+    """
+    rows = sum(len(next(iter(f.values()))) for f in frames)
+    segment: Segment = {}
+    for b in blocks:
+        if b.ragged:
+            whole = Ragged.concatenate([f[b.columns[0]] for f in frames])
+            segment[b.name] = Ragged(whole.values.astype(b.dtype, copy=False), whole.offsets)
+            continue
+        k = len(b.columns)
+        if b.column_major:
+            out = xp.empty((k, rows), dtype=b.dtype).T
+        else:
+            out = xp.empty((rows, k), dtype=b.dtype)
+        offset = 0
+        for frame in frames:
+            n = len(frame[b.columns[0]])
+            for j, column in enumerate(b.columns):
+                out[offset : offset + n, j] = frame[column]  # one cast-and-copy kernel
+            offset += n
+        segment[b.name] = out
+    return segment
+
+
+# -- remote files, handed to cudf as local sparse copies -------------------------------------
+
+
+@contextlib.contextmanager
+def _local_copies(handles: Sequence[Any]) -> Iterator[list[str]]:
+    """Paths of local files holding what ``handles`` (:class:`RangeFile`) fetched.
+
+    cudf reads a path through its own, well-trodden file source; a Python file-like
+    object it would read whole, or from several threads seeking one handle. Each copy is
+    sparse (only the fetched byte ranges take memory) and anonymous: a ``memfd`` where
+    Linux has one, else a deleted temporary file; gone when the block ends.
+    """
+    fds: list[int] = []
+    try:
+        for handle in handles:
+            memfd = getattr(os, "memfd_create", None)
+            if memfd is not None:
+                fd = memfd("tabloader-range", getattr(os, "MFD_CLOEXEC", 0))
+            else:  # pragma: no cover - systems without memfd
+                import tempfile
+
+                fd, path = tempfile.mkstemp(prefix="tabloader-range-")
+                os.unlink(path)
+            fds.append(fd)
+            handle.write_sparse(fd)
+        yield [f"/proc/self/fd/{fd}" for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+# -- the array namespace ---------------------------------------------------------------------
+
+
+class DeviceArrays:
+    """The array namespace the batching code runs with on a GPU: cupy on one device and
+    one stream, allocations ordered after the consumer (see the module's rules).
+
+    :meth:`scope` sets a thread up (device, stream, allocator) for the loader's work;
+    every other method assumes it. ``take``/``concatenate`` only issue kernels;
+    :meth:`hand_over` orders the consumer after them.
+    """
+
+    def __init__(self, cupy: Any, device: int, stream: Any) -> None:
+        self.cupy = cupy
+        self.device = device
+        self.stream = stream
+        self.last_event: Any = None
+        """The event :meth:`hand_over` last recorded: a consumer on a non-blocking stream
+        of its own waits for it before reading the batch handed over."""
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """The loader's device, stream and ordered allocator, in the calling thread."""
+        cuda = self.cupy.cuda
+        with cuda.Device(self.device):
+            allocate = cuda.get_allocator()
+            with self.stream, cuda.using_allocator(partial(self._allocate, allocate)):
+                yield
+
+    def _allocate(self, allocate: Any, nbytes: int) -> Any:
+        """``allocate(nbytes)``, then the loader's stream waits for the default stream:
+        memory the consumer dropped is written only after its work on it."""
+        memory = allocate(nbytes)
+        self.follow_default_stream()
+        return memory
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        with _out_of_memory_as_error(self.device, doing):
+            yield
+
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> Any:
+        with self._errors(f"allocating {shape} {np.dtype(dtype)}"):
+            return self.cupy.empty(shape, dtype=dtype)
+
+    def take(self, array: Any, indices: Any, axis: int = 0, out: Any = None) -> Any:
+        with self._errors(f"gathering {len(indices):,} rows"):
+            if (
+                array.ndim == 2
+                and axis == 0
+                and array.shape[1] > 1
+                and not array.flags.c_contiguous
+                and array.flags.f_contiguous
+                and (out is None or out.flags.f_contiguous)
+            ):
+                # Column-major: one gather along the rows of the transposed (C-ordered)
+                # block, each output column written contiguously.
+                result = self.cupy.take(
+                    array.T, indices, axis=1, out=None if out is None else out.T
+                )
+                return result.T
+            return self.cupy.take(array, indices, axis=axis, out=out)
+
+    def concatenate(self, arrays: Sequence[Any], axis: int = 0, out: Any = None) -> Any:
+        with self._errors("joining a batch across chunks"):
+            return self.cupy.concatenate(list(arrays), axis=axis, out=out)
+
+    def follow_default_stream(self) -> None:
+        """Order the loader's stream after the work issued so far on the default stream
+        (cudf's): what cudf wrote is complete for the loader's next kernels."""
+        self.stream.wait_event(self.cupy.cuda.Stream.null.record())
+
+    def hand_over(self) -> None:
+        """Order the default stream (and the blocking streams) after the work issued so
+        far on the loader's stream: the batch about to be handed over is complete for
+        whatever the consumer issues next. No host wait."""
+        self.last_event = self.stream.record()
+        self.cupy.cuda.Stream.null.wait_event(self.last_event)
+
+    def synchronize(self) -> None:
+        """Wait on the host for the loader's stream (tests, and the self-test's timings)."""
+        self.stream.synchronize()
+
+
+def _optional_import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _nbytes(array: Any) -> int:
+    if isinstance(array, Ragged):
+        return int(array.values.nbytes) + int(array.offsets.nbytes)
+    return int(array.nbytes)
+
+
 # -- device memory ---------------------------------------------------------------------------
 
 POOL_ENV = "TABLOADER_GPU_POOL_SIZE"
@@ -578,6 +753,10 @@ def ensure_memory_pool(rmm: Any, device: int) -> bool:
     demand) wrapped in a statistics adaptor becomes its resource; any other resource
     (the user's pool, managed memory, an arena) is left as it is. Returns whether a
     pool was set up.
+
+    The pool is built with ``device`` current: rmm's resources allocate on the current
+    device, so a pool made while GPU 0 is current would serve device N with GPU 0's
+    memory.
     """
     setting = os.environ.get(POOL_ENV, "").strip().lower()
     if setting in ("off", "0", "none"):
@@ -592,8 +771,10 @@ def ensure_memory_pool(rmm: Any, device: int) -> bool:
     if type(current) is not rmm.mr.CudaMemoryResource:
         return False
     size = -(-size // 256) * 256  # rmm pools grow in multiples of 256 bytes
-    pool = rmm.mr.PoolMemoryResource(current, initial_pool_size=size)
-    rmm.mr.set_per_device_resource(device, rmm.mr.StatisticsResourceAdaptor(pool))
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(device):
+        pool = rmm.mr.PoolMemoryResource(current, initial_pool_size=size)
+        rmm.mr.set_per_device_resource(device, rmm.mr.StatisticsResourceAdaptor(pool))
     return True
 
 
@@ -610,6 +791,9 @@ def device_bytes_in_use(rmm: Any, cupy: Any, device: int) -> int:
     return int(total) - int(free)
 
 
+# -- the backend ---------------------------------------------------------------------------
+
+
 class GPUBackend:
     """Chunks in GPU memory: cudf decodes, cupy lays out, permutes and slices.
 
@@ -617,151 +801,117 @@ class GPUBackend:
         device: CUDA device index; None is the current device of the calling thread.
     """
 
+    groups_columns = True
+    """Columns of one dtype share a column-major block: one gather a batch per dtype."""
+
     def __init__(self, device: int | None = None) -> None:
         self._cudf, self._cupy, self.device = import_gpu(device)
         self.name = f"cuda:{self.device}"
         self._rmm = _optional_import("rmm")
         if self._rmm is not None:
             ensure_memory_pool(self._rmm, self.device)
-        # The legacy default stream: see "Streams, and the hand-off rules" above.
-        self._stream = self._cupy.cuda.Stream.null
-        self.xp = DeviceArrays(self._cupy, self.device, self._stream)
+        with self._cupy.cuda.Device(self.device):
+            # non-blocking: neither waits for the training step's kernels on the default
+            # stream nor holds them up (see "Devices, streams, and the hand-off rules")
+            stream = self._cupy.cuda.Stream(non_blocking=True)
+        self.xp = DeviceArrays(self._cupy, self.device, stream)
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return self.xp.scope()
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        plan = request.plan
-        for chunk in range(plan.num_chunks):
-            yield self.load_chunk(
-                request.dataset,
-                plan.pieces(chunk),
-                request.blocks,
-                request.fill_null,
-                order=plan.batch_order(chunk),
-                stats=request.stats,
-            )
+        plan, dataset = request.plan, request.dataset
+        chunk_plans = drawn_ahead(plan, partial(self.plan_chunk, dataset, plan))
+        try:
+            with self.scope():
+                for chunk, chunk_plan in zip(range(plan.num_chunks), chunk_plans, strict=True):
+                    yield self.load_chunk(request, plan.pieces(chunk), chunk_plan)
+        finally:
+            chunk_plans.close()
+
+    @staticmethod
+    def plan_chunk(dataset: Dataset, plan: EpochPlan, chunk: int) -> ChunkPlan:
+        """The read and the delivery order of chunk ``chunk`` (pure host work, done a chunk
+        ahead in a thread of its own: drawing a chunk's permutation takes milliseconds)."""
+        pieces = plan.pieces(chunk)
+        order = plan.batch_order(chunk)
+        layout = dataset.parquet_layout()
+        if layout is not None:
+            read = plan_read(pieces, *layout)
+            frame_rows = [sum(int(layout[2][p]) for p in parts) for parts in read.partitions]
+            spans = [
+                (f, p, start - read.starts[f], stop - read.starts[f])
+                for f, p, start, stop in read.spans
+            ]
+        else:  # one frame per piece, holding exactly its rows
+            read = None
+            frame_rows = [last - first for _, first, last in pieces]
+            spans = [
+                (i, p, 0, n)
+                for i, ((p, _, _), n) in enumerate(zip(pieces, frame_rows, strict=True))
+            ]
+        index, first = delivery_rows(spans, frame_rows, order)
+        rows = sum(last - first for _, first, last in pieces)
+        return ChunkPlan(read, index, first, rows)
 
     def load_chunk(
-        self,
-        dataset: Dataset,
-        pieces: Sequence[Piece],
-        blocks: Sequence[Block],
-        fill_null: Mapping[str, float],
-        *,
-        order: NDArray[np.int64] | None,
-        stats: StatsRecorder,
+        self, request: ReadRequest, pieces: Sequence[Piece], chunk_plan: ChunkPlan
     ) -> list[Part]:
-        cupy = self._cupy
+        """Read one chunk and lay it out as the request's blocks, in the calling thread
+        (set up by :meth:`scope`)."""
+        cupy, stats, dataset = self._cupy, request.stats, request.dataset
+        blocks = request.blocks
         columns = [c for b in blocks for c in b.columns]
         lists = {c for b in blocks if b.ragged for c in b.columns}
-        rows = sum(last - first for _, first, last in pieces)
-        doing = f"reading a chunk of {rows:,} rows"
-        with cupy.cuda.Device(self.device), _out_of_memory_as_error(self.device, doing):
+        doing = f"reading a chunk of {chunk_plan.rows:,} rows"
+        with _out_of_memory_as_error(self.device, doing):
             t0 = time.perf_counter()
-            frames, spans = self._read_frames(dataset, pieces, columns)
-            arrays = self._piece_arrays(dataset, frames, spans, columns, lists, fill_null)
-            stats.bytes_read += sum(_nbytes(a) for piece in arrays for a in piece.values())
+            frames = self._read_frames(dataset, pieces, chunk_plan.read, columns)
+            with cupy.cuda.Stream.null:  # where cudf works: the conversions follow its reads
+                converted = [
+                    _frame_columns(frame, columns, lists, request.fill_null, rows, dataset, cupy)
+                    for frame, rows in zip(
+                        frames, _pieces_by_frame(pieces, chunk_plan, frames), strict=True
+                    )
+                ]
+            self.xp.follow_default_stream()  # the layout below reads what cudf wrote
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
-            # Shuffled, the chunk is gathered batch by batch in delivery order: on the
-            # device a gather costs little, so there is no need to reorder it up front.
-            concatenate = order is not None
-            with self._stream:
-                segments = assemble_segments(arrays, blocks, concatenate=concatenate, xp=cupy)
-                index = None if order is None else cupy.asarray(order)
-            self._stream.synchronize()  # the hand-off rule: the chunk leaves complete
+            segment = assemble_frames(converted, blocks, cupy)
+            del converted
+            stats.bytes_read += sum(_nbytes(a) for a in segment.values())
+            index = None
+            if chunk_plan.index is not None:
+                index = cupy.asarray(chunk_plan.index)
+            elif chunk_plan.first or chunk_plan.rows != _segment_rows(segment):
+                lo, hi = chunk_plan.first, chunk_plan.first + chunk_plan.rows
+                segment = {name: a[lo:hi] for name, a in segment.items()}
+            # cudf's frames go back to its pool (the default stream's) once the layout
+            # issued above has read them: ordered like a batch handed over
+            self.xp.hand_over()
+            del frames
         stats.assemble_seconds += time.perf_counter() - t1
         stats.device_bytes = device_bytes_in_use(self._rmm, cupy, self.device)
-        return [(segment, index) for segment in segments]
-
-    def _piece_arrays(
-        self,
-        dataset: Dataset,
-        frames: list[Any],
-        spans: list[tuple[int, int, int, int]],
-        columns: list[str],
-        lists: set[str],
-        fill_null: Mapping[str, float],
-    ) -> list[dict[str, Any]]:
-        """Each piece's columns as device arrays (or :class:`Ragged`), in piece order.
-
-        A frame's columns are converted once and sliced per piece (views, no copies),
-        unless a piece needs its own conversion: list columns, or nulls in a column with
-        no fill value, which are an error only in the rows a piece delivers and must name
-        its row group.
-        """
-        cupy = self._cupy
-        whole: dict[int, dict[str, Any] | None] = {}
-        out = []
-        for i, partition, start, stop in spans:
-            frame = frames[i]
-            if i not in whole:
-                series = {c: frame[c] for c in columns}
-                refused = any(fill_null.get(c) is None and series[c].null_count for c in columns)
-                whole[i] = (
-                    None
-                    if lists or refused
-                    else {
-                        c: _device_column(col, c, fill_null.get(c), "", cupy)
-                        for c, col in series.items()
-                    }
-                )
-            converted = whole[i]
-            if converted is not None:
-                out.append({c: a[start:stop] for c, a in converted.items()})
-                continue
-            piece = frame if start == 0 and stop == len(frame) else frame.iloc[start:stop]
-            where = dataset.describe_partition(partition)
-            out.append(
-                {
-                    c: (_device_list_column if c in lists else _device_column)(
-                        piece[c], c, fill_null.get(c), where, cupy
-                    )
-                    for c in columns
-                }
-            )
-        return out
+        return [(segment, index)]
 
     def _read_frames(
-        self, dataset: Dataset, pieces: Sequence[Piece], columns: list[str]
-    ) -> tuple[list[Any], list[tuple[int, int, int, int]]]:
-        """cudf DataFrames of the pieces' rows, and where each piece lies in them.
-
-        Returns ``(frames, spans)``: ``spans`` holds ``(frame, partition, start, stop)``
-        for every piece, in order. A chunk of parquet files is one read.
-        """
-        cudf = self._cudf
-        source = dataset._source
-        if isinstance(source, _ParquetSource):
-            read = plan_read(pieces, source.part_file, source.part_row_group, source.rows)
-            frames = self._read_parquet(dataset, source, read, columns)
-            if len(frames) == 1:
-                return frames, [(0, p, start, stop) for _, p, start, stop in read.spans]
-            return frames, [
-                (i, p, start - read.starts[i], stop - read.starts[i])
-                for i, p, start, stop in read.spans
-            ]
-        frames = []
-        if isinstance(source, _DaskSource):
-            for partition, first, last in pieces:
-                try:
-                    frame = source.compute_partition(partition, columns).iloc[first:last]
-                except Exception as err:
-                    if is_out_of_memory(err):
-                        raise
-                    raise read_error(dataset.describe_partition(partition), err) from err
-                if not type(frame).__module__.startswith("cudf"):  # dask with pandas parts
-                    frame = cudf.from_pandas(frame)
-                frames.append(frame)
-        else:
-            # An in-memory table lives on the host: one copy to the device is unavoidable.
-            for table in dataset.iter_pieces(pieces, columns):
-                frames.append(cudf.DataFrame.from_arrow(table))
-        # One frame per piece, holding exactly its rows.
-        spans = [(i, int(p), 0, len(frames[i])) for i, (p, _, _) in enumerate(pieces)]
-        return frames, spans
-
-    def _read_parquet(
-        self, dataset: Dataset, source: _ParquetSource, read: ChunkRead, columns: list[str]
+        self, dataset: Dataset, pieces: Sequence[Piece], read: ChunkRead | None, columns: list[str]
     ) -> list[Any]:
+        """cudf DataFrames of the chunk, in order: one read of all its parquet row groups
+        (or one frame per file, see :meth:`_read_parquet`), else one frame per piece."""
+        cudf = self._cudf
+        if read is not None:
+            return self._read_parquet(dataset, read, columns)
+        partitions = dataset.computed_partitions(pieces, columns)
+        if partitions is not None:  # dask-cudf partitions stay on the device
+            return [
+                frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)
+                for frame in partitions
+            ]
+        # An in-memory table lives on the host: one copy to the device is unavoidable.
+        return [cudf.DataFrame.from_arrow(table) for table in dataset.iter_pieces(pieces, columns)]
+
+    def _read_parquet(self, dataset: Dataset, read: ChunkRead, columns: list[str]) -> list[Any]:
         """``read``'s row groups as one cudf DataFrame, or one per file (see below)."""
         parts = [p for file_parts in read.partitions for p in file_parts]
         where = dataset.describe_partition(parts[0])
@@ -769,18 +919,23 @@ class GPUBackend:
             where += f" or one of {len(parts) - 1} other row group(s)"
         try:
             with contextlib.ExitStack() as opened:
-                if source.filesystem is None:
-                    sources: list[Any] = [source.files[f] for f in read.files]
-                else:
+                paths = dataset.local_paths(read.files)
+                if paths is None:
                     # Only the footer and the byte ranges of these row groups and columns
-                    # cross the network (retried like the CPU's reads); cudf given the URL
-                    # would fetch the whole object.
-                    sources = [
+                    # cross the network (retried like the CPU's reads); cudf reads them
+                    # from sparse local copies.
+                    handles = [
                         opened.enter_context(dataset.open_row_groups(f, groups, columns))
                         for f, groups in zip(read.files, read.row_groups, strict=True)
                     ]
+                    paths = opened.enter_context(_local_copies(handles))
                 frame = self._cudf.read_parquet(
-                    sources, columns=columns, row_groups=read.row_groups, use_pandas_metadata=False
+                    paths,
+                    columns=columns,
+                    row_groups=read.row_groups,
+                    use_pandas_metadata=False,
+                    # the files are listed already: no directory discovery, no hive keys
+                    dataset_kwargs={"partitioning": None},
                 )
         except ReadError:
             raise  # a network failure, already named with its remedy
@@ -788,28 +943,41 @@ class GPUBackend:
             if is_out_of_memory(err):
                 raise
             if len(read.files) > 1:
-                return self._read_each_file(dataset, source, read, columns)
+                return self._read_each_file(dataset, read, columns)
             raise read_error(where, err) from err
-        expected = int(sum(source.rows[p] for p in parts))
+        expected = int(sum(dataset.partition_rows[p] for p in parts))
         if len(frame) != expected:
             if len(read.files) > 1:
-                return self._read_each_file(dataset, source, read, columns)
+                return self._read_each_file(dataset, read, columns)
             raise ReadError(
                 f"cudf read {len(frame)} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
             )
-        # cudf adds the key=value directories of a hive-partitioned path as columns; the
-        # CPU backend reads the file alone, so deliver exactly the requested columns.
-        if list(frame.columns) != columns:
-            frame = frame[columns]
         return [frame]
 
-    def _read_each_file(
-        self, dataset: Dataset, source: _ParquetSource, read: ChunkRead, columns: list[str]
-    ) -> list[Any]:
+    def _read_each_file(self, dataset: Dataset, read: ChunkRead, columns: list[str]) -> list[Any]:
         """``read`` one file at a time: files that fail together may each read alone (their
         schemas may differ in columns not read), and a file at fault is named."""
         return [
-            self._read_parquet(dataset, source, ChunkRead([f], [groups], [ps], [0], []), columns)[0]
+            self._read_parquet(dataset, ChunkRead([f], [groups], [ps], [0], []), columns)[0]
             for f, groups, ps in zip(read.files, read.row_groups, read.partitions, strict=True)
         ]
+
+
+def _segment_rows(segment: Segment) -> int:
+    return len(next(iter(segment.values())))
+
+
+def _pieces_by_frame(
+    pieces: Sequence[Piece], chunk_plan: ChunkPlan, frames: Sequence[Any]
+) -> list[list[tuple[int, int, int]]]:
+    """Each frame's pieces as ``(partition, start, stop)`` rows of that frame."""
+    if chunk_plan.read is None:
+        return [[(int(p), 0, last - first)] for p, first, last in pieces]
+    read = chunk_plan.read
+    if len(frames) == 1:  # all files in one frame: rows from the read's start
+        return [[(p, start, stop) for _, p, start, stop in read.spans]]
+    out: list[list[tuple[int, int, int]]] = [[] for _ in frames]
+    for f, p, start, stop in read.spans:
+        out[f].append((p, start - read.starts[f], stop - read.starts[f]))
+    return out

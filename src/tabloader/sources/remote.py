@@ -406,6 +406,26 @@ class RangeFile(io.RawIOBase):
     def fetched_bytes(self) -> int:
         return sum(len(data) for _, data in self._parts)
 
+    def write_sparse(self, fd: int) -> None:
+        """Make the open file ``fd`` this file: ``size`` bytes long, the fetched ranges at
+        their offsets, the rest a hole (read as zeros, taking no space on a file system
+        with sparse files, such as tmpfs and memfd).
+
+        Examples:
+            >>> import tempfile
+            >>> with tempfile.TemporaryFile() as f:
+            ...     RangeFile(6, [(1, b"ab"), (5, b"z")]).write_sparse(f.fileno())
+            ...     _ = f.seek(0)
+            ...     f.read()
+            b'\\x00ab\\x00\\x00z'
+        """
+        os.ftruncate(fd, self._size)
+        for offset, data in self._parts:
+            view = memoryview(data)
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view, offset = view[written:], offset + written
+
     def readable(self) -> bool:
         return True
 

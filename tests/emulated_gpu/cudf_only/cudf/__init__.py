@@ -8,10 +8,11 @@ tabloader uses is here; each rule that decides correctness cites the real librar
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import cupy
 import numpy as np
@@ -32,6 +33,21 @@ cupy.cuda.set_allocator(rmm_cupy_allocator)
 
 _emulation_stats = {"remote_reads": 0, "remote_bytes": 0}  # whole objects read via fsspec
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _on_default_stream(func: F) -> F:
+    """Run ``func``'s device work on the legacy default stream, whatever cupy's current
+    stream is: cudf issues libcudf's kernels on ``cudf.get_default_stream()`` (the legacy
+    default stream unless libcudf was built for per-thread streams), never on cupy's."""
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with cupy.cuda.Stream.null:
+            return func(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
 
 class _ListMethods:
     """``Series.list``: the public accessors of a list column (cudf ListMethods)."""
@@ -42,6 +58,7 @@ class _ListMethods:
         self._s = series
 
     @property
+    @_on_default_stream
     def leaves(self) -> Series:
         """The flat values of all lists, in order (cudf ``Series.list.leaves``)."""
         child = self._s._child
@@ -50,6 +67,7 @@ class _ListMethods:
         first, last = offsets[0:1].get()[0], offsets[-1:].get()[0]
         return child.iloc[int(first) : int(last)]
 
+    @_on_default_stream
     def len(self) -> Series:
         """The length of each list, int32 (cudf ``Series.list.len``)."""
         offsets = self._s._offsets
@@ -95,6 +113,7 @@ class Series:
         self._init_arrow(array)
 
     @classmethod
+    @_on_default_stream
     def _from_arrow(cls, array: pa.Array | pa.ChunkedArray, name: Any) -> Series:
         out = cls.__new__(cls)
         out.name = name
@@ -157,6 +176,7 @@ class Series:
             return cupy.isnan(self._data)
         return None
 
+    @_on_default_stream
     def isnull(self) -> Series:
         """Nulls, and NaN in a float column (cudf ColumnBase.isnull: "Need to consider
         `np.nan` values in case of a float column", python/cudf/cudf/core/column/column.py)."""
@@ -173,6 +193,7 @@ class Series:
 
     notna = notnull
 
+    @_on_default_stream
     def fillna(self, value: Any) -> Series:
         """A copy with nulls, and NaN of a float column, replaced by ``value``.
 
@@ -189,6 +210,7 @@ class Series:
         return Series(data, name=self.name)
 
     # -- comparisons ---------------------------------------------------------------------------
+    @_on_default_stream
     def _compare(self, other: Any, op: Any) -> Series:
         """Element-wise comparison with nulls propagated: a null operand gives a null
         result, and NaN compares as IEEE 754 says (unequal to everything, itself
@@ -229,6 +251,7 @@ class Series:
     def values_host(self) -> np.ndarray:
         return self.values.get()
 
+    @_on_default_stream
     def to_cupy(self, dtype: Any = None, copy: bool = True, na_value: Any = None) -> Any:
         """A cupy array; nulls need ``na_value`` (cudf raises "Column must have no nulls.")."""
         series = self if na_value is None or not self.has_nulls else self._fill_nulls(na_value)
@@ -293,6 +316,7 @@ class DataFrame:
             self._columns[name] = series
 
     @classmethod
+    @_on_default_stream
     def from_arrow(cls, table: pa.Table) -> DataFrame:
         """Columns copied to the device; NaN and null stay distinct, as in Arrow."""
         out = cls()
@@ -359,9 +383,35 @@ def _is_local(filesystem: Any) -> bool:
     return isinstance(filesystem, LocalFileSystem)
 
 
-def _open(source: Any, filesystem: Any) -> Any:
+_BYTES_PER_THREAD = 256 * 2**20  # cudf/utils/ioutils.py _BYTES_PER_THREAD_DEFAULT
+
+
+def _file_like(source: Any, bytes_per_thread: int | None) -> Any:
+    """A file-like source goes through cudf's ``_fsspec_data_transfer``
+    (cudf/utils/ioutils.py), which compares ``bytes_per_thread >= path_or_fob.size``:
+    ``size`` must be a number (a method raises TypeError there). Up to that size the
+    object is read whole with ``read()``; beyond it, cudf reads byte ranges from several
+    threads seeking the one handle, which this emulation refuses (it corrupts bytes of a
+    handle that is not safe to share)."""
+    per_thread = _BYTES_PER_THREAD if bytes_per_thread is None else int(bytes_per_thread)
+    size = source.size
+    if per_thread >= size:
+        source.seek(0)
+        data = source.read()
+        _emulation_stats["remote_reads"] += 1
+        _emulation_stats["remote_bytes"] += len(data)
+        return pa.BufferReader(data)
+    raise RuntimeError(
+        "emulated cudf: a file-like object larger than bytes_per_thread would be read by "
+        "several threads seeking one handle"
+    )
+
+
+def _open(source: Any, filesystem: Any, bytes_per_thread: int | None = None) -> Any:
+    if isinstance(source, bytes):
+        return pa.BufferReader(source)
     if not isinstance(source, (str, os.PathLike)):
-        return source  # a file-like object
+        return _file_like(source, bytes_per_thread)
     if filesystem is None or _is_local(filesystem):
         # a local fsspec filesystem is read by path (cudf/utils/ioutils.py
         # _is_local_filesystem: isinstance(fs, LocalFileSystem))
@@ -383,6 +433,7 @@ def _hive_keys(source: Any) -> list[tuple[str, str]]:
     return [m.groups() for p in parts if (m := _HIVE.match(p))]  # type: ignore[misc]
 
 
+@_on_default_stream
 def read_parquet(
     filepath_or_buffer: Any,
     columns: Sequence[str] | None = None,
@@ -390,6 +441,9 @@ def read_parquet(
     filesystem: Any = None,
     use_pandas_metadata: bool = True,
     categorical_partitions: bool = True,
+    bytes_per_thread: int | None = None,
+    dataset_kwargs: dict[str, Any] | None = None,
+    ignore_missing_columns: bool = True,
     **kwargs: Any,
 ) -> DataFrame:
     """Read parquet files (paths, or file-like objects) into one DataFrame.
@@ -399,6 +453,10 @@ def read_parquet(
     named ``key=value`` in a file's path add those keys as columns after the read ones,
     categorical by default (``categorical_partitions=True``; cudf reads hive partitions:
     https://docs.rapids.ai/api/cudf/stable/user_guide/api_docs/api/cudf.read_parquet).
+    Requested columns missing from a file are left out without a word
+    (``ignore_missing_columns=True``, the default of cudf 26.10's read_parquet); with
+    False they raise. ``dataset_kwargs`` (pyarrow dataset options, e.g. partitioning) is
+    accepted; hive keys are added unless ``dataset_kwargs={"partitioning": None}``.
     """
     sources = (
         list(filepath_or_buffer)
@@ -409,19 +467,25 @@ def read_parquet(
         raise ValueError("row_groups must hold one list of row groups per file")
     tables = []
     for i, source in enumerate(sources):
-        file = pq.ParquetFile(_open(source, filesystem))
+        file = pq.ParquetFile(_open(source, filesystem, bytes_per_thread))
+        stored = file.schema_arrow.names
         names = (
             list(columns)
             if columns is not None
-            else [n for n in file.schema_arrow.names if not n.startswith("__index_level_")]
+            else [n for n in stored if not n.startswith("__index_level_")]
         )
+        missing = [n for n in names if n not in stored]
+        if missing and not ignore_missing_columns:
+            raise ValueError(f"column(s) {missing} not found in the parquet file")
+        names = [n for n in names if n in stored]
         if row_groups is None:
             table = file.read(columns=names, use_pandas_metadata=False)
         else:
             table = file.read_row_groups(
                 list(row_groups[i]), columns=names, use_pandas_metadata=False
             )
-        for key, value in _hive_keys(source):
+        hive = dataset_kwargs is None or dataset_kwargs.get("partitioning", "hive") is not None
+        for key, value in _hive_keys(source) if hive else []:
             if key not in table.column_names:
                 column = pa.array([value] * len(table), pa.string())
                 table = table.append_column(

@@ -274,15 +274,42 @@ def _initialize(
     _initialized = True
 
 
+def _order_of(stream: Any) -> tuple[Any, Any]:
+    """The emulated device's ordering module and ``stream``'s key (None, None on a real
+    cupy, which orders its streams itself). No stream is rmm's default, the legacy one."""
+    import cupy
+
+    if not getattr(cupy, "__emulated__", False):
+        return None, None
+    from cupy.cuda import _order
+
+    stream = cupy.cuda.Stream.null if stream is None else stream
+    return _order, stream._key()
+
+
+def _free_buffer(order: Any, key: Any, mr: DeviceMemoryResource, ptr: int, size: int) -> None:
+    if order is not None:
+        order.freed(ptr, size, key)
+    mr.deallocate(ptr, size)
+
+
 class DeviceBuffer:
-    """Untyped device memory from a resource, given back to it when collected."""
+    """Untyped device memory from a resource, given back to it when collected.
+
+    Allocated for ``stream`` (rmm's default stream, the legacy one, by default): rmm's
+    pools are stream-ordered, so a buffer freed on a stream is handed out again to that
+    stream at once, and to another stream only after synchronising.
+    """
 
     def __init__(self, size: int = 0, stream: Any = None, mr: DeviceMemoryResource | None = None):
         self.size = int(size)
         self.mr = get_current_device_resource() if mr is None else mr
         self.ptr = self.mr.allocate(self.size) if self.size else 0
         if self.ptr:
-            weakref.finalize(self, self.mr.deallocate, self.ptr, self.size)
+            order, key = _order_of(stream)
+            if order is not None:
+                order.allocated(self.ptr, self.size, key)
+            weakref.finalize(self, _free_buffer, order, key, self.mr, self.ptr, self.size)
 
     @property
     def nbytes(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import cuda
+from .cuda import _order
 from .cuda import memory as _memory
 from .cuda import runtime as _runtime
 
@@ -83,12 +84,19 @@ class ndarray:
 
     def _set(self, host: np.ndarray, memptr: _memory.MemoryPointer) -> None:
         self._host, self._memptr = host, memptr
+        self._base: ndarray | None = None
 
     @classmethod
-    def _view(cls, host: np.ndarray, memptr: _memory.MemoryPointer) -> ndarray:
+    def _view(cls, host: np.ndarray, memptr: _memory.MemoryPointer, of: ndarray) -> ndarray:
+        """A view of ``of``'s memory; its ``base`` is the array that owns the memory, as
+        in cupy (``_view`` in cupy/_core/core.pyx passes the viewed array as base)."""
         out = cls.__new__(cls)
         out._set(host, memptr)
+        out._base = of if of._base is None else of._base
         return out
+
+    def _history(self) -> _order.History | None:
+        return _order.history(self._memptr.mem.ptr)
 
     # -- attributes ------------------------------------------------------------------
     shape = property(lambda self: self._host.shape)
@@ -99,7 +107,7 @@ class ndarray:
     itemsize = property(lambda self: self._host.itemsize)
     strides = property(lambda self: self._host.strides)
     flags = property(lambda self: self._host.flags)
-    base = property(lambda self: None)
+    base = property(lambda self: self._base)
 
     @property
     def device(self) -> cuda.Device:
@@ -118,7 +126,7 @@ class ndarray:
     def _derive(self, host: np.ndarray) -> ndarray:
         """A numpy result of this array's host view: a view if it shares the memory."""
         if isinstance(host, np.ndarray) and np.may_share_memory(host, self._host):
-            return ndarray._view(host, self._memptr)
+            return ndarray._view(host, self._memptr, self)
         return _to_device(np.asarray(host))
 
     # -- refusing implicit host conversion ----------------------------------------------
@@ -183,7 +191,15 @@ class ndarray:
 
     # -- explicit transfers -----------------------------------------------------------
     def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True):
-        """A host copy (cupy.ndarray.get)."""
+        """A host copy (cupy.ndarray.get): with the array's device current, copied on
+        that device's current stream (or ``stream``), which the host then waits for;
+        work of other streams is not waited for."""
+        with cuda.Device(self._memptr.device_id):
+            key = cuda.current_key() if stream is None else stream._key()
+            _order.access(
+                self._history(), key, _order.issue(key), write=False, what="a copy to the host"
+            )
+            _order.complete(key)
         if out is not None:
             out[...] = self._host
             return out
@@ -195,6 +211,8 @@ class ndarray:
             raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
         if arr.dtype != self.dtype or arr.shape != self.shape:
             raise ValueError(f"set() needs {self.dtype} {self.shape}, got {arr.dtype} {arr.shape}")
+        key = cuda.current_key() if stream is None else stream._key()
+        _order.access(self._history(), key, _order.issue(key), write=True, what="a copy in")
         self._host[...] = arr
 
     # -- DLPack and the CUDA array interface ------------------------------------------
@@ -204,6 +222,25 @@ class ndarray:
         return self._host.__dlpack_device__()
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """Export, ordering the consumer's ``stream`` as cupy does (``__dlpack__`` in
+        cupy/_core/core.pyx): None means the legacy default stream; unless it is -1 or
+        the current stream, the consumer's stream waits for an event recorded on cupy's
+        current stream. The consumer then reads on its stream: refused when that read is
+        not ordered after the array's last write."""
+        if stream != -1:
+            device = _runtime.getDevice()
+            current = cuda.current_key()
+            consumer = cuda.ExternalStream(1 if stream is None else int(stream))._key()
+            if consumer != current:
+                count, covered = _order.snapshot(current)
+                _order.wait(consumer, current, count, covered)
+            _order.access(
+                self._history(),
+                consumer,
+                _order.issued(consumer),
+                write=False,
+                what=f"a DLPack consumer (stream {stream!r}, device {device})",
+            )
         # numpy's exporter takes no stream (host memory); max_version etc. pass through.
         return self._host.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
 
@@ -229,7 +266,7 @@ class ndarray:
 
     def view(self, dtype: Any = None) -> ndarray:
         return ndarray._view(
-            self._host.view() if dtype is None else self._host.view(dtype), self._memptr
+            self._host.view() if dtype is None else self._host.view(dtype), self._memptr, self
         )
 
     def astype(self, dtype: Any, order: str = "K", copy: bool = True) -> ndarray:
@@ -254,7 +291,7 @@ class ndarray:
         if not advanced:  # basic indexing: a view; a trailing ... keeps 0-d results arrays
             key = key if isinstance(key, tuple) else (key,)
             key = key if any(k is Ellipsis for k in key) else (*key, Ellipsis)
-            return ndarray._view(self._host[key], self._memptr)
+            return ndarray._view(self._host[key], self._memptr, self)
         _launch(self)
         # cupy wraps out-of-bounds indices around (core.pyx __getitem__ docstring); numpy,
         # and so this emulation, raises IndexError: stricter, an out-of-bounds index is a bug.
@@ -263,7 +300,8 @@ class ndarray:
     def __setitem__(self, key: Any, value: Any) -> None:
         key, _ = _index(key)
         if isinstance(value, ndarray):
-            _launch(self, value)
+            _launch(value)
+            _written(self)
             value = value._host
         elif isinstance(value, np.ndarray):
             if value.ndim:
@@ -273,8 +311,8 @@ class ndarray:
             value = value.item()
         elif not isinstance(value, (numbers.Number, np.generic)):
             raise TypeError(f"Unsupported type {type(value)}")
-        else:
-            _launch(self)
+        _launch(self, read=False)
+        _written(self)
         self._host[key] = value
 
     # -- arithmetic and comparisons ----------------------------------------------------
@@ -343,9 +381,12 @@ for _name, _func in {
 # -- kernels: checks, then numpy on the host views, results in new device memory ---------
 
 
-def _launch(*arrays: Any) -> None:
-    """The checks of a kernel launch: device arrays only, all on the current device."""
+def _launch(*arrays: Any, read: bool = True) -> None:
+    """The checks of a kernel launch: device arrays only, all on the current device, and
+    (``read``) their last writes ordered before the current stream (see ``cuda._order``)."""
     current = _runtime.getDevice()
+    key = cuda.current_key()  # refuses a current stream of another device
+    n = _order.issue(key)
     for a in arrays:
         if isinstance(a, np.ndarray):
             # cupy's kernels refuse host arrays (cupy/_core/_kernel.pyx _preprocess_arg
@@ -361,6 +402,14 @@ def _launch(*arrays: Any) -> None:
                 f"from the current device ({current}). Peer access is unavailable between "
                 "these devices."
             )
+        if read and isinstance(a, ndarray):
+            _order.access(a._history(), key, n, write=False, what="a kernel")
+
+
+def _written(a: ndarray) -> None:
+    """Record a kernel's write of ``a`` on the current stream (checked first)."""
+    key = cuda.current_key()
+    _order.access(a._history(), key, _order.issue(key), write=True, what="a kernel")
 
 
 def _operand(x: Any) -> Any:
@@ -377,6 +426,7 @@ def _to_device(host: np.ndarray) -> ndarray:
     """A new device array (allocated through the allocator) holding ``host``'s values."""
     host = np.asarray(host)
     out = ndarray(host.shape, host.dtype)
+    _written(out)
     out._host[...] = host
     return out
 
@@ -422,7 +472,8 @@ def _write(result: np.ndarray, out: Any) -> ndarray:
     if out is None:
         return _to_device(result)
     _check_out(out, result.shape)
-    _launch(out)
+    _launch(out, read=False)
+    _written(out)
     out._host[...] = result
     return out
 
@@ -436,12 +487,14 @@ def empty(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
 
 def zeros(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
     out = empty(shape, dtype, order)
+    _written(out)
     out._host[...] = 0
     return out
 
 
 def ones(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
     out = empty(shape, dtype, order)
+    _written(out)
     out._host[...] = 1
     return out
 
@@ -449,6 +502,7 @@ def ones(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
 def full(shape: Any, fill_value: Any, dtype: Any = None, order: str = "C") -> ndarray:
     dt = np.asarray(_operand(fill_value)).dtype if dtype is None else dtype
     out = empty(shape, dt, order)
+    _written(out)
     out._host[...] = _operand(fill_value)
     return out
 

@@ -6,7 +6,8 @@ import itertools
 import threading
 from typing import Any
 
-from . import memory, runtime
+from . import _order, memory, runtime
+from ._order import RaceError
 from .memory import (
     BaseMemory,
     Memory,
@@ -17,6 +18,7 @@ from .memory import (
     alloc,
     get_allocator,
     set_allocator,
+    using_allocator,
 )
 from .runtime import CUDARuntimeError
 
@@ -27,10 +29,12 @@ __all__ = [
     "CUDARuntimeError",
     "Device",
     "Event",
+    "ExternalStream",
     "Memory",
     "MemoryPointer",
     "MemoryPool",
     "OutOfMemoryError",
+    "RaceError",
     "Stream",
     "UnownedMemory",
     "alloc",
@@ -39,6 +43,7 @@ __all__ = [
     "memory",
     "runtime",
     "set_allocator",
+    "using_allocator",
 ]
 
 
@@ -69,7 +74,9 @@ class Device:
             return runtime.memGetInfo()
 
     def synchronize(self) -> None:
+        """cudaDeviceSynchronize: all work of the device is complete."""
         runtime._check(self.id)
+        _order.complete_device(self.id)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other.id == self.id
@@ -86,25 +93,40 @@ _handles = itertools.count(0x1000, 0x10)
 
 
 class Event:
-    """A point in a stream; always complete, since the emulated work is synchronous."""
+    """A point in a stream: what the stream had issued when it was recorded.
+
+    The emulated work is already done when it is issued, but the order CUDA promises is
+    kept (see ``_order``): ``synchronize()`` tells the host that the work before the event
+    is complete, ``Stream.wait_event`` orders a stream after it.
+    """
 
     def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
         self.stream: Stream | None = None
+        self.key: _order.Key | None = None
+        self.count = 0
+        self.covered: dict[_order.Key, int] = {}
 
     def record(self, stream: Stream | None = None) -> None:
         self.stream = get_current_stream() if stream is None else stream
+        self.key = self.stream._key()
+        self.count, self.covered = _order.snapshot(self.key)
 
     def synchronize(self) -> None:
-        pass
+        if self.key is not None:
+            _order.complete(self.key, self.count, self.covered)
 
     def query(self) -> bool:
+        self.synchronize()  # True means complete, and the host may rely on it
         return True
 
     done = property(query)
 
 
 class Stream:
-    """A stream of the device current at creation; ``with stream:`` makes it current."""
+    """A stream of the device current at creation; ``with stream:`` makes it current.
+
+    ``Stream.null`` is the legacy default stream of whichever device is current.
+    """
 
     null: Stream
 
@@ -113,6 +135,13 @@ class Stream:
         self.non_blocking = non_blocking
         self.device_id = -1 if null else runtime.getDevice()
         self.waited: list[Event] = []
+        if not null:
+            _order.register_stream((self.device_id, self.ptr), blocking=not non_blocking)
+
+    def _key(self) -> _order.Key:
+        if self.ptr == 0:
+            return (runtime.getDevice(), 0)
+        return (self.device_id, self.ptr)
 
     def __enter__(self) -> Stream:
         _stack().append(self)
@@ -127,7 +156,8 @@ class Stream:
         return self
 
     def synchronize(self) -> None:
-        pass
+        """cudaStreamSynchronize: the stream's work (and what it waited for) is complete."""
+        _order.complete(self._key())
 
     def record(self, event: Event | None = None) -> Event:
         event = Event() if event is None else event
@@ -135,15 +165,31 @@ class Stream:
         return event
 
     def wait_event(self, event: Event) -> None:
+        """cudaStreamWaitEvent: later work on this stream runs after the event's."""
         self.waited.append(event)
         del self.waited[:-8]  # kept for inspection only, bounded
+        if event.key is not None:
+            _order.wait(self._key(), event.key, event.count, event.covered)
 
     @property
     def done(self) -> bool:
+        self.synchronize()
         return True
 
     def __repr__(self) -> str:
         return f"<Stream {self.ptr:#x} (device {self.device_id})>"
+
+
+class ExternalStream(Stream):
+    """A stream made elsewhere, by handle (``cupy.cuda.ExternalStream``). Handles 1 and 2
+    (DLPack's legacy and per-thread default streams) are the current device's legacy
+    default stream here; other handles must belong to a stream made by this module."""
+
+    def __init__(self, ptr: int, device_id: int = -1) -> None:
+        self.ptr = 0 if int(ptr) in (0, 1, 2) else int(ptr)
+        self.non_blocking = False
+        self.device_id = runtime.getDevice() if device_id < 0 else int(device_id)
+        self.waited = []
 
 
 Stream.null = Stream(null=True)
@@ -159,3 +205,9 @@ def _stack() -> list[Stream]:
 def get_current_stream(device_id: Any = None) -> Stream:
     stack = _stack()
     return stack[-1] if stack else Stream.null
+
+
+def current_key() -> _order.Key:
+    """Where work issued now goes: the current stream, on the current device (refused
+    for a stream of another device, as CUDA refuses the launch)."""
+    return _order.current_key(get_current_stream(), runtime.getDevice())

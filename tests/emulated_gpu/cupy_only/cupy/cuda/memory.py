@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import runtime
+from . import _order, runtime
 
 __emulated__ = True
 
@@ -49,17 +49,20 @@ class Memory(BaseMemory):
         self.size = int(size)
         self.device_id = runtime.getDevice()
         self.ptr = runtime.malloc(self.size)
-        weakref.finalize(self, runtime.free, self.ptr)
+        _order.allocated(self.ptr, self.size, _current_key())
+        weakref.finalize(self, _free, self.ptr, self.size)
 
 
 class UnownedMemory(BaseMemory):
     """Memory owned by another object (an rmm buffer), kept alive as long as this is."""
 
-    def __init__(self, ptr: int, size: int, owner: object, device_id: int | None = None) -> None:
+    def __init__(self, ptr: int, size: int, owner: object, device_id: int = -1) -> None:
         self.ptr, self.size, self._owner = int(ptr), int(size), owner
-        # rmm passes -1 ("the device of the pointer"), which is the current device here
-        unknown = device_id is None or int(device_id) < 0
-        self.device_id = runtime.getDevice() if unknown else int(device_id)
+        # -1 (what rmm's allocator passes): the device the pointer belongs to, asked of
+        # the driver (cupy/cuda/memory.pyx UnownedMemory: runtime.pointerGetAttributes)
+        if int(device_id) < 0:
+            device_id = runtime.pointerGetAttributes(self.ptr).device
+        self.device_id = int(device_id)
 
 
 class MemoryPointer:
@@ -75,10 +78,24 @@ class MemoryPointer:
         return self.mem.device
 
 
+def _current_key() -> _order.Key:
+    from . import current_key
+
+    return current_key()
+
+
+def _free(ptr: int, size: int) -> None:
+    _order.freed(ptr, size, None)  # cudaFree synchronises the device
+    runtime.free(ptr)
+
+
 class _PooledMemory(BaseMemory):
     def __init__(self, pool: MemoryPool, ptr: int, size: int, device: int) -> None:
         self.ptr, self.size, self.device_id = ptr, size, device
-        weakref.finalize(self, pool._give_back, ptr, size, device)
+        # cupy's pool keeps free blocks per stream: reused by the same stream, unordered
+        key = _current_key()
+        _order.allocated(ptr, size, key)
+        weakref.finalize(self, pool._give_back, ptr, size, device, key)
 
 
 class MemoryPool:
@@ -112,7 +129,8 @@ class MemoryPool:
             self._used[device] = self._used.get(device, 0) + rounded
         return MemoryPointer(_PooledMemory(self, ptr, rounded, device), 0)
 
-    def _give_back(self, ptr: int, size: int, device: int) -> None:
+    def _give_back(self, ptr: int, size: int, device: int, key: _order.Key) -> None:
+        _order.freed(ptr, size, key)
         with self._lock:
             self._used[device] -= size
             self._cache.setdefault(device, {}).setdefault(size, []).append(ptr)
@@ -145,6 +163,9 @@ _default_pool = MemoryPool()
 _allocator: Callable[[int], MemoryPointer] = _default_pool.malloc
 
 
+_thread = threading.local()
+
+
 def set_allocator(allocator: Callable[[int], MemoryPointer] | None = None) -> None:
     """Route every later allocation through ``allocator(nbytes) -> MemoryPointer``.
 
@@ -155,7 +176,24 @@ def set_allocator(allocator: Callable[[int], MemoryPointer] | None = None) -> No
 
 
 def get_allocator() -> Callable[[int], MemoryPointer]:
-    return _allocator
+    """The calling thread's allocator (``using_allocator``), else the process's."""
+    local = getattr(_thread, "allocator", None)
+    return _allocator if local is None else local
+
+
+class using_allocator:
+    """Within the block, the calling thread allocates with ``allocator`` (cupy's
+    ``cupy.cuda.using_allocator``: a thread-local allocator; None allocates directly)."""
+
+    def __init__(self, allocator: Callable[[int], MemoryPointer] | None = None) -> None:
+        self._allocator = _malloc if allocator is None else allocator
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_thread, "allocator", None)
+        _thread.allocator = self._allocator
+
+    def __exit__(self, *exc: object) -> None:
+        _thread.allocator = self._previous
 
 
 def _malloc(size: int) -> MemoryPointer:
@@ -167,4 +205,4 @@ def _malloc(size: int) -> MemoryPointer:
 
 def alloc(size: int) -> MemoryPointer:
     """Allocate through the current allocator, as every array creation does."""
-    return _allocator(int(size))
+    return get_allocator()(int(size))

@@ -7,8 +7,10 @@ emulated GPU, so ``memGetInfo`` reports what is really allocated, and allocation
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -36,6 +38,7 @@ def _capacity() -> int:
 _local = threading.local()
 _lock = threading.Lock()
 _buffers: dict[int, tuple[np.ndarray, int, int]] = {}  # ptr -> (host buffer, bytes, device)
+_starts: list[int] = []  # the keys of _buffers, sorted
 _used: dict[int, int] = {}  # device -> bytes allocated by malloc and not yet freed
 
 
@@ -96,6 +99,7 @@ def malloc(size: int) -> int:
         buffer = np.empty(size + 256, dtype=np.uint8)
         ptr = buffer.ctypes.data + (-buffer.ctypes.data) % 256
         _buffers[ptr] = (buffer, size, device)
+        bisect.insort(_starts, ptr)
         _used[device] = _used.get(device, 0) + size
     return ptr
 
@@ -104,7 +108,28 @@ def free(ptr: int) -> None:
     """Release an address returned by :func:`malloc` (cudaFree)."""
     with _lock:
         _buffer, size, device = _buffers.pop(int(ptr))
+        _starts.pop(bisect.bisect_left(_starts, int(ptr)))
         _used[device] -= size
+
+
+memoryTypeDevice = 2
+
+
+def pointerGetAttributes(ptr: int) -> SimpleNamespace:
+    """cudaPointerGetAttributes: the device that owns an address inside any allocation.
+
+    cupy asks it when memory comes without a device (``UnownedMemory(device_id=-1)``,
+    which is what rmm's cupy allocator passes): an array then lives where its memory
+    does, whichever device is current.
+    """
+    with _lock:
+        i = bisect.bisect_right(_starts, int(ptr)) - 1
+        if i >= 0:
+            start = _starts[i]
+            _buffer, size, device = _buffers[start]
+            if start <= int(ptr) < start + max(size, 1):
+                return SimpleNamespace(device=device, type=memoryTypeDevice, devicePointer=ptr)
+    raise CUDARuntimeError("cudaErrorInvalidValue", f"{ptr:#x} is not device memory")
 
 
 def _allocated(device: int) -> int:
