@@ -55,6 +55,7 @@ import importlib.util
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -71,6 +72,7 @@ from tabloader.errors import (
     GPUUnavailableError,
     InvalidArgumentError,
     NullValuesError,
+    PerformanceWarning,
     ReadError,
     TabloaderError,
 )
@@ -526,8 +528,70 @@ def _device_column(series: Any, name: str, fill: float | None, where: str, cupy:
     return values
 
 
+class _CudfColumn:
+    """A column of a cudf DataFrame, as the reader uses it."""
+
+    def __init__(self, series: Any) -> None:
+        self.series = series
+        self.null_count = int(series.null_count)
+
+    def nulls_in(self, start: int, stop: int) -> int:
+        return int(self.series.iloc[start:stop].null_count)
+
+    def to_device(self, name: str, fill: float | None, where: str, cupy: Any) -> Any:
+        return _device_column(self.series, name, fill, where, cupy)
+
+    def to_ragged(self, name: str, fill: float | None, where: str, cupy: Any) -> Ragged:
+        return _device_list_column(self.series, name, fill, where, cupy)
+
+
+_TYPE_NAMES = {"bool8": "bool"}  # libcudf's type ids that numpy spells otherwise
+
+
+class _PlcColumn:
+    """A fixed-width pylibcudf column as cupy views of its buffers: values, and validity
+    from its null mask (one bit a row, least significant first, as in Arrow)."""
+
+    def __init__(self, column: Any, cupy: Any) -> None:
+        self.column, self.cupy = column, cupy
+        self.null_count = int(column.null_count())
+        self.size, self.offset = int(column.size()), int(column.offset())
+        type_name = str(column.type().id().name).lower()
+        self.dtype = np.dtype(_TYPE_NAMES.get(type_name, type_name))
+
+    def values(self) -> Any:
+        if not self.size:
+            return self.cupy.empty(0, dtype=self.dtype)
+        raw = self.cupy.asarray(self.column.data())  # bytes of the buffer, zero-copy
+        nbytes = self.dtype.itemsize
+        return raw[self.offset * nbytes : (self.offset + self.size) * nbytes].view(self.dtype)
+
+    def valid(self, start: int, stop: int) -> Any:
+        cupy = self.cupy
+        bits = cupy.asarray(self.column.null_mask()).view(np.uint8)
+        rows = cupy.arange(self.offset + start, self.offset + stop, dtype=np.int64)
+        return ((bits[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1).astype(bool)
+
+    def nulls_in(self, start: int, stop: int) -> int:
+        if not self.null_count:
+            return 0
+        return (stop - start) - host_int(self.valid(start, stop).sum())
+
+    def to_device(self, name: str, fill: float | None, where: str, cupy: Any) -> Any:
+        """The values, nulls replaced by ``fill`` (NaN left as stored: a NaN is a value)."""
+        values = self.values()
+        if not self.null_count:
+            return values
+        if fill is None:
+            raise NullValuesError(null_message(name, self.null_count, where))
+        return cupy.where(self.valid(0, self.size), values, values.dtype.type(fill))
+
+    def to_ragged(self, name: str, fill: float | None, where: str, cupy: Any) -> Ragged:
+        raise NotImplementedError("list columns are read through cudf")
+
+
 def _frame_columns(
-    frame: Any,
+    frame: Mapping[str, Any],
     columns: Sequence[str],
     lists: set[str],
     fill_null: Mapping[str, float],
@@ -535,7 +599,8 @@ def _frame_columns(
     dataset: Dataset,
     cupy: Any,
 ) -> dict[str, Any]:
-    """A read frame's columns as device arrays (list columns as :class:`Ragged`).
+    """A read frame's columns (``_CudfColumn``/``_PlcColumn`` by name) as device arrays,
+    list columns as :class:`Ragged`.
 
     Nulls are filled by ``fill_null``; a column without a fill value may hold nulls only
     in rows no piece delivers (a rank's share ending inside a row group), which are then
@@ -548,23 +613,29 @@ def _frame_columns(
     if len(pieces) > 1:
         where += f" or one of {len(pieces) - 1} other row group(s)"
     for c in columns:
-        if c not in frame.columns:
+        column = frame.get(c)
+        if column is None:
             raise ReadError(
                 f"column {c!r} is missing from {where}: the file changed after the dataset "
                 "was created. Create the Dataset again"
             )
-        series = frame[c]
         fill = fill_null.get(c)
-        if fill is None and c not in lists and int(series.null_count):
+        if fill is None and c not in lists and column.null_count:
             for partition, start, stop in pieces:
-                nulls = int(series.iloc[start:stop].null_count)
+                nulls = column.nulls_in(start, stop)
                 if nulls:
                     part = dataset.describe_partition(partition)
                     raise NullValuesError(null_message(c, nulls, part))
             fill = 0  # the nulls are in rows no piece delivers
-        convert = _device_list_column if c in lists else _device_column
-        out[c] = convert(series, c, fill, where, cupy)
+        if c in lists:
+            out[c] = column.to_ragged(c, fill, where, cupy)
+        else:
+            out[c] = column.to_device(c, fill, where, cupy)
     return out
+
+
+def _cudf_frame(frame: Any) -> dict[str, _CudfColumn]:
+    return {name: _CudfColumn(frame[name]) for name in frame.columns}
 
 
 def assemble_frames(
@@ -793,6 +864,21 @@ def device_bytes_in_use(rmm: Any, cupy: Any, device: int) -> int:
 
 # -- the backend ---------------------------------------------------------------------------
 
+READER_ENV = "TABLOADER_GPU_READER"
+"""``cudf`` makes the GPU backend decode with ``cudf.read_parquet`` even where pylibcudf's
+reader works (to compare the two); unset, pylibcudf's is used where it can be."""
+
+
+def _rmm_stream(stream: Any) -> Any:
+    """``stream`` (cupy's) as the stream object pylibcudf takes, or None where rmm cannot
+    wrap it (pylibcudf then decodes on the default stream)."""
+    try:
+        from rmm.pylibrmm.stream import Stream
+
+        return Stream(obj=stream)
+    except Exception:
+        return None
+
 
 class GPUBackend:
     """Chunks in GPU memory: cudf decodes, cupy lays out, permutes and slices.
@@ -815,6 +901,17 @@ class GPUBackend:
             # stream nor holds them up (see "Devices, streams, and the hand-off rules")
             stream = self._cupy.cuda.Stream(non_blocking=True)
         self.xp = DeviceArrays(self._cupy, self.device, stream)
+        reader = os.environ.get(READER_ENV, "").strip().lower()
+        if reader not in ("", "cudf", "pylibcudf"):
+            raise InvalidArgumentError(f"{READER_ENV}={reader!r} must be 'cudf' or 'pylibcudf'")
+        self._plc: Any = None if reader == "cudf" else _optional_import("pylibcudf")
+        self._plc_stream = _rmm_stream(stream) if self._plc is not None else None
+
+    @property
+    def reader(self) -> str:
+        """Which parquet reader decodes: ``"pylibcudf"`` (on the loader's stream) or
+        ``"cudf"`` (``cudf.read_parquet``, on the default stream)."""
+        return "cudf" if self._plc is None else "pylibcudf"
 
     def scope(self) -> contextlib.AbstractContextManager[None]:
         return self.xp.scope()
@@ -866,15 +963,17 @@ class GPUBackend:
         doing = f"reading a chunk of {chunk_plan.rows:,} rows"
         with _out_of_memory_as_error(self.device, doing):
             t0 = time.perf_counter()
-            frames = self._read_frames(dataset, pieces, chunk_plan.read, columns)
-            with cupy.cuda.Stream.null:  # where cudf works: the conversions follow its reads
+            frames, on_default = self._read_frames(dataset, pieces, chunk_plan.read, columns, lists)
+            # The conversions run where the decode ran: after it, in order.
+            with cupy.cuda.Stream.null if on_default else contextlib.nullcontext():
                 converted = [
                     _frame_columns(frame, columns, lists, request.fill_null, rows, dataset, cupy)
                     for frame, rows in zip(
                         frames, _pieces_by_frame(pieces, chunk_plan, frames), strict=True
                     )
                 ]
-            self.xp.follow_default_stream()  # the layout below reads what cudf wrote
+            if on_default:
+                self.xp.follow_default_stream()  # the layout below reads what cudf wrote
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
             segment = assemble_frames(converted, blocks, cupy)
@@ -886,33 +985,43 @@ class GPUBackend:
             elif chunk_plan.first or chunk_plan.rows != _segment_rows(segment):
                 lo, hi = chunk_plan.first, chunk_plan.first + chunk_plan.rows
                 segment = {name: a[lo:hi] for name, a in segment.items()}
-            # cudf's frames go back to its pool (the default stream's) once the layout
-            # issued above has read them: ordered like a batch handed over
-            self.xp.hand_over()
+            if on_default:
+                # cudf's frames go back to its pool (the default stream's) once the layout
+                # issued above has read them: ordered like a batch handed over
+                self.xp.hand_over()
             del frames
         stats.assemble_seconds += time.perf_counter() - t1
         stats.device_bytes = device_bytes_in_use(self._rmm, cupy, self.device)
         return [(segment, index)]
 
     def _read_frames(
-        self, dataset: Dataset, pieces: Sequence[Piece], read: ChunkRead | None, columns: list[str]
-    ) -> list[Any]:
-        """cudf DataFrames of the chunk, in order: one read of all its parquet row groups
-        (or one frame per file, see :meth:`_read_parquet`), else one frame per piece."""
+        self,
+        dataset: Dataset,
+        pieces: Sequence[Piece],
+        read: ChunkRead | None,
+        columns: list[str],
+        lists: set[str],
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The chunk's columns by name, frame after frame: one read of all its parquet
+        row groups (or one frame per file, see :meth:`_read_parquet`), else one frame per
+        piece; and whether they were made on the default stream (else on the loader's)."""
         cudf = self._cudf
         if read is not None:
-            return self._read_parquet(dataset, read, columns)
+            return self._read_parquet(dataset, read, columns, lists)
         partitions = dataset.computed_partitions(pieces, columns)
         if partitions is not None:  # dask-cudf partitions stay on the device
-            return [
+            frames = [
                 frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)
                 for frame in partitions
             ]
-        # An in-memory table lives on the host: one copy to the device is unavoidable.
-        return [cudf.DataFrame.from_arrow(table) for table in dataset.iter_pieces(pieces, columns)]
+        else:  # an in-memory table lives on the host: one copy to the device is unavoidable
+            frames = [cudf.DataFrame.from_arrow(t) for t in dataset.iter_pieces(pieces, columns)]
+        return [_cudf_frame(frame) for frame in frames], True
 
-    def _read_parquet(self, dataset: Dataset, read: ChunkRead, columns: list[str]) -> list[Any]:
-        """``read``'s row groups as one cudf DataFrame, or one per file (see below)."""
+    def _read_parquet(
+        self, dataset: Dataset, read: ChunkRead, columns: list[str], lists: set[str]
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """``read``'s row groups as one frame, or one per file (see below)."""
         parts = [p for file_parts in read.partitions for p in file_parts]
         where = dataset.describe_partition(parts[0])
         if len(parts) > 1:
@@ -929,39 +1038,90 @@ class GPUBackend:
                         for f, groups in zip(read.files, read.row_groups, strict=True)
                     ]
                     paths = opened.enter_context(_local_copies(handles))
-                frame = self._cudf.read_parquet(
-                    paths,
-                    columns=columns,
-                    row_groups=read.row_groups,
-                    use_pandas_metadata=False,
-                    # the files are listed already: no directory discovery, no hive keys
-                    dataset_kwargs={"partitioning": None},
-                )
+                frame, rows, on_default = self._decode(paths, read.row_groups, columns, lists)
         except ReadError:
             raise  # a network failure, already named with its remedy
         except Exception as err:
             if is_out_of_memory(err):
                 raise
             if len(read.files) > 1:
-                return self._read_each_file(dataset, read, columns)
+                return self._read_each_file(dataset, read, columns, lists)
             raise read_error(where, err) from err
         expected = int(sum(dataset.partition_rows[p] for p in parts))
-        if len(frame) != expected:
+        if rows != expected:
             if len(read.files) > 1:
-                return self._read_each_file(dataset, read, columns)
+                return self._read_each_file(dataset, read, columns, lists)
             raise ReadError(
-                f"cudf read {len(frame)} rows from {where}, but the footers listed {expected}: "
+                f"cudf read {rows} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
             )
-        return [frame]
+        return [frame], on_default
 
-    def _read_each_file(self, dataset: Dataset, read: ChunkRead, columns: list[str]) -> list[Any]:
+    def _decode(
+        self, paths: list[str], row_groups: list[list[int]], columns: list[str], lists: set[str]
+    ) -> tuple[dict[str, Any], int, bool]:
+        """Decode the row groups of ``paths``: ``(columns by name, rows, on the default
+        stream)``. pylibcudf's reader where it works (no list columns): on the loader's
+        stream, without cudf's DataFrame layer; else ``cudf.read_parquet``."""
+        if self._plc is not None and not lists:
+            try:
+                return self._decode_with_pylibcudf(paths, row_groups, columns)
+            except (AttributeError, TypeError, NotImplementedError) as err:  # another API
+                self._plc = None
+                warnings.warn(
+                    f"pylibcudf's parquet reader could not be used here ({type(err).__name__}: "
+                    f"{err}); reading with cudf.read_parquet instead",
+                    PerformanceWarning,
+                    stacklevel=2,
+                )
+        frame = self._cudf.read_parquet(
+            paths,
+            columns=columns,
+            row_groups=row_groups,
+            use_pandas_metadata=False,
+            # the files are listed already: no directory discovery, no hive keys
+            dataset_kwargs={"partitioning": None},
+        )
+        return _cudf_frame(frame), len(frame), True
+
+    def _decode_with_pylibcudf(
+        self, paths: list[str], row_groups: list[list[int]], columns: list[str]
+    ) -> tuple[dict[str, Any], int, bool]:
+        plc = self._plc
+        options = (
+            plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo(paths))
+            .use_pandas_metadata(False)
+            .build()
+        )
+        # (the setter's name changed across releases)
+        set_columns = getattr(options, "set_columns", None) or options.set_column_names
+        set_columns(columns)
+        options.set_row_groups(row_groups)
+        stream = self._plc_stream
+        if stream is not None:
+            result = plc.io.parquet.read_parquet(options, stream=stream)
+        else:
+            result = plc.io.parquet.read_parquet(options)
+        decoded = result.columns
+        frame = {
+            name: _PlcColumn(column, self._cupy)
+            for name, column in zip(result.column_names(), decoded, strict=True)
+        }
+        rows = int(decoded[0].size()) if decoded else 0
+        return frame, rows, stream is None
+
+    def _read_each_file(
+        self, dataset: Dataset, read: ChunkRead, columns: list[str], lists: set[str]
+    ) -> tuple[list[dict[str, Any]], bool]:
         """``read`` one file at a time: files that fail together may each read alone (their
         schemas may differ in columns not read), and a file at fault is named."""
-        return [
-            self._read_parquet(dataset, ChunkRead([f], [groups], [ps], [0], []), columns)[0]
-            for f, groups, ps in zip(read.files, read.row_groups, read.partitions, strict=True)
-        ]
+        frames, on_default = [], False
+        for f, groups, ps in zip(read.files, read.row_groups, read.partitions, strict=True):
+            one = ChunkRead([f], [groups], [ps], [0], [])
+            (frame,), default = self._read_parquet(dataset, one, columns, lists)
+            frames.append(frame)
+            on_default = on_default or default
+        return frames, on_default
 
 
 def _segment_rows(segment: Segment) -> int:

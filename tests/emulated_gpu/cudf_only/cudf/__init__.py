@@ -158,6 +158,7 @@ class Series:
         return np.dtype(object)
 
     @property
+    @_on_default_stream
     def null_count(self) -> int:
         """Nulls only: a NaN is a value, not a null (cudf ColumnBase.null_count)."""
         if self._arrow is not None:

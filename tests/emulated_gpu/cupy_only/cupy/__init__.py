@@ -364,6 +364,8 @@ for _name, _func in {
     "and": np.bitwise_and,
     "or": np.bitwise_or,
     "xor": np.bitwise_xor,
+    "lshift": np.left_shift,
+    "rshift": np.right_shift,
 }.items():
     setattr(ndarray, f"__{_name}__", _binary(_func))
     setattr(ndarray, f"__r{_name}__", _binary(_func, swap=True))
@@ -519,8 +521,22 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> nd
     return _to_device(np.arange(start, stop, step, dtype=dtype))
 
 
+def _from_cuda_array_interface(owner: Any) -> ndarray:
+    """A view of another library's device memory (cupy: ``UnownedMemory`` kept alive by
+    ``owner``, its device asked of the pointer)."""
+    cai = owner.__cuda_array_interface__
+    ptr, dt = int(cai["data"][0]), np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    mem = cuda.UnownedMemory(ptr, nbytes, owner, -1)
+    return ndarray(shape, dt, _memory.MemoryPointer(mem, 0), strides=cai.get("strides"))
+
+
 def asarray(a: Any, dtype: Any = None, order: str | None = None) -> ndarray:
-    """A device array of ``a``: a device array as is, anything else copied host-to-device."""
+    """A device array of ``a``: a device array as is, another library's device memory
+    (``__cuda_array_interface__``) as a view, anything else copied host-to-device."""
+    if not isinstance(a, ndarray) and hasattr(a, "__cuda_array_interface__"):
+        a = _from_cuda_array_interface(a)
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
     return _to_device(np.asarray(a, dtype=dtype, order=order))  # the explicit host->device copy

@@ -1,0 +1,92 @@
+"""Emulated ``pylibcudf.io.parquet``: ``ParquetReaderOptions`` and ``read_parquet``.
+
+Decoded on the host by pyarrow; the device buffers are written on the stream given
+(else the legacy default stream). Requested columns a file lacks are left out, as
+libcudf does unless told otherwise (``ignore_missing_columns``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__emulated__ = True
+
+__all__ = ["ParquetReaderOptions", "ParquetReaderOptionsBuilder", "read_parquet"]
+
+
+class ParquetReaderOptionsBuilder:
+    def __init__(self, source: Any) -> None:
+        self._options = ParquetReaderOptions(source)
+
+    def use_pandas_metadata(self, value: bool) -> ParquetReaderOptionsBuilder:
+        self._options._pandas_metadata = bool(value)
+        return self
+
+    def build(self) -> ParquetReaderOptions:
+        return self._options
+
+
+class ParquetReaderOptions:
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self._columns: list[str] | None = None
+        self._row_groups: list[list[int]] | None = None
+        self._pandas_metadata = True
+
+    @staticmethod
+    def builder(source: Any) -> ParquetReaderOptionsBuilder:
+        return ParquetReaderOptionsBuilder(source)
+
+    def set_columns(self, columns: list[str]) -> None:
+        self._columns = list(columns)
+
+    def set_row_groups(self, row_groups: list[list[int]]) -> None:
+        self._row_groups = [list(g) for g in row_groups]
+
+
+def _device_column(array: pa.Array, cupy: Any) -> Any:
+    from .. import Column, DataType, TypeId, gpumemoryview
+
+    kind = array.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise NotImplementedError(f"the emulated pylibcudf reads fixed-width columns, not {kind}")
+    zero = pa.scalar(False if pa.types.is_boolean(kind) else 0, kind)
+    values = np.ascontiguousarray(array.fill_null(zero).to_numpy(zero_copy_only=False))
+    data = cupy.asarray(values.view(np.uint8))
+    mask = None
+    if array.null_count:
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+        bits = np.packbits(valid, bitorder="little")
+        padded = np.zeros(-(-len(bits) // 64) * 64, dtype=np.uint8)  # libcudf pads to 64 bytes
+        padded[: len(bits)] = bits
+        mask = gpumemoryview(cupy.asarray(padded))
+    type_id = TypeId(np.dtype(values.dtype).name)
+    return Column(
+        DataType(type_id), len(array), gpumemoryview(data), mask, array.null_count, offset=0
+    )
+
+
+def read_parquet(options: ParquetReaderOptions, stream: Any = None, mr: Any = None) -> Any:
+    import cupy
+
+    from . import TableWithMetadata
+
+    tables = []
+    for i, path in enumerate(options.source.sources):
+        file = pq.ParquetFile(path)
+        names = options._columns or file.schema_arrow.names
+        names = [n for n in names if n in file.schema_arrow.names]
+        if options._row_groups is None:
+            tables.append(file.read(columns=names, use_pandas_metadata=False))
+        else:
+            groups = options._row_groups[i]
+            tables.append(file.read_row_groups(groups, columns=names, use_pandas_metadata=False))
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    on = cupy.cuda.Stream.null if stream is None else stream.obj
+    with on:
+        columns = [_device_column(c.combine_chunks(), cupy) for c in table.columns]
+    return TableWithMetadata(columns, table.column_names)

@@ -1,0 +1,3 @@
+"""Emulated ``rmm.pylibrmm``: the stream wrapper pylibcudf takes."""
+
+__emulated__ = True
