@@ -19,6 +19,7 @@
 # What comes back ($OUT, 5 files): summary.txt (also printed at the end), gpu.json and
 # gpu.md (the benchmark's report, written after every case, so a stopped run keeps what it
 # measured), profile.txt, logs.tar.gz (every step's full output, and env.txt).
+# logs.tar.gz is refreshed after every step, so a call cut short still brings the logs.
 # Then, on the development machine: copy gpu.json to benchmarks/results/gpu.json and run
 #     python benchmarks/throughput.py --from-json benchmarks/results/gpu.json \
 #         --table benchmarks/results/gpu.md --doc docs/gpu.md
@@ -90,6 +91,7 @@ run_step() {  # run_step NAME FUNCTION: run it under its limit, log it, record t
   printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - began))" "$limit" >>"$LOGS/steps.tsv"
   echo "   $status after $((SECONDS - began)) s; last lines:"
   tail -n 3 "$LOGS/$name.log" | sed 's/^/   | /'
+  tar -C "$LOGS" -czf "$OUT/logs.tar.gz" . 2>/dev/null  # so far, should the call be cut short
 }
 
 limited() {  # limited CMD...: CMD under the step's limit; SIGINT first (pytest then
@@ -180,8 +182,6 @@ step_profile() {
 # -- the run -------------------------------------------------------------------------------
 
 echo "GPU run: steps '$STEPS', budget ${BUDGET} s, logs in $LOGS, results in $OUT"
-step_env >"$LOGS/env.txt" 2>&1
-head -n 12 "$LOGS/env.txt"
 case " $STEPS " in
   *" bench "* | *" profile "*)
     # shellcheck disable=SC2086
@@ -189,6 +189,8 @@ case " $STEPS " in
     DATAGEN_PID=$!
     ;;
 esac
+step_env >"$LOGS/env.txt" 2>&1
+head -n 12 "$LOGS/env.txt"
 for step in $STEPS; do
   case $step in
     tests) run_step tests step_tests ;;
