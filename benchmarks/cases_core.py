@@ -159,6 +159,6 @@ def in_memory_baseline(ctx: Context) -> Case:
 
 
 def cases(ctx: Context) -> list[Case]:
-    if ctx.device != "cpu":
-        return loader_cases(ctx)
+    if ctx.device != "cpu":  # the GPU's cases are cases_gpu.py's
+        return []
     return [decode_limit(ctx), copy_ceiling(ctx), *loader_cases(ctx), in_memory_baseline(ctx)]

@@ -30,7 +30,7 @@ ROW_BUDGET = 1 << 18
 
 
 def cases(ctx: Context) -> list[Case]:
-    if importlib.util.find_spec("tensorflow") is None:
+    if importlib.util.find_spec("tensorflow") is None or ctx.device != "cpu":
         return []
 
     def keras_case(shuffle: bool) -> Case:
@@ -42,7 +42,7 @@ def cases(ctx: Context) -> list[Case]:
                 **ctx.loader_options,
                 shuffle=shuffle,
                 seed=0,
-                device=None if ctx.device == "cpu" else ctx.device,
+                device=None,
             )
 
             def run() -> int:
@@ -63,10 +63,7 @@ def cases(ctx: Context) -> list[Case]:
             note="loader[i] over an epoch; items are dicts of tf.Tensor",
         )
 
-    found = [keras_case(True), keras_case(False)]
-    if ctx.device == "cpu":
-        found.append(_tf_data_case(ctx))
-    return found
+    return [keras_case(True), keras_case(False), _tf_data_case(ctx)]
 
 
 def _tf_data_case(ctx: Context) -> Case:

@@ -130,10 +130,8 @@ def baseline_cases(ctx: Context) -> list[Case]:
 
 
 def cases(ctx: Context) -> list[Case]:
-    """The PyTorch cases, or none when PyTorch is not installed."""
-    if importlib.util.find_spec("torch") is None:
+    """The PyTorch cases on the CPU, or none when PyTorch is not installed (the GPU's
+    are cases_gpu.py's)."""
+    if importlib.util.find_spec("torch") is None or ctx.device != "cpu":
         return []
-    found = adapter_cases(ctx)
-    if ctx.device == "cpu":
-        found.extend(baseline_cases(ctx))
-    return found
+    return [*adapter_cases(ctx), *baseline_cases(ctx)]

@@ -12,6 +12,8 @@ To add cases, add a module and its name to ``CASE_MODULES``.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +23,14 @@ CASE_MODULES = (
     "cases_core",
     "cases_torch",
     "cases_tensorflow",
-    "cases_merlin",
     "cases_gpu",
+    "cases_gpu_cache",
+    "cases_training",
     "cases_cache",
+    "cases_merlin",
 )
-"""Case modules, in report order; missing ones are skipped."""
+"""Case modules, in report order; missing ones are skipped. merlin-dataloader comes last:
+a library of another environment, which may fail or hang, runs after everything else."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,10 @@ class Context:
     """Rows in the dataset (one epoch)."""
     device: str = "cpu"
     """``"cpu"``, or ``"cuda"`` when run with ``--device cuda``."""
+    gpu: str = ""
+    """With ``--device cuda``: ``"real"``, ``"emulated"`` (the stand-in of
+    ``tests/emulated_gpu``), or ``""`` when the GPU backend cannot run here. Decided once
+    by the benchmark's parent process, so that listing cases imports nothing."""
 
     @property
     def columns(self) -> list[str]:
@@ -67,7 +76,8 @@ class Case:
     early on a row budget). Its time is reported as the case's setup, not as an epoch."""
     group: str = "tabloader"
     """``"limit"`` (the parquet decode limit every ratio refers to), ``"ceiling"`` (a
-    reference beyond which no loader can go), ``"tabloader"`` or ``"baseline"``."""
+    reference beyond which no loader can go), ``"reference"`` (another limit, which the
+    derived figures compare some cases with), ``"tabloader"`` or ``"baseline"``."""
     note: str = ""
     every_size: bool = True
     """False: run at the smallest dataset size only (a baseline stopping on a row budget,
@@ -75,6 +85,45 @@ class Case:
     interpreter: str | None = None
     """The Python to run the case's process with, for a library that cannot share the
     project's environment (None: the one running the benchmark)."""
+    pythonpath: tuple[str, ...] = ()
+    """Folders put first on the case's ``PYTHONPATH`` (packages staged for it alone)."""
+
+
+FACTS: dict[str, Any] = {}
+"""What a case's process learnt besides its timings (a training step's time alone, the
+loader's counters after each epoch, ...): reported with the case's figures."""
+
+
+def fact(name: str, value: Any) -> None:
+    """Record ``value`` (JSON-serialisable) under ``name`` for the report of this case."""
+    FACTS[name] = value
+
+
+def loader_facts(loader: Any) -> None:
+    """Append the loader's counters (``loader.stats()``) to the case's facts: called
+    after each epoch, they show where a slow epoch's time went (read, assemble, batch,
+    wait) and whether it was served from the cache."""
+    import dataclasses
+
+    counters = dataclasses.asdict(loader.stats())
+    plain = (bool, int, float, str, type(None))
+    FACTS.setdefault("stats_after_epoch", []).append(
+        {k: v if isinstance(v, plain) else str(v) for k, v in counters.items()}
+    )
+
+
+def emulated_gpu() -> bool:
+    """Whether the GPU stack here is tabloader's emulated stand-in (``tests/emulated_gpu``):
+    its figures are never GPU figures. Imports cupy and cudf, so call it only where a
+    GPU case runs or is listed."""
+    for name in ("cupy", "cudf"):
+        try:
+            module = sys.modules.get(name) or importlib.import_module(name)
+        except Exception:
+            continue
+        if getattr(module, "__emulated__", False):
+            return True
+    return False
 
 
 def fill_doc(path: Path, table: str, begin: str, end: str) -> None:
