@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import cuda
+from . import cuda, random  # noqa: F401  (cupy.random, as in cupy)
 from .cuda import _order
 from .cuda import memory as _memory
 from .cuda import runtime as _runtime
