@@ -62,6 +62,7 @@ from tabloader.backends.cpu import null_message
 from tabloader.batches import Ragged, host_int
 from tabloader.dataset import _DaskSource, _ParquetSource, read_error
 from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
+from tabloader.sources.partitions import complete_frame, same_reads
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -767,6 +768,11 @@ class GPUBackend:
         where = dataset.describe_partition(parts[0])
         if len(parts) > 1:
             where += f" or one of {len(parts) - 1} other row group(s)"
+        # Partition keys and renamed or added table columns: what each file stores.
+        how = [dataset.file_columns(f, columns) for f in read.files]
+        if len(how) > 1 and not same_reads(how):
+            return self._read_each_file(dataset, source, read, columns)
+        stored = list(how[0].read)
         try:
             with contextlib.ExitStack() as opened:
                 if source.filesystem is None:
@@ -776,11 +782,11 @@ class GPUBackend:
                     # cross the network (retried like the CPU's reads); cudf given the URL
                     # would fetch the whole object.
                     sources = [
-                        opened.enter_context(dataset.open_row_groups(f, groups, columns))
+                        opened.enter_context(dataset.open_row_groups(f, groups, stored))
                         for f, groups in zip(read.files, read.row_groups, strict=True)
                     ]
                 frame = self._cudf.read_parquet(
-                    sources, columns=columns, row_groups=read.row_groups, use_pandas_metadata=False
+                    sources, columns=stored, row_groups=read.row_groups, use_pandas_metadata=False
                 )
         except ReadError:
             raise  # a network failure, already named with its remedy
@@ -798,11 +804,10 @@ class GPUBackend:
                 f"cudf read {len(frame)} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
             )
-        # cudf adds the key=value directories of a hive-partitioned path as columns; the
-        # CPU backend reads the file alone, so deliver exactly the requested columns.
-        if list(frame.columns) != columns:
-            frame = frame[columns]
-        return [frame]
+        # cudf adds the key=value directories of a hive-partitioned path as columns (with
+        # types of its own); deliver exactly the requested columns, keys typed as on the CPU.
+        rows = [int(sum(source.rows[p] for p in ps)) for ps in read.partitions]
+        return [complete_frame(self._cudf, self._cupy, frame, how, rows, columns)]
 
     def _read_each_file(
         self, dataset: Dataset, source: _ParquetSource, read: ChunkRead, columns: list[str]
