@@ -139,7 +139,7 @@ def file_identities(dataset: Dataset) -> list[dict[str, Any]]:
     filesystem = getattr(getattr(dataset, "_source", None), "filesystem", None)
     identities: list[dict[str, Any]] = []
     if dataset.version is not None:  # a Delta or Iceberg table: keyed by its version too
-        identities.append({"table": dataset.table_format, "version": dataset.version})
+        identities.append({"path": f"{dataset.table_format} table", "version": dataset.version})
     for path in dataset.files:
         if filesystem is None:
             st = os.stat(path)
