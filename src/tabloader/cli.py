@@ -598,10 +598,13 @@ def open_inspected(
     ``_delta_log``), an Iceberg table (its ``*.metadata.json`` file, or a directory holding
     ``metadata/``: the newest metadata file), or files. ``kind`` forces one of
     ``"delta"``, ``"iceberg"`` or ``"files"`` (needed for URLs)."""
-    if kind == "auto" and isinstance(path, str) and "://" not in path:
-        if os.path.isdir(os.path.join(path, "_delta_log")):
+    if kind == "auto" and isinstance(path, str):
+        local = path.removeprefix("file://") if "://" not in path.removeprefix("file://") else ""
+        if path.endswith(".metadata.json"):
+            kind = "iceberg"
+        elif local and os.path.isdir(os.path.join(local, "_delta_log")):
             kind = "delta"
-        elif path.endswith(".metadata.json") or os.path.isdir(os.path.join(path, "metadata")):
+        elif local and os.path.isdir(os.path.join(local, "metadata")):
             kind = "iceberg"
     if kind in ("delta", "iceberg") and not isinstance(path, str):
         raise InvalidArgumentError(f"a {kind} table is one path, got {len(path)}")

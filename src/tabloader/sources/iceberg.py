@@ -158,10 +158,18 @@ class IcebergLog(TableLog):
     def snapshot(self, version: int) -> TableSnapshot:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
         from pyiceberg.manifest import FileFormat
+        from pyiceberg.table import StaticTable
         from pyiceberg.transforms import IdentityTransform
 
         table = self._live()
         where = f"the Iceberg table {self.name} (snapshot {version})"
+        if table.snapshot_by_id(version) is None and not isinstance(table, StaticTable):
+            table.refresh()  # committed since this process last looked (another rank's)
+        if table.snapshot_by_id(version) is None:
+            raise SourceNotFoundError(
+                f"{where} does not exist (any more): snapshots expire, and a snapshot id is "
+                "only meaningful for its own table"
+            )
         scan = table.scan(snapshot_id=version)
         try:
             tasks = list(scan.plan_files())
