@@ -263,7 +263,7 @@ def test_a_null_partition_value_needs_fill_null(tmp_path):
     ids = np.concatenate([b["id"] for b in batches])
     days = np.concatenate([b["day"] for b in batches])
     np.testing.assert_array_equal(days, np.array([-1, 1, 2])[ids % 3])
-    # a null key is skipped by every filter term on it, as a null compares in pyarrow
+    # a null key fails every comparison on it, as a null compares in pyarrow
     assert len(tabloader.Dataset.from_delta(path, filters=[("day", "!=", 1)])) == 10
 
 

@@ -132,8 +132,8 @@ def _term(term: object, shape: str) -> Term:
 
 
 _NULL_HINT = (
-    "a comparison with a null partition value never holds, so a file whose key is null is "
-    "skipped by every term on that key; filter on the other values"
+    "a comparison with a null partition value never holds (a file whose key is null is "
+    "skipped by every term on that key but 'not in'); filter on the other values"
 )
 
 
@@ -214,12 +214,15 @@ def check_filters(
 def keep_file(filters: Filters | None, values: Mapping[str, Any]) -> bool:
     """Whether a file with these partition values passes ``filters`` (pure).
 
-    A null value (None) satisfies no term, as a null compares in pyarrow and SQL.
+    A null value (None) satisfies no comparison and no ``in``, as a null compares in
+    pyarrow and SQL; it satisfies ``not in``, as in pyarrow's filters.
 
     Examples:
         >>> f = normalize_filters([[("day", "<", 3)], [("day", "in", [7])]])
         >>> [keep_file(f, {"day": d}) for d in (1, 3, 7, None)]
         [True, False, True, False]
+        >>> keep_file(normalize_filters([("day", "not in", [7])]), {"day": None})
+        True
     """
     if filters is None:
         return True
@@ -228,7 +231,7 @@ def keep_file(filters: Filters | None, values: Mapping[str, Any]) -> bool:
 
 def _holds(actual: Any, op: str, value: Any) -> bool:
     if actual is None:
-        return False
+        return op == "not in"  # pyarrow: ~is_in(null) holds, is_in skipping nulls
     if op == "=":
         return bool(actual == value)
     if op == "!=":
