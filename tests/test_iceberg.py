@@ -9,6 +9,7 @@ device in CI).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -385,3 +386,46 @@ def test_every_rank_loads_rank_zeros_snapshot(catalog, tmp_path):
         assert not set(ids0) & set(ids1)
         np.testing.assert_array_equal(np.sort(ids0 + ids1), truth(table, v0))
     assert ranks[0][1][0] != ranks[0][0][0]  # the second epoch saw the first append
+
+
+# -- object storage ------------------------------------------------------------------------
+
+
+def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path):
+    """The data files are read through fsspec with the options of the table's FileIO."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host_, port = server.get_host_and_port()
+        endpoint = f"http://{host_}:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="warehouse")
+        properties = {
+            "s3.endpoint": endpoint,
+            "s3.access-key-id": "testing",
+            "s3.secret-access-key": "testing",
+            "s3.region": "us-east-1",
+        }
+        catalog = SqlCatalog(
+            "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/", **properties
+        )
+        catalog.create_namespace("db")
+        table = catalog.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY)
+        table.append(rows(0, 300))
+        table.overwrite(rows(1000, 90))
+        ds = tabloader.Dataset.from_iceberg(table, filters=[("day", "!=", 0)])
+        assert all(f.startswith("warehouse/db/t/data/") for f in ds.files)
+        assert ds.describe_partition(0).startswith("s3://warehouse/")
+        ids = np.arange(1000, 1090)
+        np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), ids[ids % 3 != 0])
+    finally:
+        server.stop()

@@ -477,13 +477,16 @@ class ColumnSources:
             types=dict(keys),
         )
 
-    @property
-    def identity(self) -> bool:
+    def __post_init__(self) -> None:
+        self.identity = not self.types and all(
+            all(k == v for k, v in n.items()) for n in self.names
+        )
         """True when every file stores every column under its own name (no work to do)."""
-        return not self.keys and all(all(k == v for k, v in n.items()) for n in self.names)
 
     def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
         """How to get ``columns`` from file ``file_index``."""
+        if self.identity:
+            return FileColumns(tuple(columns))
         names = self.names[int(self.file_schema[file_index])]
         read, rename, constants, types = [], {}, {}, {}
         for c in columns:
