@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -222,6 +223,17 @@ def test_an_added_column_is_null_in_older_files_and_fill_null_decides(evolved, d
     ids = np.concatenate([host(b["id"]) for b in batches])
     extra = np.concatenate([host(b["extra"]) for b in batches])
     np.testing.assert_array_equal(extra, np.where(ids < 90, -1, ids * 10))
+
+
+def test_a_dataset_travels_to_another_process_without_its_catalog(evolved):
+    table, _ = evolved
+    ds = tabloader.Dataset.from_iceberg(table, refresh=True)
+    copy = pickle.loads(pickle.dumps(ds))
+    columns = ["id", "price", "extra"]
+    for p in range(ds.num_partitions):
+        assert copy.read_partition(p, columns).equals(ds.read_partition(p, columns))
+    with pytest.raises(tabloader.UnsupportedTableError, match="without its catalog"):
+        copy.refresh(epoch=5)
 
 
 def test_a_promoted_type_reads_from_files_written_before(catalog):
