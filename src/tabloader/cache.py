@@ -129,7 +129,8 @@ def cache_directory(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def file_identities(dataset: Dataset) -> list[dict[str, Any]]:
-    """Path, size and modification time (or ETag) of every file of ``dataset``.
+    """Path, size and modification time (or ETag) of every file of ``dataset`` (after the
+    table version, for a Delta or Iceberg table).
 
     A file rewritten in place changes its size, its modification time or its ETag, and
     so the cache key.
@@ -137,6 +138,8 @@ def file_identities(dataset: Dataset) -> list[dict[str, Any]]:
     # The fsspec filesystem of a remote dataset (None for local files).
     filesystem = getattr(getattr(dataset, "_source", None), "filesystem", None)
     identities: list[dict[str, Any]] = []
+    if dataset.version is not None:  # a Delta or Iceberg table: keyed by its version too
+        identities.append({"path": f"{dataset.table_format} table", "version": dataset.version})
     for path in dataset.files:
         if filesystem is None:
             st = os.stat(path)

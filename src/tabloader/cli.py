@@ -31,12 +31,15 @@ from tabloader.errors import (
     ColumnNotFoundError,
     ColumnTypeError,
     EmptyDatasetError,
+    InvalidArgumentError,
     SchemaMismatchError,
+    SourceNotFoundError,
     TabloaderError,
 )
 from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
 from tabloader.reader import usable_cores
+from tabloader.sources.partitions import describe_filters
 
 __all__ = [
     "LOADER_THREADS",
@@ -44,6 +47,8 @@ __all__ = [
     "inspect_dataset",
     "layout_warnings",
     "main",
+    "open_inspected",
+    "parse_filter",
     "suggest_columns",
     "usable_cores",
 ]
@@ -294,13 +299,27 @@ def _null_counts(dataset: Dataset) -> dict[str, int | None]:
     if not isinstance(source, _ParquetSource):
         return dict.fromkeys(dataset.schema.names)
     counts: dict[str, int | None] = {}
+    mapping = source.columns
     for f in range(len(source.files)):
         md = source.metadata(f)
+        # The dataset's name of each stored column (an Iceberg column may have been
+        # renamed since the file was written), and the columns constant in this file.
+        names = {
+            stored: name
+            for name in dataset.schema.names
+            if (stored := mapping.stored_name(f, name)) is not None
+        }
+        for name in dataset.schema.names:
+            constant = name not in names.values() and name in mapping.types
+            if constant and counts.get(name, 0) is not None:
+                null = mapping.values[f].get(name) is None
+                counts[name] = (counts.get(name) or 0) + (md.num_rows if null else 0)
         for g in range(md.num_row_groups):
             row_group = md.row_group(g)
             for c in range(row_group.num_columns):
                 column = row_group.column(c)
-                name = column.path_in_schema.split(".")[0]
+                stored = column.path_in_schema.split(".")[0]
+                name = names.get(stored, stored)
                 stats = column.statistics
                 if stats is None or not getattr(stats, "has_null_count", True):
                     counts[name] = None
@@ -361,6 +380,7 @@ def inspect_dataset(
         }
         for field in reference
     ]
+    keys = dataset.partition_keys
     requested = {"cats": list(cats), "conts": list(conts), "labels": list(labels)}
     which = "the requested columns" if any(requested.values()) else "the suggested columns"
     if not any(requested.values()):
@@ -416,6 +436,13 @@ def inspect_dataset(
             for schema, files in groups
         ],
         "columns": columns,
+        "partitions": {
+            "format": dataset.table_format or "files",
+            "version": dataset.version,
+            "keys": {name: str(t) for name, t in keys.items()},
+            "filters": describe_filters(dataset.filters),
+            "files_skipped": dataset.files_skipped,
+        },
         "per_rank": {
             "ranks": ranks,
             "batch_size": batch_size,
@@ -468,6 +495,19 @@ def _count(n: int, noun: str) -> str:
 
 
 def _write_report(report: dict[str, Any], out: TextIO, *, max_files: int) -> None:
+    parts = report["partitions"]
+    if parts["format"] != "files":
+        what = "version" if parts["format"] == "delta" else "snapshot"
+        out.write(f"{parts['format']} table, {what} {parts['version']}\n")
+    if parts["keys"]:
+        source = "the table's schema" if parts["format"] != "files" else "the directory names"
+        keys = ", ".join(f"{name} {t}" for name, t in parts["keys"].items())
+        out.write(f"partition keys (types from {source}): {keys}\n")
+    if parts["filters"]:
+        out.write(
+            f"filters: {' or '.join(parts['filters'])}; "
+            f"{_count(parts['files_skipped'], 'file')} skipped\n"
+        )
     rg = report["row_group_rows"]
     out.write(
         f"{report['rows']:,} rows in {report['row_groups']:,} row groups"
@@ -523,10 +563,91 @@ def _write_report(report: dict[str, Any], out: TextIO, *, max_files: int) -> Non
         out.write("ok: nothing here would make training fail\n")
 
 
+def parse_filter(text: str) -> tuple[str, str, Any]:
+    """One ``--filter`` term: ``COLUMN OP VALUE``, the value an integer, a number, or text.
+
+    Examples:
+        >>> parse_filter("day<23"), parse_filter("region in eu,us"), parse_filter("r != a b")
+        (('day', '<', 23), ('region', 'in', ['eu', 'us']), ('r', '!=', 'a b'))
+    """
+    match = re.fullmatch(r"\s*([^\s<>=!]+)\s*(==|=|!=|<=|>=|<|>|\s+not\s+in\s+|\s+in\s+)(.*)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"a filter is COLUMN OP VALUE with OP one of = != < <= > >= in, not in (values "
+            f"comma separated), for example 'day<23'; got {text!r}"
+        )
+    column, op, value = match[1], " ".join(match[2].split()), match[3].strip()
+    if op in ("in", "not in"):
+        return column, op, [_literal(v.strip()) for v in value.split(",")]
+    return column, op, _literal(value)
+
+
+def _literal(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def open_inspected(
+    path: str | list[str], *, kind: str = "auto", version: int | None = None, filters: Any = None
+) -> Dataset:
+    """The dataset ``tabloader inspect`` reports on: a Delta table (a directory holding
+    ``_delta_log``), an Iceberg table (its ``*.metadata.json`` file, or a directory holding
+    ``metadata/``: the newest metadata file), or files. ``kind`` forces one of
+    ``"delta"``, ``"iceberg"`` or ``"files"`` (needed for URLs)."""
+    if kind == "auto" and isinstance(path, str):
+        local = path.removeprefix("file://") if "://" not in path.removeprefix("file://") else ""
+        if path.endswith(".metadata.json"):
+            kind = "iceberg"
+        elif local and os.path.isdir(os.path.join(local, "_delta_log")):
+            kind = "delta"
+        elif local and os.path.isdir(os.path.join(local, "metadata")):
+            kind = "iceberg"
+    if kind in ("delta", "iceberg") and not isinstance(path, str):
+        raise InvalidArgumentError(f"a {kind} table is one path, got {len(path)}")
+    if kind == "delta":
+        return Dataset.from_delta(str(path), version=version, filters=filters)
+    if kind == "iceberg":
+        from tabloader.sources.iceberg import import_pyiceberg
+
+        import_pyiceberg()
+        from pyiceberg.table import StaticTable
+
+        location = str(path)
+        if not location.endswith(".metadata.json") and "://" not in location:
+            location = _newest_metadata(location)
+        table = StaticTable.from_metadata(location)
+        return Dataset.from_iceberg(table, snapshot_id=version, filters=filters)
+    if version is not None:
+        raise InvalidArgumentError("--version applies to Delta and Iceberg tables, not to files")
+    return Dataset(path, filters=filters)
+
+
+def _newest_metadata(table_directory: str) -> str:
+    """The metadata file of an Iceberg table directory with the highest version number."""
+    folder = os.path.join(table_directory, "metadata")
+    hint = os.path.join(folder, "version-hint.text")
+    if os.path.isfile(hint):
+        return table_directory  # pyiceberg follows the hint itself
+    names = [n for n in os.listdir(folder) if n.endswith(".metadata.json")]
+    if not names:
+        raise SourceNotFoundError(f"{folder} holds no *.metadata.json file")
+
+    def number(name: str) -> int:
+        digits = re.match(r"v?(\d+)", name)
+        return int(digits[1]) if digits else -1
+
+    return os.path.join(folder, max(names, key=lambda n: (number(n), n)))
+
+
 def inspect(args: argparse.Namespace, out: TextIO) -> int:
+    filters = [parse_filter(t) for t in args.filter] if args.filter else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it reports layout problems itself
-        dataset = Dataset(args.path)
+        dataset = open_inspected(args.path, kind=args.format, version=args.version, filters=filters)
     report = inspect_dataset(
         dataset,
         ranks=args.ranks,
@@ -653,6 +774,8 @@ examples:
   tabloader inspect 'data/*/part-*.parquet' --ranks 8 --batch-size 65536
   tabloader inspect data/train --cats C1,C2 --labels label   check these columns
   tabloader inspect data/train --json | jq .errors
+  tabloader inspect data/events --filter 'day<23'    a Delta table, partitions selected
+  tabloader inspect wh/db/events --version 4         an Iceberg table, one snapshot
 
 The columns checked are --cats/--conts/--labels, or the suggested ones. Exit status: 0
 when nothing would make training fail, 1 when something would (files whose schemas
@@ -692,7 +815,26 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_INSPECT_EXAMPLES,
         formatter_class=formatter,
     )
-    p.add_argument("path", nargs="+", help="files, directories, globs or URLs")
+    p.add_argument(
+        "path",
+        nargs="+",
+        help="files, directories, globs or URLs; a Delta table's directory; an Iceberg "
+        "table's directory or metadata file",
+    )
+    p.add_argument(
+        "--format",
+        choices=["auto", "files", "delta", "iceberg"],
+        default="auto",
+        help="what the path is (auto: a local Delta or Iceberg table is recognised)",
+    )
+    p.add_argument(
+        "--version", type=_non_negative, default=None, help="Delta version or Iceberg snapshot id"
+    )
+    p.add_argument(
+        "--filter",
+        action="append",
+        help="partition filter COLUMN OP VALUE, e.g. 'day<23' (repeat: all must hold)",
+    )
     p.add_argument("--ranks", type=_positive, default=1, help="ranks the data will be split across")
     p.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch per rank")
     _column_flags(p, "to check (default: the suggested ones)")

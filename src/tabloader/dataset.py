@@ -35,6 +35,19 @@ from tabloader.errors import (
     TabloaderError,
 )
 from tabloader.options import flag, int_at_least, is_number
+from tabloader.sources.partitions import (
+    ColumnSources,
+    FileColumns,
+    Filters,
+    TableLog,
+    check_filters,
+    describe_filters,
+    hive_values,
+    infer_key_types,
+    keep_file,
+    normalize_filters,
+    parse_key_values,
+)
 from tabloader.sources.remote import (
     RangeFile,
     RemoteStore,
@@ -93,14 +106,26 @@ class Dataset:
               ``"memory://..."``); install the fsspec implementation for the protocol;
             - a list of any of the above (files are listed in sorted order per entry,
               entries in the order given, duplicates removed);
-            - a ``pyarrow.Table`` or ``pandas.DataFrame``, split into partitions of
-              ``rows_per_partition`` rows;
+            - a ``pyarrow.Table``, ``pandas.DataFrame`` or polars ``DataFrame`` or
+              ``LazyFrame`` (collected; polars hands its Arrow memory over without a copy
+              where it can), split into partitions of ``rows_per_partition`` rows;
             - a Dask DataFrame (dask or dask-cudf), one partition per Dask partition.
               Row counts are computed once at construction.
         engine: Only ``"parquet"``; accepted for NVTabular compatibility.
         storage_options: Passed to the fsspec filesystem for URLs (credentials,
             endpoints); see docs/remote.md for S3, GCS and Azure.
         rows_per_partition: Partition size for in-memory tables.
+
+    Partitions (see docs/tables.md):
+        filters: Select whole files by partition key, in pyarrow's form:
+            ``[("day", "<", 23)]`` (all terms must hold) or ``[[...], [...]]`` (any group
+            must hold); operators ``=``, ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``,
+            ``in``, ``not in``. The keys are the ``key=value`` directories below a
+            directory or glob (their types inferred: integer, float, else string), or a
+            Delta or Iceberg table's partition columns. Files that fail are skipped before
+            anything of them is read, so ``len()`` is exact. A filter on any other column
+            is refused: rows are never dropped inside a file. Partition keys can also be
+            named in a loader's ``cats``/``conts``/``labels``.
 
     A directory that changes (see docs/data-layout.md, "A dataset that grows"):
         refresh: List the directories and globs again at the start of every epoch
@@ -146,6 +171,7 @@ class Dataset:
         request_timeout: float = 30.0,
         refresh: bool = False,
         on_missing: Literal["raise", "skip"] = "raise",
+        filters: Any = None,
     ) -> None:
         if engine != "parquet":
             raise InvalidArgumentError(
@@ -171,9 +197,25 @@ class Dataset:
         self._rows_skipped = 0
         self._missing_warned: set[str] = set()
         self._listed_epoch: int | None = None
+        checked_filters = normalize_filters(filters)
         self._source: _Source
         if isinstance(source, pa.Table):
             self._source = _TableSource(source, int(rows_per_partition))
+        elif _is_polars_frame(source):
+            self._source = _TableSource(_polars_to_arrow(source), int(rows_per_partition))
+        elif isinstance(source, TableLog):  # Dataset.from_delta, Dataset.from_iceberg
+            from tabloader.sources.snapshot import SnapshotSource
+
+            store = None
+            if source.url is not None:
+                store = RemoteStore(
+                    source.url,
+                    source.storage_options,
+                    max_concurrent_reads=max_concurrent_reads,
+                    retry_seconds=float(retry_seconds),
+                    request_timeout=float(request_timeout),
+                )
+            self._source = SnapshotSource(source, store, filters=checked_filters)
         elif _is_pandas_frame(source):
             self._source = _TableSource(
                 pa.Table.from_pandas(source, preserve_index=False), int(rows_per_partition)
@@ -207,13 +249,20 @@ class Dataset:
                     retry_seconds=float(retry_seconds),
                     request_timeout=float(request_timeout),
                 )
-            self._source = _ParquetSource(specs, remote, skip_unreadable=self.refreshes)
+            self._source = _ParquetSource(
+                specs, remote, skip_unreadable=self.refreshes, filters=checked_filters
+            )
         if (self.refreshes or on_missing == "skip") and not isinstance(
             self._source, _ParquetSource
         ):
             raise InvalidArgumentError(
                 "refresh=True and on_missing='skip' apply to parquet files (paths, "
                 f"directories, globs, URLs), not to a {type(self._source).__name__.strip('_')}"
+            )
+        if checked_filters is not None and not isinstance(self._source, _ParquetSource):
+            raise InvalidArgumentError(
+                "filters select parquet files by partition key; an in-memory table or a Dask "
+                "DataFrame has no partition keys: filter it before passing it"
             )
 
     @property
@@ -246,6 +295,162 @@ class Dataset:
         """The parquet files, in load order (empty for in-memory sources)."""
         return list(self._source.files)
 
+    @classmethod
+    def from_delta(
+        cls,
+        uri: str | os.PathLike[str],
+        *,
+        version: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        filters: Any = None,
+        refresh: bool = False,
+    ) -> Dataset:
+        """The rows of a Delta Lake table: exactly the files active in one version.
+
+        The log is read with the ``deltalake`` package (``pip install
+        'tabloader[delta]'``); row counts come from its statistics, checked against the
+        footers. Refused at once, naming the feature: deletion vectors on an active
+        file, column mapping, and reader features tabloader does not know.
+
+        Args:
+            uri: The table's directory: a local path or a URL such as ``s3://bucket/t``.
+            version: Load this version (time travel). Default: the latest.
+            storage_options: fsspec options for a URL, as for ``Dataset``; for ``s3://``
+                their credentials, endpoint and region also open the log.
+            filters: Select files by partition value (see ``Dataset``).
+            refresh: Load the latest version again when each epoch starts: appended
+                files join, files an overwrite or a compaction removed leave. Under
+                torch.distributed, rank 0's version is loaded by every rank.
+
+        Examples:
+            >>> import pyarrow as pa, tempfile, tabloader
+            >>> from deltalake import write_deltalake
+            >>> path = tempfile.mkdtemp()
+            >>> write_deltalake(path, pa.table({"day": [1, 2], "x": [0.5, 1.5]}),
+            ...                 partition_by=["day"])
+            >>> ds = tabloader.Dataset.from_delta(path, filters=[("day", "=", 2)])
+            >>> len(ds), ds.version, ds.partition_keys
+            (1, 0, {'day': DataType(int64)})
+        """
+        from tabloader.sources.delta import DeltaLog
+
+        log = DeltaLog(uri, version=version, storage_options=storage_options)
+        if flag(refresh, "refresh") and version is not None:
+            raise InvalidArgumentError(
+                f"version={version} loads one version and refresh=True follows the latest; "
+                "pass one of them"
+            )
+        return cls(log, filters=filters, refresh=refresh)
+
+    @classmethod
+    def from_iceberg(
+        cls,
+        table: Any,
+        *,
+        snapshot_id: int | None = None,
+        filters: Any = None,
+        refresh: bool = False,
+    ) -> Dataset:
+        """The rows of an Apache Iceberg table: the data files a snapshot's scan plans.
+
+        ``table`` is a ``pyiceberg`` ``Table`` (``pip install 'tabloader[iceberg]'``), or
+        a ``(catalog, identifier)`` pair. Columns are matched by field id: a column
+        renamed since a file was written loads under its current name, and a column
+        added since is null in that file (``fill_null`` decides, as for any null).
+        Delete files (merge-on-read deletes) are refused, not applied.
+
+        Args:
+            table: The table, or ``(catalog, "namespace.table")``.
+            snapshot_id: Load this snapshot (time travel, under the schema it was
+                written with). Default: the current snapshot, under the current schema.
+            filters: Select files by identity-partition value (see ``Dataset``).
+            refresh: Load the current snapshot again when each epoch starts (rank 0's,
+                under torch.distributed).
+
+        Examples:
+            >>> import pyarrow as pa, tempfile, tabloader
+            >>> from pyiceberg.catalog.sql import SqlCatalog
+            >>> where = tempfile.mkdtemp()
+            >>> catalog = SqlCatalog("demo", uri=f"sqlite:///{where}/catalog.db",
+            ...                      warehouse=f"file://{where}")
+            >>> catalog.create_namespace("db")
+            >>> t = catalog.create_table("db.events", schema=pa.schema([("x", pa.float64())]))
+            >>> t.append(pa.table({"x": [0.5, 1.5, 2.5]}))
+            >>> len(tabloader.Dataset.from_iceberg((catalog, "db.events")))
+            3
+        """
+        from tabloader.sources.iceberg import IcebergLog
+
+        log = IcebergLog(table, snapshot_id=snapshot_id)
+        if flag(refresh, "refresh") and snapshot_id is not None:
+            raise InvalidArgumentError(
+                f"snapshot_id={snapshot_id} loads one snapshot and refresh=True follows the "
+                "current one; pass one of them"
+            )
+        return cls(log, filters=filters, refresh=refresh)
+
+    @property
+    def version(self) -> int | None:
+        """The Delta version or Iceberg snapshot id loaded (None for other sources)."""
+        return self._source.version
+
+    @property
+    def table_format(self) -> str | None:
+        """``"delta"`` or ``"iceberg"`` for a table, None for other sources."""
+        return self._source.table_format
+
+    @property
+    def partition_keys(self) -> dict[str, pa.DataType]:
+        """Partition keys and their Arrow types: the ``key=value`` directories of a
+        directory or glob (types inferred from the values), or a table's partition
+        columns (types from its schema). Usable in ``filters`` and as loader columns."""
+        columns = self._source.columns
+        return {} if columns is None else dict(columns.keys)
+
+    @property
+    def filters(self) -> Filters | None:
+        """The filters applied, in disjunctive normal form (None: no filter)."""
+        source = self._source
+        return source.filters if isinstance(source, _ParquetSource) else None
+
+    @property
+    def files_skipped(self) -> int:
+        """Files the filters skipped at the last listing."""
+        source = self._source
+        return source.files_skipped if isinstance(source, _ParquetSource) else 0
+
+    def partition_values(self, partition: int) -> dict[str, Any]:
+        """The partition keys' values (None: null) for every row of ``partition``.
+
+        Examples:
+            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
+            >>> root = tempfile.mkdtemp()
+            >>> os.makedirs(f"{root}/day=7")
+            >>> pq.write_table(pa.table({"x": [1.0, 2.0]}), f"{root}/day=7/part-0.parquet")
+            >>> tabloader.Dataset(root).partition_values(0)
+            {'day': 7}
+        """
+        source = self._source
+        if not isinstance(source, _ParquetSource) or not source.columns.keys:
+            return {}
+        values = source.columns.values[int(source.part_file[partition])]
+        return {k: values.get(k) for k in source.columns.keys}
+
+    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
+        """How to get ``columns`` from parquet file ``file_index``: the names to read
+        from the file, renames (Iceberg columns renamed since the file was written), and
+        constant columns (partition keys; null where the file predates a column).
+
+        A reader of the files themselves (the GPU backend) reads ``.read`` and appends
+        ``.constants``; :meth:`read_partition` returns them completed already.
+        """
+        source = self._source
+        if not isinstance(source, _ParquetSource):
+            raise InvalidArgumentError(
+                f"file_columns describes parquet files; this dataset is a {type(source).__name__}"
+            )
+        return source.columns.file_columns(file_index, columns)
+
     def refresh(self, *, epoch: int | None = None) -> bool:
         """List the files again (``refresh=True`` datasets); returns whether they changed.
 
@@ -261,9 +466,9 @@ class Dataset:
         if epoch is not None and epoch == self._listed_epoch:
             return False
         self._listed_epoch = epoch
-        before = (list(source.files), source.rows.copy())
+        before = (source.listing(), source.rows.copy())
         _list_on_rank_zero(source)
-        return before[0] != source.files or not np.array_equal(before[1], source.rows)
+        return before[0] != source.listing() or not np.array_equal(before[1], source.rows)
 
     def describe_partition(self, index: int) -> str:
         """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
@@ -545,6 +750,8 @@ class Dataset:
 
     def __repr__(self) -> str:
         kind = type(self._source).__name__.strip("_").replace("Source", "").lower()
+        if self._source.table_format is not None:
+            kind = f"{self._source.table_format}, version={self._source.version}"
         return (
             f"Dataset({kind}, files={len(self._source.files)}, "
             f"partitions={self.num_partitions}, rows={self.num_rows})"
@@ -554,8 +761,9 @@ class Dataset:
 def _list_on_rank_zero(source: _ParquetSource) -> None:
     """List and read new footers; under torch.distributed, every rank takes rank 0's files.
 
-    Rank 0 broadcasts the files it could read (or the error it met, so that no rank
-    waits for a broadcast that never comes); the other ranks read exactly those.
+    Rank 0 broadcasts its listing (the files it could read, or a table's version), or
+    the error it met, so that no rank waits for a broadcast that never comes; the other
+    ranks build exactly that listing.
     """
     dist = sys.modules.get("torch.distributed")
     if (
@@ -570,7 +778,7 @@ def _list_on_rank_zero(source: _ParquetSource) -> None:
     if dist.get_rank() == 0:
         try:
             source.build(source.list_files())
-            box[0] = list(source.files)
+            box[0] = source.listing()
         except Exception as err:
             box[0] = err
             dist.broadcast_object_list(box, src=0)
@@ -579,7 +787,7 @@ def _list_on_rank_zero(source: _ParquetSource) -> None:
     if isinstance(box[0], BaseException):
         raise box[0]
     if dist.get_rank() != 0:
-        source.build(box[0], skip_unreadable=False)
+        source.build(source.from_listing(box[0]), skip_unreadable=False)
 
 
 def _repeat_rows(table: pa.Table, rows: int) -> pa.Table:
@@ -634,6 +842,19 @@ def _is_pandas_frame(obj: object) -> bool:
     return type(obj).__module__.startswith("pandas") and hasattr(obj, "columns")
 
 
+def _is_polars_frame(obj: object) -> bool:
+    return type(obj).__module__.startswith("polars") and hasattr(obj, "collect_schema")
+
+
+def _polars_to_arrow(frame: Any) -> pa.Table:
+    """A polars DataFrame (or LazyFrame, collected) as Arrow: polars hands its buffers
+    over without copying them where their layout is Arrow's (numeric columns)."""
+    if hasattr(frame, "collect") and not hasattr(frame, "to_arrow"):
+        frame = frame.collect()
+    table: pa.Table = frame.to_arrow()
+    return table
+
+
 def _is_dask_frame(obj: object) -> bool:
     return type(obj).__module__.startswith("dask") and hasattr(obj, "npartitions")
 
@@ -654,7 +875,8 @@ def _as_path_list(source: object) -> list[str]:
         return paths
     raise InvalidArgumentError(
         f"cannot load from a {type(source).__name__}: pass a path, glob, directory, URL, a list "
-        "of those, a pyarrow.Table, a pandas.DataFrame or a Dask DataFrame"
+        "of those, a pyarrow.Table, a pandas or polars DataFrame, a polars LazyFrame or a Dask "
+        "DataFrame (Delta and Iceberg tables: Dataset.from_delta, Dataset.from_iceberg)"
     )
 
 
@@ -664,6 +886,11 @@ class _Source:
     rows: NDArray[np.int64]
     schemas: list[pa.Schema]
     files: list[str]
+    columns: ColumnSources | None = None
+    """Where each column comes from, file by file (parquet sources)."""
+    version: int | None = None
+    """The table version loaded (Delta and Iceberg sources)."""
+    table_format: str | None = None
 
     def describe(self, index: int) -> str:
         raise NotImplementedError
@@ -679,11 +906,22 @@ class _Source:
 
 
 class _ParquetSource(_Source):
+    columns: ColumnSources
+
     def __init__(
-        self, specs: list[str], remote: RemoteStore | None, *, skip_unreadable: bool = False
+        self,
+        specs: list[str],
+        remote: RemoteStore | None,
+        *,
+        skip_unreadable: bool = False,
+        filters: Filters | None = None,
     ) -> None:
         self.specs = specs
         self.remote = remote
+        self.filters = filters
+        self.files_skipped = 0
+        self.key_types: dict[str, pa.DataType] = {}
+        self._roots: dict[str, str] = {}  # directory or glob spec -> where its keys start
         if remote is not None:
             self.protocol = remote.protocol
         self.skip_unreadable = skip_unreadable
@@ -704,6 +942,45 @@ class _ParquetSource(_Source):
             files.extend(self._expand(spec))
         return list(dict.fromkeys(files))
 
+    def listing(self) -> Any:
+        """What rank 0 broadcasts so that every rank builds the same partitions."""
+        return list(self.files)
+
+    def from_listing(self, listing: Any) -> list[str]:
+        """The files of a listing made by :meth:`listing` (on rank 0)."""
+        return list(listing)
+
+    def _select(self, files: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """The files ``filters`` keep, and their partition values (Hive directories)."""
+        texts = [hive_values(self._below_root(p)) for p in files]
+        self.key_types = infer_key_types(texts)
+        if self.filters is not None:
+            check_filters(self.filters, self.key_types, what=", ".join(repr(s) for s in self.specs))
+        values = [parse_key_values(t, self.key_types) for t in texts]
+        keep = [i for i, v in enumerate(values) if keep_file(self.filters, v)]
+        self.files_skipped = len(files) - len(keep)
+        if files and not keep:
+            raise SourceNotFoundError(
+                f"the filters {describe_filters(self.filters)} leave none of the {len(files)} "
+                f"files of {', '.join(map(repr, self.specs))}"
+            )
+        return [files[i] for i in keep], [values[i] for i in keep]
+
+    def _below_root(self, path: str) -> str:
+        """``path`` relative to the directory or glob it was found by (its name alone
+        for a file named directly): where its ``key=value`` directories are read."""
+        for root in sorted(self._roots.values(), key=len, reverse=True):
+            if path.startswith(root):
+                return path[len(root) :]
+        return os.path.basename(path)
+
+    def _set_columns(self, metadata: list[pq.FileMetaData], values: list[dict[str, Any]]) -> None:
+        """Where each column comes from: the files, or the directories' key values."""
+        keys = self.key_types
+        self.columns = ColumnSources.by_name(self.schemas, self.file_schema, keys, values)
+        if keys:
+            self.schemas = [_with_keys(schema, keys) for schema in self.schemas]
+
     def build(self, files: list[str], *, skip_unreadable: bool | None = None) -> None:
         """Partitions of ``files``, reusing the footers of files that did not change.
 
@@ -711,6 +988,7 @@ class _ParquetSource(_Source):
         written, or deleted since the listing) is left out with one warning, and tried
         again at the next build.
         """
+        files, values = self._select(files)
         known = {}
         if self._metadata:
             for f, path in enumerate(self.files):
@@ -775,6 +1053,8 @@ class _ParquetSource(_Source):
         self.part_file = np.asarray(file_idx, dtype=np.int32)
         self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
         self.rows = np.asarray(rows, dtype=np.int64)
+        value_of = dict(zip(files, values, strict=True))
+        self._set_columns(metadata, [value_of[path] for path in self.files])
 
     def _file_stamps(self, files: list[str]) -> list[Any]:
         """What tells a changed file from an unchanged one: (size, mtime), or None."""
@@ -821,8 +1101,11 @@ class _ParquetSource(_Source):
                 )
                 if not found:
                     raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+                self._roots[spec] = _glob_root(path)
                 return found
             if os.path.isdir(path):
+                _refuse_table_directory(spec, _table_markers(path))
+                self._roots[spec] = path.rstrip("/") + "/"
                 return self._from_directory(spec, _walk_local(path))
             if os.path.isfile(path):
                 return [path]
@@ -849,10 +1132,14 @@ class _ParquetSource(_Source):
                     f"the glob {spec!r} matched no files; check the bucket name, the path "
                     "and the endpoint"
                 )
+            self._roots[spec] = _glob_root(path)
             return found
         info = call("info", path)
         if info is not None and info.get("type") == "directory":
             listing = sorted(call("find", path) or [])
+            root = path.rstrip("/") + "/"
+            _refuse_table_directory(spec, [p[len(root) :] for p in listing if p.startswith(root)])
+            self._roots[spec] = root
             return self._from_directory(spec, listing, root=path)
         if info is not None:
             return [path]
@@ -983,20 +1270,25 @@ class _ParquetSource(_Source):
     ) -> RangeFile:
         f, g = int(self.part_file[index]), int(self.part_row_group[index])
         size = self._sizes[f]
-        ranges = merge_ranges(column_chunk_ranges(self.metadata(f), [g], columns))
+        stored = list(self.columns.file_columns(f, columns).read)
+        ranges = merge_ranges(column_chunk_ranges(self.metadata(f), [g], stored))
         assert self.remote is not None
         return self.remote.open_ranges(self.files[f], size, ranges, stop=stop)
 
     def decode(self, index: int, handle: RangeFile, columns: list[str]) -> pa.Table:
         f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        how = self.columns.file_columns(f, columns)
         with pq.ParquetFile(cast(IO[bytes], handle), metadata=self.metadata(f)) as parquet:
-            return parquet.read_row_group(g, columns=columns)
+            return how.complete(parquet.read_row_group(g, columns=list(how.read)), columns)
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
         if self.remote is not None:
             return self.decode(index, self.fetch_partition(index, columns), columns)
-        with self.open(int(self.part_file[index])) as handle:
-            return handle.read_row_group(int(self.part_row_group[index]), columns=columns)
+        f = int(self.part_file[index])
+        how = self.columns.file_columns(f, columns)
+        with self.open(f) as handle:
+            table = handle.read_row_group(int(self.part_row_group[index]), columns=list(how.read))
+        return how.complete(table, columns)
 
     def null_flags(self, column: str) -> NDArray[np.int8]:
         flags = np.full(len(self.rows), -1, dtype=np.int8)
@@ -1004,9 +1296,14 @@ class _ParquetSource(_Source):
         for p in range(len(self.rows)):
             f = int(self.part_file[p])
             md = self.metadata(f)
+            stored = self.columns.stored_name(f, column)
+            if stored is None and column in self.columns.types:  # a constant in this file
+                flags[p] = 1 if self.columns.values[f].get(column) is None else 0
+                continue
             if f not in column_index:
                 names = [md.schema.column(i).path for i in range(md.num_columns)]
-                column_index[f] = names.index(column) if column in names else -1
+                name = column if stored is None else stored
+                column_index[f] = names.index(name) if name in names else -1
             c = column_index[f]
             if c < 0:
                 continue
@@ -1025,6 +1322,54 @@ def _hidden(path: str) -> bool:
     still writing (``*.tmp``, ``*.inprogress``)."""
     name = os.path.basename(path)
     return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob's matches start below: where their ``key=value`` parts begin."""
+    parts = pattern.replace("\\", "/").split("/")
+    fixed = []
+    for part in parts[:-1]:
+        if globlib.has_magic(part):
+            break
+        fixed.append(part)
+    return "/".join(fixed) + "/" if fixed else ""
+
+
+def _table_markers(directory: str) -> list[str]:
+    """The names below ``directory`` that tell a Delta or Iceberg table's directory."""
+    found = []
+    if os.path.isdir(os.path.join(directory, "_delta_log")):
+        found.append("_delta_log/")
+    metadata = os.path.join(directory, "metadata")
+    if os.path.isdir(metadata):
+        found.extend(f"metadata/{name}" for name in os.listdir(metadata))
+    return found
+
+
+def _refuse_table_directory(spec: str, names: Iterable[str]) -> None:
+    """A table's directory holds the files of every version: refuse to read them all."""
+    for name in names:
+        if name.startswith("_delta_log/"):
+            raise InvalidArgumentError(
+                f"{spec!r} is a Delta Lake table: its directory also holds files that older "
+                "versions replaced or deleted, so reading every file would duplicate and "
+                f"resurrect rows. Load it with tabloader.Dataset.from_delta({spec!r})"
+            )
+        if name.startswith("metadata/") and name.endswith(".metadata.json"):
+            raise InvalidArgumentError(
+                f"{spec!r} is an Apache Iceberg table: its data directory also holds files "
+                "that older snapshots replaced or deleted. Load it with "
+                "tabloader.Dataset.from_iceberg(catalog.load_table(...)), or for a table "
+                "without a catalog pyiceberg.table.StaticTable.from_metadata(...)"
+            )
+
+
+def _with_keys(schema: pa.Schema, keys: dict[str, pa.DataType]) -> pa.Schema:
+    """``schema`` with the partition keys it does not store appended."""
+    for name, key_type in keys.items():
+        if schema.get_field_index(name) < 0:
+            schema = schema.append(pa.field(name, key_type))
+    return schema
 
 
 def _walk_local(root: str) -> list[str]:

@@ -30,6 +30,7 @@ __all__ = [
     "SchemaMismatchError",
     "SourceNotFoundError",
     "TabloaderError",
+    "UnsupportedTableError",
 ]
 
 
@@ -66,6 +67,11 @@ class SchemaMismatchError(TabloaderError, ValueError):
 
 class NullValuesError(TabloaderError, ValueError):
     """A requested column holds nulls and no fill value was given for it."""
+
+
+class UnsupportedTableError(TabloaderError, ValueError):
+    """A Delta or Iceberg table uses a feature tabloader cannot honour (deletion vectors,
+    column mapping, delete files): its files do not hold exactly the table's rows."""
 
 
 class EmptyDatasetError(TabloaderError, ValueError):

@@ -76,6 +76,7 @@ from tabloader.errors import (
     ReadError,
     TabloaderError,
 )
+from tabloader.sources.partitions import same_reads
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -634,6 +635,62 @@ def _frame_columns(
     return out
 
 
+class _ConstantColumn:
+    """A column every row of which holds one value (a partition key) or is null (a column
+    added to a table after the file was written), made on the device only as delivered."""
+
+    def __init__(self, values: Sequence[Any], rows: Sequence[int], kind: Any) -> None:
+        self.values, self.rows, self.kind = list(values), list(rows), kind
+        self.null_count = sum(n for v, n in zip(self.values, self.rows, strict=True) if v is None)
+
+    def _runs(self, start: int, stop: int) -> Iterator[tuple[Any, int, int]]:
+        at = 0
+        for value, n in zip(self.values, self.rows, strict=True):
+            lo, hi = max(start, at), min(stop, at + n)
+            if lo < hi:
+                yield value, lo, hi
+            at += n
+
+    def nulls_in(self, start: int, stop: int) -> int:
+        return sum(hi - lo for value, lo, hi in self._runs(start, stop) if value is None)
+
+    def to_device(self, name: str, fill: float | None, where: str, cupy: Any) -> Any:
+        if self.null_count and fill is None:
+            raise NullValuesError(null_message(name, self.null_count, where))
+        rows = sum(self.rows)
+        out = cupy.empty(rows, dtype=np.dtype(self.kind.to_pandas_dtype()))
+        for value, lo, hi in self._runs(0, rows):
+            out[lo:hi] = fill if value is None else value
+        return out
+
+    def to_ragged(self, name: str, fill: float | None, where: str, cupy: Any) -> Ragged:
+        raise ReadError(f"{name!r} is not a list column in {where}")
+
+
+def _complete_columns(
+    frame: dict[str, Any],
+    how: Sequence[Any],
+    file_rows: Sequence[int],
+    columns: Sequence[str],
+    cupy: Any,
+) -> dict[str, Any]:
+    """The columns read from files (their stored names, file after file; ``how`` holds
+    each file's :class:`~tabloader.sources.partitions.FileColumns`) as the requested
+    ``columns``: renamed, constant ones (partition keys, columns a file predates) added."""
+    first = how[0]
+    if all(h.plain for h in how):
+        return frame
+    stored = {first.rename.get(name, name): name for name in first.read}
+    out = {}
+    for c in columns:
+        if c in first.constants:
+            values = [h.constants.get(c) for h in how]
+            out[c] = _ConstantColumn(values, file_rows, first.types[c])
+        else:
+            out[c] = frame[stored[c]]
+    return out
+
+
 def _cudf_frame(frame: Any) -> dict[str, _CudfColumn]:
     return {name: _CudfColumn(frame[name]) for name in frame.columns}
 
@@ -1026,6 +1083,11 @@ class GPUBackend:
         where = dataset.describe_partition(parts[0])
         if len(parts) > 1:
             where += f" or one of {len(parts) - 1} other row group(s)"
+        # Partition keys and renamed or added table columns: what each file stores.
+        how = [dataset.file_columns(f, columns) for f in read.files]
+        if len(how) > 1 and not same_reads(how):
+            return self._read_each_file(dataset, read, columns, lists)
+        stored = list(how[0].read)
         try:
             with contextlib.ExitStack() as opened:
                 paths = dataset.local_paths(read.files)
@@ -1034,11 +1096,11 @@ class GPUBackend:
                     # cross the network (retried like the CPU's reads); cudf reads them
                     # from sparse local copies.
                     handles = [
-                        opened.enter_context(dataset.open_row_groups(f, groups, columns))
+                        opened.enter_context(dataset.open_row_groups(f, groups, stored))
                         for f, groups in zip(read.files, read.row_groups, strict=True)
                     ]
                     paths = opened.enter_context(_local_copies(handles))
-                frame, rows, on_default = self._decode(paths, read.row_groups, columns, lists)
+                frame, rows, on_default = self._decode(paths, read.row_groups, stored, lists)
         except ReadError:
             raise  # a network failure, already named with its remedy
         except Exception as err:
@@ -1055,7 +1117,10 @@ class GPUBackend:
                 f"cudf read {rows} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
             )
-        return [frame], on_default
+        # Partition keys, and table columns renamed or added after a file was written:
+        # deliver exactly the requested columns, keys typed as on the CPU.
+        file_rows = [int(sum(dataset.partition_rows[p] for p in ps)) for ps in read.partitions]
+        return [_complete_columns(frame, how, file_rows, columns, self._cupy)], on_default
 
     def _decode(
         self, paths: list[str], row_groups: list[list[int]], columns: list[str], lists: set[str]

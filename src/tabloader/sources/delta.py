@@ -1,0 +1,264 @@
+"""Delta Lake: the active files of a table version, read from its log with ``deltalake``.
+
+A Delta table is a directory of parquet files and a ``_delta_log`` saying which of them
+make up each version: files added, and files removed by an overwrite, a delete or a
+compaction. :class:`DeltaLog` asks delta-rs (the ``deltalake`` package, imported only
+here) for a version's add actions: each file's path, partition values and row count.
+
+Refused, with an error naming the feature, because the files would not hold the rows
+the table does: deletion vectors on any active file, column mapping (files store columns
+under physical names), and reader features this module does not know.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+
+from tabloader.errors import (
+    InvalidArgumentError,
+    ReadError,
+    SourceNotFoundError,
+    TabloaderError,
+    UnsupportedTableError,
+)
+from tabloader.options import int_at_least
+from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot
+
+__all__ = ["HONOURED_READER_FEATURES", "DeltaLog", "delta_storage_options", "import_deltalake"]
+
+HONOURED_READER_FEATURES = frozenset(
+    {
+        "deletionVectors",  # honoured while no active file has one; checked per version
+        "timestampNtz",
+        "typeWidening",  # a file's narrower type reads as the table's (checked per file)
+        "typeWidening-preview",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+        "variantType",
+        "variantType-preview",
+    }
+)
+"""Delta reader features under which a version's files hold exactly its rows."""
+MAX_READER_VERSION = 3
+
+
+def import_deltalake() -> Any:
+    """The ``deltalake`` module, or an ImportError saying what to install."""
+    try:
+        import deltalake
+    except ImportError:
+        raise ImportError(
+            "Dataset.from_delta needs the deltalake package: pip install 'tabloader[delta]'"
+        ) from None
+    return deltalake
+
+
+def delta_storage_options(protocol: str, options: dict[str, Any]) -> dict[str, str]:
+    """delta-rs's options for the log, from the fsspec ``storage_options`` of the files.
+
+    For ``s3://``, s3fs's ``key``, ``secret``, ``token``, ``anon``, ``profile``,
+    ``endpoint_url`` and ``client_kwargs`` (``endpoint_url``, ``region_name``) become
+    delta-rs's ``AWS_*`` settings; other protocols pass none (delta-rs then reads the
+    environment's credentials, as it does by default).
+
+    Examples:
+        >>> delta_storage_options("s3", {"key": "k", "secret": "s",
+        ...     "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}})["AWS_ALLOW_HTTP"]
+        'true'
+    """
+    if protocol not in ("s3", "s3a"):
+        return {}
+    client = options.get("client_kwargs") or {}
+    pairs = {
+        "AWS_ACCESS_KEY_ID": options.get("key"),
+        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
+        "AWS_SESSION_TOKEN": options.get("token"),
+        "AWS_PROFILE": options.get("profile"),
+        "AWS_ENDPOINT_URL": options.get("endpoint_url") or client.get("endpoint_url"),
+        "AWS_REGION": client.get("region_name") or options.get("region_name"),
+    }
+    out = {k: str(v) for k, v in pairs.items() if v is not None}
+    if options.get("anon"):
+        out["AWS_SKIP_SIGNATURE"] = "true"
+    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        out["AWS_ALLOW_HTTP"] = "true"
+    return out
+
+
+class DeltaLog(TableLog):
+    """The log of one Delta table: its latest version, and the files of a version.
+
+    Args:
+        uri: the table's directory: a local path or a URL (``s3://bucket/table``).
+        version: the version to load (time travel); None follows the latest.
+        storage_options: fsspec options for a URL's files; the log gets their delta-rs
+            equivalent (:func:`delta_storage_options`).
+    """
+
+    format = "delta"
+
+    def __init__(
+        self, uri: str | os.PathLike[str], *, version: int | None, storage_options: Any
+    ) -> None:
+        if not isinstance(uri, (str, os.PathLike)):
+            raise InvalidArgumentError(
+                f"from_delta takes the table's path or URL, got {type(uri).__name__}"
+            )
+        self.name = os.fspath(uri)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise InvalidArgumentError(
+                f"storage_options must be a dict, got {type(storage_options).__name__}"
+            )
+        self.pinned = None if version is None else int_at_least(version, 0, "version")
+        remote = "://" in self.name and not self.name.startswith("file://")
+        self.url = self.name.rstrip("/") if remote else None
+        self.storage_options = dict(storage_options or {})
+        protocol = self.name.split("://", 1)[0] if remote else "file"
+        self._log_options = delta_storage_options(protocol, self.storage_options)
+        if not remote:
+            self.name = os.path.expanduser(self.name.removeprefix("file://"))
+        self._latest: Any = None  # the DeltaTable at the newest version seen
+        import_deltalake()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_latest"] = None  # delta-rs objects do not pickle; a copy reopens the log
+        return state
+
+    def _open(self, version: int | None) -> Any:
+        deltalake = import_deltalake()
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return deltalake.DeltaTable(
+                self.name, version=version, storage_options=self._log_options or None
+            )
+        except TableNotFoundError as err:
+            raise SourceNotFoundError(
+                f"{self.name!r} is not a Delta table: it has no readable _delta_log ({err}). "
+                "Check the path (the table's directory, the parent of _delta_log) and, for "
+                "a URL, the storage_options"
+            ) from err
+        except Exception as err:
+            if version is not None and "version" in str(err).lower():
+                latest = self.latest()
+                raise InvalidArgumentError(
+                    f"version {version} of the Delta table {self.name!r} cannot be loaded "
+                    f"({err}); its versions run up to {latest}, and versions older than "
+                    "the last checkpoint may have been cleaned up"
+                ) from err
+            raise ReadError(f"cannot read the log of the Delta table {self.name!r}: {err}") from err
+
+    def latest(self) -> int:
+        if self._latest is None:
+            self._latest = self._open(None)
+        else:
+            try:
+                self._latest.update_incremental()
+            except Exception as err:
+                raise ReadError(
+                    f"cannot read the log of the Delta table {self.name!r}: {err}"
+                ) from err
+        return int(self._latest.version())
+
+    def snapshot(self, version: int) -> TableSnapshot:
+        table = self._latest
+        if table is None or int(table.version()) != version:
+            table = self._open(version)
+        where = f"the Delta table {self.name!r} (version {version})"
+        self._check_protocol(table, where)
+        schema = pa.schema(table.schema().to_arrow())
+        keys_names = list(table.metadata().partition_columns)
+        keys = {k: schema.field(k).type for k in keys_names}
+        actions = pa.table(table.get_add_actions(flatten=True))
+        uris = table.file_uris()
+        if len(uris) != actions.num_rows:
+            raise TabloaderError(
+                f"deltalake listed {len(uris)} file URIs but {actions.num_rows} add actions "
+                f"for {where}; report this with your deltalake version"
+            )
+        paths = actions.column("path").to_pylist()
+        counts = (
+            actions.column("num_records").to_pylist()
+            if "num_records" in actions.column_names
+            else [None] * len(paths)
+        )
+        values = {k: actions.column(f"partition.{k}").to_pylist() for k in keys_names}
+        files = []
+        for i, (uri, path) in enumerate(zip(uris, paths, strict=True)):
+            path = str(path)
+            if not uri.endswith(unquote(path).lstrip("/")) and not uri.endswith(path):
+                raise TabloaderError(
+                    f"deltalake listed the file URIs of {where} in another order than its add "
+                    "actions; report this with your deltalake version"
+                )
+            rows = counts[i]
+            files.append(
+                TableFile(
+                    path=uri.removeprefix("file://"),
+                    values={k: values[k][i] for k in keys_names},
+                    rows=None if rows is None else int(rows),
+                )
+            )
+        files.sort(key=lambda f: f.path)
+        return TableSnapshot(
+            format="delta",
+            name=self.name,
+            version=version,
+            files=tuple(files),
+            schema=schema,
+            keys=keys,
+            field_ids=None,
+            stored_keys=False,
+        )
+
+    def _check_protocol(self, table: Any, where: str) -> None:
+        protocol = table.protocol()
+        if protocol.min_reader_version > MAX_READER_VERSION:
+            raise UnsupportedTableError(
+                f"{where} needs a reader of protocol version {protocol.min_reader_version}; "
+                f"tabloader reads up to version {MAX_READER_VERSION}"
+            )
+        mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mode != "none" or protocol.min_reader_version == 2:
+            raise UnsupportedTableError(
+                f"{where} uses column mapping (delta.columnMapping.mode={mode!r}): its files "
+                "store columns under physical names that tabloader does not map. Rewrite the "
+                "table without column mapping (for example with a CREATE TABLE ... AS "
+                "SELECT), or load it through another reader"
+            )
+        features = set(protocol.reader_features or ())
+        unknown = sorted(features - HONOURED_READER_FEATURES)
+        if unknown:
+            raise UnsupportedTableError(
+                f"{where} uses the reader feature(s) {', '.join(unknown)}, which tabloader "
+                "does not know how to honour: it could deliver rows the table does not hold. "
+                f"Features it honours: {', '.join(sorted(HONOURED_READER_FEATURES))}"
+            )
+        if "deletionVectors" in features:
+            vectors = pa.table(table.deletion_vectors())
+            if vectors.num_rows:
+                first = vectors.column(0)[0].as_py()
+                raise UnsupportedTableError(
+                    deletion_vector_message(where, vectors.num_rows, str(first))
+                )
+
+
+def deletion_vector_message(where: str, files: int, first: str) -> str:
+    """The refusal of a version whose files carry deletion vectors.
+
+    Examples:
+        >>> deletion_vector_message("the Delta table 't' (version 4)", 2, "a.parquet")[:62]
+        "the Delta table 't' (version 4) has deletion vectors on 2 file"
+    """
+    return (
+        f"{where} has deletion vectors on {files} file(s) (first: {first}): rows were "
+        "deleted without rewriting the files, and tabloader does not apply deletion "
+        "vectors, so it would deliver deleted rows. Purge them first (REORG TABLE ... APPLY "
+        "(PURGE) in Spark or Databricks, or an OPTIMIZE that rewrites those files), or "
+        "disable delta.enableDeletionVectors before deleting"
+    )
