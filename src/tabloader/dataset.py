@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tabloader.columns import closest_name, common_type
 from tabloader.errors import (
     ColumnNotFoundError,
     InvalidArgumentError,
@@ -43,6 +44,7 @@ from tabloader.sources.remote import (
     footer_metadata,
     merge_ranges,
 )
+from tabloader.splits import refuse_mixed_splits
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -449,11 +451,16 @@ class Dataset:
         return source.fetch_row_groups(file_index, list(row_groups), list(columns))
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
-        """Arrow type of each column, checked to be present and identical in every file.
+        """Arrow type of each column, checked to be present and of one type in every file.
+
+        Files may store a column with different widths (``int32`` and ``int64``, ``float``
+        and ``double``): the type returned then holds them all (see
+        :func:`tabloader.columns.common_type`).
 
         Raises:
             ColumnNotFoundError: a column is missing from some file.
-            SchemaMismatchError: a file stores a column with another type than the first.
+            SchemaMismatchError: files store a column with conflicting types (numbers and
+                strings, lists and scalars, integers and floating point).
         """
         types: dict[str, pa.DataType] = {}
         for k, schema in enumerate(self._source.schemas):
@@ -461,19 +468,26 @@ class Dataset:
                 index = schema.get_field_index(name)
                 if index < 0:
                     where = self._source.schema_owner(k)
+                    close = closest_name(name, schema.names)
                     raise ColumnNotFoundError(
-                        f"column {name!r} is not in {where}; available: "
-                        f"{_list_names(schema.names)}. Check the spelling, or leave it out of "
-                        "cats/conts/labels."
+                        f"column {name!r} is not in {where}"
+                        + (f" (did you mean {close!r}?)" if close else "")
+                        + f"; available: {_list_names(schema.names)}. Check the spelling, or "
+                        "leave it out of cats/conts/labels."
                     )
                 field_type = schema.field(index).type
                 if k == 0:
                     types[name] = field_type
-                elif field_type != types[name]:
+                elif (widened := common_type(types[name], field_type)) is not None:
+                    types[name] = widened  # widths differ only: one type holds both
+                else:
+                    first = self._source.schemas[0].field(name).type
                     raise SchemaMismatchError(
                         f"column {name!r} is {field_type} in {self._source.schema_owner(k)} but "
-                        f"{types[name]} in {self._source.schema_owner(0)}: every file must store "
-                        "a column with the same type; rewrite the odd files with a common schema."
+                        f"{first} in {self._source.schema_owner(0)}: files may store a column "
+                        "with other widths (int32 and int64, float and double), not with "
+                        "conflicting types. Rewrite the odd files with a common schema "
+                        "(tabloader convert writes one)."
                     )
         return types
 
@@ -498,6 +512,63 @@ class Dataset:
             )
         if start_method == "fork":
             raise InvalidArgumentError(forked_dask_message(start_method))
+
+    def cardinalities(self, columns: str | Sequence[str], *, device: Any = None) -> dict[str, int]:
+        """Rows each id column's embedding table needs: its largest id + 1 (ids start at 0).
+
+        The ids come from the parquet footers' statistics; a row group whose footer has
+        none is read, on ``device`` (as a :class:`~tabloader.Loader` picks it: None is
+        ``$TABLOADER_DEVICE``, else the GPU when usable). List columns count the ids
+        inside their lists. ``tabloader inspect`` shows the same figures, and which
+        columns had to be read.
+
+        Raises:
+            ColumnNotFoundError: a column is missing (the message suggests the closest).
+            ColumnTypeError: a column does not hold integer ids.
+            InvalidArgumentError: a column holds negative ids.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> ds = tabloader.Dataset(pa.table({"user": [3, 0, 7], "item": [1, 1, 2]}))
+            >>> ds.cardinalities(["user", "item"])
+            {'user': 8, 'item': 3}
+        """
+        from tabloader.columns import id_ranges
+
+        ranges = id_ranges(self, columns, device=device)
+        return {name: found.cardinality for name, found in ranges.items()}
+
+    def embedding_sizes(
+        self,
+        columns: str | Sequence[str],
+        *,
+        device: Any = None,
+        min_dim: int = 16,
+        max_dim: int = 512,
+    ) -> dict[str, tuple[int, int]]:
+        """``{column: (rows, width)}`` for an embedding table per id column.
+
+        ``rows`` is :meth:`cardinalities`' figure; ``width`` follows fastai's rule of
+        thumb ``round(1.6 * rows ** 0.56)``, kept within ``[min_dim, max_dim]``, as
+        NVTabular's ``get_embedding_sizes`` does.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> ds = tabloader.Dataset(pa.table({"user": [3, 0, 999]}))
+            >>> ds.embedding_sizes(["user"])
+            {'user': (1000, 77)}
+            >>> import torch  # doctest: +SKIP
+            >>> tables = {name: torch.nn.Embedding(rows, width)  # doctest: +SKIP
+            ...           for name, (rows, width) in ds.embedding_sizes(["user"]).items()}
+        """
+        from tabloader.columns import embedding_dim
+
+        min_dim = int_at_least(min_dim, 1, "min_dim")
+        max_dim = int_at_least(max_dim, min_dim, "max_dim")
+        return {
+            name: (rows, embedding_dim(rows, min_dim=min_dim, max_dim=max_dim))
+            for name, rows in self.cardinalities(columns, device=device).items()
+        }
 
     def null_partitions(self, column: str) -> NDArray[np.int8]:
         """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
@@ -835,6 +906,7 @@ class _ParquetSource(_Source):
                 f"the directory {spec!r} holds no parquet files (looked for "
                 f"{', '.join('*' + s for s in PARQUET_SUFFIXES)}); pass the files explicitly"
             )
+        refuse_mixed_splits(spec, base, found)
         return sorted(found)
 
     def _display(self, path: str) -> str:
