@@ -160,3 +160,18 @@ def test_ci_runs_the_readmes_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert commands[1] in ci  # the README's second command, as CI runs it
     assert commands[0].endswith("python examples/criteo/train_torch.py --synthetic")
+
+
+def test_the_test_command_installs_what_pip_cannot_resolve_last():
+    """pip reports a broken environment (a red ``ERROR: pip's dependency resolver``) when
+    it installs anything after a package installed without its dependencies; installed
+    last, with ``--no-deps``, there is nothing left to check it against."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.findall(r"^python -m pip install .*$", readme, re.MULTILINE)[1]
+    steps = [step.strip() for step in command.split("&&")]
+    installs = [step for step in steps if step.startswith("python -m pip install")]
+    without_deps = [i for i, step in enumerate(installs) if "--no-deps" in step]
+    assert without_deps == [len(installs) - 1], installs
+    assert steps[-1] == "python -m pytest"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "s3fs[boto3]" not in pyproject  # s3fs has no such extra: pip warns about it
