@@ -90,7 +90,7 @@ def layout_warnings(
 ) -> list[str]:
     """Warnings about a layout that will load slowly (pure, for ``inspect``).
 
-    Small row groups are judged by :func:`tabloader.dataset.small_row_groups`, the rule
+    Small row groups are judged by `tabloader.dataset.small_row_groups`, the rule
     the loader warns with.
 
     Examples:
@@ -655,7 +655,7 @@ class _Repeatable:
 
 
 def _loader_options(args: argparse.Namespace, dataset: Dataset | None = None) -> dict[str, Any]:
-    """The loader keywords the command line gives (columns: see :func:`bench_columns`)."""
+    """The loader keywords the command line gives (columns: see `bench_columns`)."""
     shuffle: bool | str = "global" if args.shuffle == "global" else args.shuffle == "true"
     return {
         **bench_columns(args, dataset),

@@ -4,11 +4,11 @@ Two questions about a column that need every file, answered from the parquet foo
 
 - **One type per column.** Files written at different times often store a column with
   different widths (``int32`` in one, ``int64`` in another; ``float`` and ``double``).
-  Both are delivered as the loader's dtype, so the mix is accepted: :func:`common_type`
+  Both are delivered as the loader's dtype, so the mix is accepted: `common_type`
   is the one type all of them widen to without loss. Only real conflicts (numbers in one
   file and strings in another, lists and scalars, integers and floats) are refused.
 - **Ids per column**, to size embedding tables: the smallest and largest id, from the
-  footer statistics of every row group (:func:`id_ranges`). A row group whose footer
+  footer statistics of every row group (`id_ranges`). A row group whose footer
   records no statistics is read, on the device the loader would use, and the result
   says so.
 

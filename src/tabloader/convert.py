@@ -1,7 +1,7 @@
 """Your files as parquet the loader reads fast: CSV, TSV, JSON lines or parquet in.
 
-``tabloader convert raw/*.csv data --split valid=0.1`` (or :func:`convert`) reads every
-file once, in order, and writes parquet:
+``tabloader convert raw/*.csv data --split valid=0.1`` (or [`convert`][tabloader.convert.convert])
+reads every file once, in order, and writes parquet:
 
 - **one schema for every file**: integer columns become ``int64``, floating point
   columns (and columns mixing integers and floats) ``float32``, text stays text;
@@ -179,7 +179,7 @@ def parse_split(text: str | Mapping[str, float] | None) -> dict[str, float]:
 
 def parse_schema(text: str | Mapping[str, Any] | pa.Schema | None) -> dict[str, pa.DataType]:
     """Column types to force: ``"user=int32,price=float64"``, a mapping of names to types
-    (pyarrow types or the names in :data:`TYPE_NAMES`), a ``pyarrow.Schema``, or the path
+    (pyarrow types or the names in `TYPE_NAMES`), a ``pyarrow.Schema``, or the path
     of a parquet file whose schema to take.
 
     Examples:
@@ -758,7 +758,7 @@ class _SplitWriter:
 
 @dataclass(frozen=True)
 class ConvertResult:
-    """What :func:`convert` did.
+    """What [`convert`][tabloader.convert.convert] did.
 
     Attributes:
         rows_in: Rows read from the inputs.
@@ -822,8 +822,9 @@ def convert(
             its own subdirectory, every row to one split by a hash of its values and
             ``seed``; ``train`` gets the rows no named split takes.
         seed: The seed of the split's hash.
-        row_group_rows: Rows per row group; default :func:`row_group_rows_for` the
-            schema (131,072 for most).
+        row_group_rows: Rows per row group; default
+            [`row_group_rows_for`][tabloader.convert.row_group_rows_for] the schema (131,072 for
+            most).
         rows_per_file: Rows per file; default 16 row groups.
         transform: Called on every batch of rows (a ``pyarrow.Table`` with the types
             above, ``schema`` included) before it is written, for encoding columns on
@@ -834,7 +835,8 @@ def convert(
             line every ten seconds elsewhere); default none.
 
     Returns:
-        A :class:`ConvertResult`: rows in, rows out per split, the files written.
+        A [`ConvertResult`][tabloader.convert.ConvertResult]: rows in, rows out per split, the files
+        written.
 
     Raises:
         SourceNotFoundError: an input is missing.

@@ -1,7 +1,7 @@
 """Sources to partitions: which rows exist, where they live, read from parquet footers alone.
 
-A :class:`Dataset` turns what the user points at (paths, globs, directories, fsspec URLs,
-an in-memory table, a Dask DataFrame) into an ordered list of *partitions*: for parquet,
+A [`Dataset`][tabloader.Dataset] turns what the user points at (paths, globs, directories, fsspec
+URLs, an in-memory table, a Dask DataFrame) into an ordered list of *partitions*: for parquet,
 one partition per row group. Each partition knows its row count without any data being
 read; the loader plans an epoch from these counts and reads only the partitions and
 columns it needs.
@@ -66,7 +66,7 @@ least one row group)."""
 def small_row_groups(partition_rows: Sequence[int] | NDArray[np.int64]) -> float | None:
     """The median rows per row group if they are too small to load fast, else None.
 
-    Too small: below :data:`SMALL_ROW_GROUP_ROWS`, in a dataset of 16 row groups or more
+    Too small: below `SMALL_ROW_GROUP_ROWS`, in a dataset of 16 row groups or more
     (fewer load in no time whatever their size).
 
     Examples:
@@ -85,8 +85,9 @@ class Dataset:
     Constructing a dataset reads parquet footers only: the file list, row groups, row
     counts and schemas. No column data is read until a loader iterates.
 
-    Args:
-        source: What to load. One of
+    Args: What to read
+        source: What to load, one of:
+
             - a path to a parquet file, a directory (searched recursively for
               ``*.parquet``, ``*.parq`` and ``*.pq``), or a glob such as
               ``"data/train/*.parquet"``; directories and globs skip names that start
@@ -104,7 +105,7 @@ class Dataset:
             endpoints); see docs/remote.md for S3, GCS and Azure.
         rows_per_partition: Partition size for in-memory tables.
 
-    A directory that changes (see docs/data-layout.md, "A dataset that grows"):
+    Args: A directory that changes (see docs/data-layout.md, "A dataset that grows")
         refresh: List the directories and globs again at the start of every epoch
             (when a loader's ``iter()`` starts it): new complete files join, deleted
             ones leave. Files whose footer cannot be read yet (still being written) are
@@ -114,10 +115,10 @@ class Dataset:
         on_missing: ``"raise"`` (default): a file deleted or truncated during an epoch
             fails the epoch with an error naming it. ``"skip"``: its remaining rows are
             skipped, replaced by repeats of rows read just before them so every rank
-            still gets the same number of batches, counted in :attr:`rows_skipped` and
-            warned about once per file.
+            still gets the same number of batches, counted in
+            [`rows_skipped`][tabloader.Dataset.rows_skipped] and warned about once per file.
 
-    Object storage (URLs only; see docs/remote.md):
+    Args: Object storage (URLs only; see docs/remote.md)
         max_concurrent_reads: Requests in flight at most, default 16. Row groups are
             fetched this many ahead of the one being decoded, which hides the first-byte
             latency of object stores; raise it for high-latency links, lower it to hold
@@ -125,8 +126,9 @@ class Dataset:
             connection pool (``config_kwargs={"max_pool_connections": ...}``) unless
             ``storage_options`` sets it.
         retry_seconds: How long a failing request is retried (exponential backoff with
-            jitter) before the epoch fails with a :class:`~tabloader.ReadError`, default
-            60. Missing objects and denied access are not retried.
+            jitter) before the epoch fails with a
+            [`ReadError`][tabloader.errors.ReadError], default 60. Missing objects and
+            denied access are not retried.
         request_timeout: Seconds one attempt of a request may take, default 30.
 
     Examples:
@@ -275,7 +277,7 @@ class Dataset:
         """Read the given columns of one partition into an Arrow table.
 
         Errors from the storage layer or the parquet decoder are raised as
-        :class:`~tabloader.ReadError` naming the file and row group.
+        [`ReadError`][tabloader.errors.ReadError] naming the file and row group.
         """
         try:
             return self._source.read(index, list(columns))
@@ -298,7 +300,7 @@ class Dataset:
         With ``on_missing="skip"``, a piece whose file was deleted, truncated or
         rewritten since the listing is replaced by as many rows repeated from the
         pieces read before it (or after it, for the first), so the epoch keeps its
-        planned number of batches; :attr:`rows_skipped` counts them.
+        planned number of batches; [`rows_skipped`][tabloader.Dataset.rows_skipped] counts them.
         """
         results = self._read_pieces(pieces, list(columns))
         if self.on_missing == "raise":
@@ -455,7 +457,7 @@ class Dataset:
 
         Files may store a column with different widths (``int32`` and ``int64``, ``float``
         and ``double``): the type returned then holds them all (see
-        :func:`tabloader.columns.common_type`).
+        `tabloader.columns.common_type`).
 
         Raises:
             ColumnNotFoundError: a column is missing from some file.
@@ -517,7 +519,7 @@ class Dataset:
         """Rows each id column's embedding table needs: its largest id + 1 (ids start at 0).
 
         The ids come from the parquet footers' statistics; a row group whose footer has
-        none is read, on ``device`` (as a :class:`~tabloader.Loader` picks it: None is
+        none is read, on ``device`` (as a [`Loader`][tabloader.Loader] picks it: None is
         ``$TABLOADER_DEVICE``, else the GPU when usable). List columns count the ids
         inside their lists. ``tabloader inspect`` shows the same figures, and which
         columns had to be read.
@@ -548,8 +550,8 @@ class Dataset:
     ) -> dict[str, tuple[int, int]]:
         """``{column: (rows, width)}`` for an embedding table per id column.
 
-        ``rows`` is :meth:`cardinalities`' figure; ``width`` follows fastai's rule of
-        thumb ``round(1.6 * rows ** 0.56)``, kept within ``[min_dim, max_dim]``, as
+        ``rows`` is [`cardinalities`][tabloader.Dataset.cardinalities]' figure; ``width`` follows
+        fastai's rule of thumb ``round(1.6 * rows ** 0.56)``, kept within ``[min_dim, max_dim]``, as
         NVTabular's ``get_embedding_sizes`` does.
 
         Examples:
@@ -953,7 +955,8 @@ class _ParquetSource(_Source):
 
     def _read_footers(self, files: list[str], *, skip_unreadable: bool) -> list[Any]:
         """Each file's (stamp, size, metadata, footer bytes), or, with
-        ``skip_unreadable``, the :class:`InvalidFileError` that reading it raised."""
+        ``skip_unreadable``, the [`InvalidFileError`][tabloader.errors.InvalidFileError] that
+        reading it raised."""
 
         def read(path: str) -> Any:
             try:

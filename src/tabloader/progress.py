@@ -36,8 +36,8 @@ class Progress:
         interval: Seconds between two plain lines (off a terminal).
         unit: ``"rows"`` (default) or ``"bytes"`` (shown in MiB).
 
-    Use it as a context manager, calling :meth:`update` with the rows done since the
-    last call (a training loop: ``progress.update(len(y))``); leaving the ``with`` block
+    Use it as a context manager, calling [`update`][tabloader.Progress.update] with the rows done
+    since the last call (a training loop: ``progress.update(len(y))``); leaving the ``with`` block
     finishes the bar or writes the last line, with the rate.
     """
 

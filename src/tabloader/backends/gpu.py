@@ -1,7 +1,7 @@
 """GPU backend: cudf decodes row groups into GPU memory, cupy casts, gathers and slices.
 
 Selected with ``device="cuda"``, ``"cuda:N"`` or an int (and by default when cudf and
-cupy import and a GPU is visible, see :func:`tabloader.device.default_device_spec`). The
+cupy import and a GPU is visible, see `tabloader.device.default_device_spec`). The
 plan, the shuffled delivery order and the batch cutting are the CPU backend's: the
 order is drawn on the host from the plan and moved to the device, so a seed gives the
 same rows in the same batches, in the same order, on both backends. Only reading and
@@ -29,18 +29,20 @@ Two rules follow, and the framework adapters rely on both:
     of their own, or with per-thread default streams, must make the legacy default
     stream wait for them before dropping a batch (see ``docs/gpu.md``).
 
-:func:`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
-:func:`device_scope` makes that GPU current in the calling thread, and
-:func:`as_contiguous` gives the C-contiguous copy TensorFlow's DLPack import needs for a
+`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
+`device_scope` makes that GPU current in the calling thread, and
+`as_contiguous` gives the C-contiguous copy TensorFlow's DLPack import needs for a
 column view, also complete when it returns.
 
-Example (needs a CUDA GPU with cudf and cupy)::
+Example (needs a CUDA GPU with cudf and cupy):
 
-    loader = tabloader.Loader("train/", cats=["item"], labels=["click"], batch_size=65536,
-                              shuffle=True, seed=0, device="cuda:0")
-    batch = next(iter(loader))
-    batch_device(batch)  # 0
-    torch.from_dlpack(batch["item"])  # a tensor on cuda:0, no copy
+```python
+loader = tabloader.Loader("train/", cats=["item"], labels=["click"], batch_size=65536,
+                          shuffle=True, seed=0, device="cuda:0")
+batch = next(iter(loader))
+batch_device(batch)  # 0
+torch.from_dlpack(batch["item"])  # a tensor on cuda:0, no copy
+```
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def chunk_rows_for_fraction(
     Args:
         fraction: Share of the free memory one chunk may take, in (0, 1] (the Keras
             loader's ``buffer_size``).
-        free_bytes: Free device memory (:func:`free_device_memory`).
+        free_bytes: Free device memory (`free_device_memory`).
         row_bytes: Bytes per delivered row (the sum of the delivered dtypes' sizes).
         batch_size: Rows per batch.
 
@@ -300,7 +302,7 @@ def free_device_memory(device: int | None = None) -> int:
 def chunk_rows_for_device(
     fraction: float, *, row_bytes: int, batch_size: int, device: int | None = None
 ) -> int:
-    """:func:`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
+    """`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
     return chunk_rows_for_fraction(fraction, free_device_memory(device), row_bytes, batch_size)
 
 
@@ -327,7 +329,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def memory_error_message(error: BaseException, *, device: int, doing: str) -> str:
-    """The :class:`GPUMemoryError` message: what failed, and how to make chunks smaller."""
+    """The `GPUMemoryError` message: what failed, and how to make chunks smaller."""
     return (
         f"cuda:{device} ran out of memory {doing} ({type(error).__name__}: {error}). "
         "Make chunks smaller: pass a smaller chunk_rows= or parts_per_chunk= to the Loader "
@@ -472,7 +474,7 @@ class DeviceArrays:
     cupy on one device and one stream: every call makes the device current (the
     batcher thread starts on GPU 0 like any new thread) and runs on the stream.
     ``take``/``concatenate`` only queue their kernels; the batcher calls
-    :meth:`synchronize` once a batch's gathers are queued, which keeps the hand-off
+    `synchronize` once a batch's gathers are queued, which keeps the hand-off
     rule. Their inputs may be dropped before that: memory goes back to a pool that
     hands it out again only to work queued after theirs on the same stream.
     """
@@ -524,7 +526,7 @@ def _nbytes(array: Any) -> int:
 def _device_list_column(
     series: Any, name: str, fill: float | None, where: str, cupy: Any
 ) -> Ragged:
-    """A cudf list column as a :class:`Ragged` of cupy arrays, as on the CPU: null lists
+    """A cudf list column as a `Ragged` of cupy arrays, as on the CPU: null lists
     are empty lists, nulls inside lists take ``fill`` (or raise)."""
     lengths = series.list.len().fillna(0).values
     offsets = cupy.zeros(len(lengths) + 1, dtype=np.int64)
@@ -573,7 +575,7 @@ def ensure_memory_pool(rmm: Any, device: int) -> bool:
 
     cudf points cupy at rmm when it is imported, and rmm's default resource calls
     ``cudaMalloc``/``cudaFree`` for every allocation, which synchronises the device. When
-    the device still has that default resource, a :class:`rmm.mr.PoolMemoryResource`
+    the device still has that default resource, a `rmm.mr.PoolMemoryResource`
     (initial size ``$TABLOADER_GPU_POOL_SIZE`` bytes, 256 MiB by default, growing on
     demand) wrapped in a statistics adaptor becomes its resource; any other resource
     (the user's pool, managed memory, an arena) is left as it is. Returns whether a
@@ -681,7 +683,7 @@ class GPUBackend:
         lists: set[str],
         fill_null: Mapping[str, float],
     ) -> list[dict[str, Any]]:
-        """Each piece's columns as device arrays (or :class:`Ragged`), in piece order.
+        """Each piece's columns as device arrays (or `Ragged`), in piece order.
 
         A frame's columns are converted once and sliced per piece (views, no copies),
         unless a piece needs its own conversion: list columns, or nulls in a column with
