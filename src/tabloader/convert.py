@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 Format = Literal["csv", "tsv", "json", "parquet"]
+"""The input formats: ``"json"`` is JSON lines, one object per line."""
 FORMATS: tuple[Format, ...] = ("csv", "tsv", "json", "parquet")
 SUFFIXES: dict[str, Format] = {
     ".csv": "csv",
