@@ -11,7 +11,7 @@ Every training script takes the same flags for the same things:
 - ``--threads`` (PyTorch scripts): PyTorch's intra-op threads; see :func:`torch_threads`.
 
 Each epoch shows a progress bar with rows/s on a terminal, and a plain line every ten
-seconds elsewhere (logs, CI).
+seconds elsewhere (logs, CI): ``tabloader.Progress``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tabloader.cli import LOADER_THREADS, Progress, usable_cores
+import tabloader
+from tabloader import Progress
+from tabloader.cli import LOADER_THREADS, usable_cores
 from tabloader.synthetic import write_criteo_like
 
 EXAMPLES = Path(__file__).resolve().parent
@@ -88,13 +90,14 @@ def parser(
 def genre_lists(paths: Sequence[str | Path]) -> tuple[int, int]:
     """``(number of genre ids, most genres of one movie)`` of the ``genres`` list column
     across ``paths``, or ``(0, 0)`` when the files have no such column."""
-    count = longest = 0
     for path in paths:
         schema = pq.read_schema(path)
         if "genres" not in schema.names or not pa.types.is_list(schema.field("genres").type):
             return 0, 0
+    count = tabloader.Dataset([str(p) for p in paths]).cardinalities(["genres"])["genres"]
+    longest = 0
+    for path in paths:
         column = pq.read_table(path, columns=["genres"]).column("genres")
-        count = max(count, int(pc.max(pc.list_flatten(column)).as_py() or 0) + 1)
         longest = max(longest, int(pc.max(pc.list_value_length(column)).as_py() or 0))
     return count, longest
 

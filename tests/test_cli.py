@@ -16,7 +16,6 @@ import pytest
 
 import tabloader
 from tabloader.cli import (
-    Progress,
     _batches,
     _loader_options,
     _thread_warning,
@@ -27,6 +26,7 @@ from tabloader.cli import (
     main,
 )
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS
+from tabloader.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def test_inspect_reports_every_problem_and_fails(mixed, capsys):
     assert f"  schema 1: 2 files: {mixed / 'a.parquet'}, ...\n" in out
     assert f"  schema 2: 1 file: {mixed / 'c.parquet'}\n" in out
     assert "error: the files disagree on their schema (2 schemas)" in out
-    assert "user is double (not int64)" in out
+    assert "user is double (not int64): conflict" in out
     assert "  unsupported  string         name" in out
     assert "  list         list<element: int64> tags" in out
     assert "nulls (from the footers): x 6, " in out
@@ -217,9 +217,14 @@ def test_bench_runs_epochs_and_splits_the_time(dataset_dir, capsys):
     code = main(["bench", *paths, *args, "--batch-size", "64", "--epochs", "2"])
     assert code == 0
     captured = capsys.readouterr()
+    assert captured.out.startswith(
+        "measured: tabloader.Loader (numpy arrays per column) on cpu; 2 epochs of 500 rows "
+        "(rank 0 of 1) in batches of 64; 2 cats, 1 cont, 1 label; shuffle on; cache none\n"
+    )
     assert "epoch 0: 500 rows" in captured.out
     assert "epoch 1: 500 rows" in captured.out
-    assert "rows/s" in captured.out
+    assert "throughput: " in captured.out and " rows/s, " in captured.out
+    assert " batches/s over the 2 epochs, end to end" in captured.out
     assert "background: read" in captured.out
     assert "input-bound" in captured.out
     # not a terminal: plain lines, no bar redrawn with carriage returns
@@ -344,7 +349,7 @@ def test_version_and_examples_in_help(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out == f"tabloader {tabloader.__version__}\n"
-    for argv in (["--help"], ["inspect", "--help"], ["bench", "--help"]):
+    for argv in (["--help"], ["inspect", "--help"], ["bench", "--help"], ["convert", "--help"]):
         with pytest.raises(SystemExit):
             main(argv)
         assert "examples:\n  tabloader " in capsys.readouterr().out
@@ -370,3 +375,293 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
         "rows per row group: min 10, median 10, max 10; median 0.0 MiB uncompressed",
     ]
     assert result.stderr == ""  # no BrokenPipeError traceback
+
+
+# -- help that shows no markup, and every flag's default -------------------------------------
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from action.choices.items()
+
+
+@pytest.mark.smoke
+def test_help_shows_no_markup_and_every_command_has_a_description(capsys):
+    import re
+
+    markup = re.compile(r"``|:(class|func|meth|attr|mod|exc|data|obj):`|\.\. [a-z]+::")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert not markup.search(capsys.readouterr().out)
+    for name, sub in _subparsers(build_parser()):
+        assert sub.description and len(sub.description) > 40, name
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        assert not markup.search(capsys.readouterr().out), name
+
+
+@pytest.mark.smoke
+def test_every_flag_has_help_that_shows_its_default():
+    for name, sub in _subparsers(build_parser()):
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            text = formatter._get_help_string(action)
+            assert action.help, f"{name} {action.option_strings[0]} has no help"
+            assert "default" in text, f"{name} {action.option_strings[0]}: {text!r}"
+
+
+# -- bench: every loader keyword a user needs, on the command line ---------------------------
+
+
+@pytest.fixture
+def user_data(tmp_path):
+    """A user's data as it comes: nulls in a cont and a cat, a list column, a string."""
+    rng = np.random.default_rng(0)
+    n = 600
+    price = rng.random(n)
+    table = pa.table(
+        {
+            "user": pa.array([None if i % 50 == 0 else i % 97 for i in range(n)], pa.int64()),
+            "item": pa.array(rng.integers(0, 30, n), pa.int32()),
+            "price": pa.array([None if i % 7 == 0 else p for i, p in enumerate(price)]),
+            "tags": pa.array([[i % 5, i % 3] for i in range(n)], pa.list_(pa.int64())),
+            "city": [f"c{i % 4}" for i in range(n)],
+            "click": pa.array(rng.integers(0, 2, n), pa.int8()),
+        }
+    )
+    write(tmp_path / "data" / "part-0.parquet", table.slice(0, 300), row_group_size=100)
+    write(tmp_path / "data" / "part-1.parquet", table.slice(300), row_group_size=100)
+    return str(tmp_path / "data")
+
+
+def bench_loader(path, *flags):
+    args = build_parser().parse_args(["bench", path, *flags])
+    args.path = args.path[0]
+    dataset = tabloader.Dataset(args.path)
+    return _batches(args, _loader_options(args, dataset))[1]
+
+
+def test_bench_with_nulls_needs_fill_null_and_says_how_to_give_it(user_data, capsys):
+    assert main(["bench", user_data, "--batch-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "tabloader: loading the suggested columns: --cats user,item --conts price" in err
+    assert "has null values" in err
+    assert "on the command line: --fill-null NAME=VALUE,... for some columns" in err
+    assert main(["bench", user_data, "--batch-size", "64", "--fill-null", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "--fill-null 0" in out.splitlines()[0]
+    loader = bench_loader(user_data, "--fill-null", "user=0,price=-1")
+    assert loader.fill_null == {"user": 0.0, "price": -1.0}
+    with pytest.raises(tabloader.InvalidArgumentError, match="--fill-null price must be a number"):
+        bench_loader(user_data, "--fill-null", "user=0,price=x")
+
+
+@pytest.mark.parametrize(
+    ("flags", "check"),
+    [
+        (
+            ["--columns", "item,price,click"],
+            lambda ld: (ld.cats, ld.conts, ld.labels) == (("item",), ("price",), ("click",)),
+        ),
+        (["--cats", "item", "--labels", "click"], lambda ld: ld.cats == ("item",) and not ld.conts),
+        (
+            ["--shuffle", "global", "--cache", "memory"],
+            lambda ld: ld.global_shuffle and ld.cache is not None and ld.cache.mode == "memory",
+        ),
+        (["--shuffle", "false"], lambda ld: not ld.shuffle),
+        (["--no-shuffle"], lambda ld: not ld.shuffle),
+        (["--stored-order"], lambda ld: not ld.shuffle_within_batch),
+        (["--sparse", "tags"], lambda ld: ld.sparse_names == ("tags",)),
+        (
+            ["--sparse", "tags", "--sparse-max", "tags=2", "--sparse-as-dense"],
+            lambda ld: ld.sparse_as_dense and ld.sparse_max == {"tags": 2},
+        ),
+        (["--device", "cpu"], lambda ld: str(ld.device) == "cpu"),
+        (["--drop-last", "--batch-size", "256"], lambda ld: ld.drop_last and len(ld) == 2),
+        (["--chunk-rows", "200"], lambda ld: ld.chunk_rows == 200),
+        (["--parts-per-chunk", "3"], lambda ld: ld.parts_per_chunk == 3),
+        (["--prefetch", "2"], lambda ld: ld.prefetch == 2),
+        (["--ranks", "3", "--rank", "2"], lambda ld: (ld.global_rank, ld.global_size) == (2, 3)),
+        (["--seed", "7"], lambda ld: ld.seed == 7),
+        (
+            ["--cat-dtype", "int32", "--cont-dtype", "float64", "--label-dtype", "int8"],
+            lambda ld: (
+                [str(ld.dtypes[c]) for c in ("item", "price", "click")]
+                == ["int32", "float64", "int8"]
+            ),
+        ),
+        (
+            ["--cache", "disk", "--cache-max-bytes", "1000000"],
+            lambda ld: ld.cache is not None and ld.cache.mode == "disk",
+        ),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_bench_flags_reach_the_loader(user_data, tmp_path, monkeypatch, flags, check):
+    monkeypatch.setenv("TABLOADER_CACHE_DIR", str(tmp_path / "cache"))
+    base = ["--batch-size", "100", "--fill-null", "0"]
+    if not any(f in flags for f in ("--columns", "--cats")):
+        base += ["--cats", "item", "--conts", "price", "--labels", "click"]
+    assert check(bench_loader(user_data, *base, *flags))
+
+
+def test_bench_runs_with_a_disk_cache_and_says_so(user_data, tmp_path, capsys):
+    flags = [
+        "--fill-null",
+        "0",
+        "--batch-size",
+        "128",
+        "--epochs",
+        "2",
+        "--cache",
+        "disk",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--shuffle",
+        "global",
+    ]
+    assert main(["bench", user_data, *flags]) == 0
+    out = capsys.readouterr().out
+    assert "shuffle global; cache disk; --fill-null 0" in out
+    assert "1 epoch(s) from the cache" in out
+    assert any((tmp_path / "cache").iterdir())
+
+
+def test_bench_columns_are_checked_like_the_loaders(user_data, capsys):
+    assert main(["bench", user_data, "--columns", "prcie"]) == 2
+    assert "did you mean 'price'?" in capsys.readouterr().err
+    assert main(["bench", user_data, "--columns", "city,item"]) == 2
+    assert "--columns city: not numeric" in capsys.readouterr().err
+    assert main(["bench", user_data, "--columns", "item", "--cats", "item"]) == 2
+    assert "give --columns or --cats/--conts/--labels, not both" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_bench_on_the_gpu(user_data, capsys):
+    flags = ["--device", "cuda", "--fill-null", "0", "--cats", "item", "--conts", "price"]
+    assert main(["bench", user_data, *flags, "--batch-size", "128"]) == 0
+    assert " on cuda:0; " in capsys.readouterr().out
+
+
+# -- inspect: ids and widths ------------------------------------------------------------------
+
+
+def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
+    assert main(["inspect", user_data, "--batch-size", "64"]) == 1  # nulls, without a fill
+    out = capsys.readouterr().out
+    assert "ids (min..max -> embedding rows x width; Dataset.embedding_sizes):\n" in out
+    assert "  user 0..96 -> 97 x 21, item 0..29 -> 30 x 16\n" in out
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pq.read_table(user_data), bare, write_statistics=["item"], row_group_size=200)
+    # without statistics the footers cannot tell the nulls either: that shows when reading
+    assert main(["inspect", str(bare), "--cats", "user,item", "--json"]) == 0
+    ids = json.loads(capsys.readouterr().out)["ids"]
+    assert ids["user"] == {
+        "min": 0,
+        "max": 96,
+        "rows": 97,
+        "width": 21,
+        "row_groups_read": 3,
+        "row_groups": 3,
+    }
+    assert ids["item"]["row_groups_read"] == 0
+    assert main(["inspect", str(bare), "--cats", "user,item"]) == 0
+    assert (
+        "  no statistics in the footers, so read to find the ids: user (3 of 3 row groups)\n"
+        in capsys.readouterr().out
+    )
+
+
+def test_inspect_tells_widths_that_mix_from_conflicts(tmp_path, capsys):
+    a = write(
+        tmp_path / "a.parquet",
+        pa.table({"user": pa.array([1, 2], pa.int32()), "x": pa.array([0.5, 1.0], pa.float32())}),
+    )
+    b = write(
+        tmp_path / "b.parquet",
+        pa.table({"user": pa.array([3, 4], pa.int64()), "x": pa.array([0.5, 1.0], pa.float64())}),
+    )
+    assert main(["inspect", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "note: the files store some columns with other widths (2 schemas)" in out
+    assert "user is int64 (not int32): widened to int64" in out
+    assert "x is double (not float): widened to double" in out
+    assert "ok: nothing here would make training fail" in out
+    c = write(tmp_path / "c.parquet", pa.table({"user": ["u"], "x": [0.5]}))
+    assert main(["inspect", a, b, c]) == 1
+    out = capsys.readouterr().out
+    assert "user is string (not int32): conflict" in out
+    assert "error: the files disagree on their schema (3 schemas)" in out
+
+
+# -- convert on the command line --------------------------------------------------------------
+
+
+@pytest.fixture
+def raw(tmp_path):
+    path = tmp_path / "raw" / "clicks.csv"
+    path.parent.mkdir()
+    lines = ["user,price,label"] + [f"{i},{i / 8},{i % 2}" for i in range(1_000)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.smoke
+def test_convert_writes_splits_and_says_rows_in_and_out(raw, tmp_path, capsys):
+    dest = tmp_path / "data"
+    assert main(["convert", str(raw), str(dest), "--split", "valid=0.2", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""  # --quiet: not even the progress line
+    lines = captured.out.splitlines()
+    assert lines[0] == "converted 1 file: 1,000 rows in, 1,000 rows out"
+    train, valid = (int(line.split()[1].replace(",", "")) for line in lines[1:3])
+    assert train + valid == 1_000 and lines[1].endswith(f"-> {dest}/train")
+    assert "schema: int64 user, label; float price" in captured.out
+    assert lines[-1] == f"next: tabloader inspect {dest}/train"
+    assert len(tabloader.Dataset(str(dest / "valid"))) == valid
+    assert main(["convert", str(raw), str(dest), "--split", "valid=0.2"]) == 2  # not empty
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "check"),
+    [
+        (["--format", "csv"], lambda t, r: t.num_rows == 1_000),
+        (
+            ["--no-header", "--names", "a,b,c", "--schema", "a=string"],
+            lambda t, r: t.column_names == ["a", "b", "c"] and t.column("a")[0].as_py() == "user",
+        ),
+        (["--header", "--names", "a,b,c"], lambda t, r: t.column("a").to_pylist()[:2] == [0, 1]),
+        (
+            ["--schema", "user=int32,price=float64"],
+            lambda t, r: t.schema.types[:2] == [pa.int32(), pa.float64()],
+        ),
+        (["--delimiter", ";"], lambda t, r: t.column_names == ["user,price,label"]),
+        (["--row-group-rows", "300"], lambda t, r: r.metadata.row_group(0).num_rows == 300),
+        (
+            ["--rows-per-file", "500", "--row-group-rows", "250"],
+            lambda t, r: r.metadata.num_rows == 500,
+        ),
+        (["--split", "valid=0.5", "--seed", "1"], lambda t, r: 0 < t.num_rows < 1_000),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_convert_flags(raw, tmp_path, flags, check):
+    dest = tmp_path / "out"
+    assert main(["convert", str(raw), str(dest), "--quiet", *flags]) == 0
+    files = sorted(dest.rglob("*.parquet"))
+    table = pq.read_table(files[0])
+    assert check(table, pq.ParquetFile(files[0]))
+
+
+def test_convert_overwrite_and_progress(raw, tmp_path, capsys):
+    dest = tmp_path / "out"
+    assert main(["convert", str(raw), str(dest)]) == 0
+    assert capsys.readouterr().err.startswith("converting: ")  # one line, off a terminal
+    assert main(["convert", str(raw), str(dest), "--overwrite", "--quiet"]) == 0
+    assert len(tabloader.Dataset(str(dest))) == 1_000

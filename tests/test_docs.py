@@ -19,6 +19,7 @@ Every other block runs as written.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import re
@@ -123,19 +124,121 @@ def test_code_blocks_run(page, sample_data, tmp_path, monkeypatch):
         pytest.skip("every block on this page needs something missing here")
 
 
-def test_the_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The documentation site, built once with ``--strict`` (a warning fails the build)."""
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("needs mkdocs: pip install 'tabloader[docs]'")
+    out = tmp_path_factory.mktemp("site")
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert (tmp_path / "index.html").exists()
-    assert (tmp_path / "reference" / "index.html").exists()
+    return out
+
+
+def test_the_site_builds_strictly(site):
+    assert (site / "index.html").exists()
+    assert (site / "reference" / "index.html").exists()
+
+
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|exc|data|obj|ref|const):`?[\w.~]")
+LITERAL_BLOCK = re.compile(r"\w::(?:\s|$)")
+
+
+def unrendered_markup(page_html: str) -> list[str]:
+    """Sphinx markup that reached a page as text (``:class:Loader``, ``keeps working::``):
+    the docstrings are Markdown for mkdocstrings, which renders neither."""
+    text = html.unescape(re.sub(r"<pre[^>]*>.*?</pre>", " ", page_html, flags=re.S))
+    text = re.sub(r"<[^>]+>", "", text)
+    return [m.group(0) for m in (*SPHINX_ROLE.finditer(text), *LITERAL_BLOCK.finditer(text))]
+
+
+def test_the_markup_check_finds_an_unrendered_role():
+    assert unrendered_markup("<p>see :class:<code>Loader</code> and :func:`plan`</p>") == [
+        ":class:L",
+        ":func:`p",
+    ]
+    assert unrendered_markup("<p>keeps working::</p>") == ["g::"]
+    assert unrendered_markup('<p>see <a href="#tabloader.Loader"><code>Loader</code></a></p>') == []
+    assert unrendered_markup("<pre><code>a:: :class:`x`</code></pre>") == []  # code blocks
+
+
+def test_no_page_shows_unrendered_markup(site):
+    found = {
+        str(page.relative_to(site)): unrendered_markup(page.read_text())
+        for page in site.rglob("*.html")
+    }
+    assert not {page: hits for page, hits in found.items() if hits}
+
+
+def test_docstrings_hold_no_sphinx_markup():
+    """Caught here too for modules the reference does not render."""
+    found = []
+    for path in sorted((ROOT / "src" / "tabloader").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if SPHINX_ROLE.search(line) or re.search(r"\S::$", line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_reference_renders_every_public_class_and_function(site):
+    hooks = _load_hooks()
+    page = (site / "reference" / "index.html").read_text()
+    anchors = set(re.findall(r'id="(tabloader[\w.]*)"', page))
+    import tabloader
+
+    wanted = [f"tabloader.{name}" for name in tabloader.__all__ if not name.startswith("_")]
+    wanted = [
+        f"tabloader.errors.{n.split('.')[-1]}"
+        if n.split(".")[-1] in tabloader.errors.__all__
+        else n
+        for n in wanted
+    ]
+    for module in hooks.public_modules():
+        path = ROOT / "src" / Path(*module.split(".")).with_suffix(".py")
+        wanted += [f"{module}.{name}" for name in hooks.declared_names(path)]
+    missing = sorted(set(wanted) - anchors)
+    assert not missing, f"the API reference lacks {missing}"
+    for adapter in ("tabloader.torch.TorchAsyncItr", "tabloader.torch.DLDataLoader"):
+        assert adapter in wanted
+    for adapter in ("KerasSequenceLoader", "KerasSequenceValidater"):
+        assert f"tabloader.tensorflow.{adapter}" in wanted
+    # grouped keywords are parameter tables, and Dataset's list of sources a list
+    dataset = page[
+        page.index('id="tabloader.Dataset"') : page.index('id="tabloader.Dataset.num_rows"')
+    ]
+    assert dataset.count("<table>") >= 3 and "<ul>" in dataset
+    for title in ("A directory that changes", "Object storage"):
+        assert title in dataset
+    loader = page[page.index('id="tabloader.Loader"') : page.index('id="tabloader.LoaderOptions"')]
+    for title in ("What to read", "How to batch", "How to shuffle", "Caching", "Distributed"):
+        assert title in loader
+    assert loader.count("<table>") >= 6
+
+
+def _load_hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reference_picks_up_a_new_adapter_module(tmp_path, monkeypatch):
+    hooks = _load_hooks()
+    package = tmp_path / "tabloader"
+    package.mkdir()
+    (package / "__init__.py").write_text('__all__ = ["Dataset", "Loader"]\n')
+    (package / "keras.py").write_text('"""Keras 3."""\n__all__ = ["Loader"]\n')
+    monkeypatch.setattr(hooks, "PACKAGE", package)
+    text = hooks.reference_markdown()
+    assert "::: tabloader.Dataset\n" in text and "::: tabloader.keras\n" in text
+    assert "tabloader.torch" not in text  # no module, no entry
+    assert hooks.on_page_markdown(f"# API\n\n{hooks.MARKER}\n", None).startswith("# API\n\n## ")
 
 
 def test_skip_test_comments_leave_their_block_out(tmp_path):
@@ -160,3 +263,18 @@ def test_ci_runs_the_readmes_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert commands[1] in ci  # the README's second command, as CI runs it
     assert commands[0].endswith("python examples/criteo/train_torch.py --synthetic")
+
+
+def test_the_test_command_installs_what_pip_cannot_resolve_last():
+    """pip reports a broken environment (a red ``ERROR: pip's dependency resolver``) when
+    it installs anything after a package installed without its dependencies; installed
+    last, with ``--no-deps``, there is nothing left to check it against."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.findall(r"^python -m pip install .*$", readme, re.MULTILINE)[1]
+    steps = [step.strip() for step in command.split("&&")]
+    installs = [step for step in steps if step.startswith("python -m pip install")]
+    without_deps = [i for i, step in enumerate(installs) if "--no-deps" in step]
+    assert without_deps == [len(installs) - 1], installs
+    assert steps[-1] == "python -m pytest"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "s3fs[boto3]" not in pyproject  # s3fs has no such extra: pip warns about it

@@ -13,7 +13,9 @@ rows instead (:func:`tabloader.synthetic.write_criteo_like`, written on the firs
 a label that depends on a few columns, so the model has something to learn; it says
 nothing about real click logs.
 
-The model hashes each categorical id into at most ``--buckets`` embedding rows,
+The model gives each categorical column an embedding table with a row per id (sized
+from the parquet footers, ``Dataset.cardinalities``), hashing ids into at most
+``--buckets`` rows,
 log-scales and batch-normalises the continuous columns, and runs an MLP over the lot.
 The shared flags are described in ``examples/example_flags.py``.
 """
@@ -30,7 +32,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 
-from tabloader.synthetic import CARDINALITIES, CATS, CONTS, LABELS
+import tabloader
+from tabloader.synthetic import CATS, CONTS, LABELS
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,12 +42,12 @@ import example_flags as common
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 
 
-def build_model(buckets: int, dim: int) -> keras.Model:
+def build_model(rows: dict[str, int], buckets: int, dim: int) -> keras.Model:
     inputs = {name: keras.Input(shape=(), name=name, dtype="int64") for name in CATS}
     inputs.update({name: keras.Input(shape=(), name=name) for name in CONTS})
     parts = []
     for name in CATS:
-        size = min(CARDINALITIES[name], buckets)
+        size = min(rows[name], buckets)
         ids = keras.ops.mod(inputs[name], size)
         parts.append(keras.layers.Embedding(size, dim, name=f"{name}_embedding")(ids))
     conts = keras.ops.stack([inputs[name] for name in CONTS], axis=-1)
@@ -100,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
     valid = KerasSequenceLoader(
         valid_files, batch_size=args.batch_size * 4, shuffle=False, **columns
     )
-    model = build_model(args.buckets, args.embedding_dim)
+    # A row per id of both splits, from the parquet footers, at most --buckets rows.
+    rows = tabloader.Dataset(train_files + valid_files).cardinalities(CATS)
+    model = build_model(rows, args.buckets, args.embedding_dim)
     model.compile(
         keras.optimizers.Adam(args.lr),
         "binary_crossentropy",

@@ -10,8 +10,9 @@ with the Criteo columns (``label``, ``I1..I13``, ``C1..C26``), as
 ``examples/criteo/convert.py`` writes them; a missing or empty one is an error.
 ``--synthetic`` trains on ``--rows`` generated Criteo-like rows instead
 (``tabloader.synthetic``: not real click data), written on the first run to
-``examples/criteo/data/synthetic/`` (or ``--data``). Categorical ids are hashed into
-``--buckets`` rows per column, so the embedding tables stay small whatever the ids are.
+``examples/criteo/data/synthetic/`` (or ``--data``). Each categorical column gets an
+embedding table with a row per id, sized from the parquet footers
+(``Dataset.embedding_sizes``), at most ``--buckets`` rows: larger ids are hashed into it.
 The shared flags are described in ``examples/example_flags.py``.
 """
 
@@ -38,16 +39,16 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data"
 
 
 class ClickModel(nn.Module):
-    """Hashed embeddings of every categorical column, concatenated with the continuous
-    columns and fed through an MLP that outputs one logit."""
+    """An embedding table per categorical column, concatenated with the continuous
+    columns and fed through an MLP that outputs one logit. ``sizes`` holds each table's
+    rows and width, in the order of the columns."""
 
-    def __init__(self, n_cats: int, n_conts: int, *, buckets: int, dim: int = 16) -> None:
+    def __init__(self, sizes: Sequence[tuple[int, int]], n_conts: int) -> None:
         super().__init__()
-        self.buckets = buckets
-        self.embedding = nn.Embedding(n_cats * buckets, dim)
-        self.register_buffer("offsets", torch.arange(n_cats, dtype=torch.int64) * buckets)
+        self.embeddings = nn.ModuleList(nn.Embedding(rows, width) for rows, width in sizes)
+        self.register_buffer("rows", torch.tensor([rows for rows, _ in sizes]))
         self.mlp = nn.Sequential(
-            nn.Linear(n_cats * dim + n_conts, 128),
+            nn.Linear(sum(width for _, width in sizes) + n_conts, 128),
             nn.ReLU(),
             nn.Linear(128, 64),
             nn.ReLU(),
@@ -55,9 +56,16 @@ class ClickModel(nn.Module):
         )
 
     def forward(self, x_cat: torch.Tensor, x_cont: torch.Tensor) -> torch.Tensor:
-        ids = x_cat % self.buckets + self.offsets
-        features = torch.cat([self.embedding(ids).flatten(1), x_cont], dim=1)
-        return self.mlp(features).squeeze(1)
+        ids = x_cat % self.rows  # ids past a table capped by --buckets are hashed into it
+        embedded = [table(ids[:, k]) for k, table in enumerate(self.embeddings)]
+        return self.mlp(torch.cat([*embedded, x_cont], dim=1)).squeeze(1)
+
+
+def table_sizes(files: Sequence[str], buckets: int, dim: int) -> list[tuple[int, int]]:
+    """Each categorical column's embedding table: its ids' count from the parquet footers
+    (``Dataset.embedding_sizes``), at most ``buckets`` rows, ``dim`` wide."""
+    sizes = tabloader.Dataset(list(files)).embedding_sizes(CATS)
+    return [(min(rows, buckets), dim) for rows, _ in (sizes[name] for name in CATS)]
 
 
 def find_data(
@@ -85,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         embedding_dim=16,
         torch=True,
     )
-    parser.add_argument("--buckets", type=int, default=1000, help="hash buckets per column")
+    parser.add_argument(
+        "--buckets", type=int, default=100_000, help="most rows of one embedding table"
+    )
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     return parser
 
@@ -138,9 +148,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     )
     valid_loader = DLDataLoader(valid, batch_size=None, collate_fn=lambda x: x)
 
-    model = ClickModel(len(CATS), len(CONTS), buckets=args.buckets, dim=args.embedding_dim).to(
-        device
-    )
+    sizes = table_sizes(train_files + valid_files, args.buckets, args.embedding_dim)
+    model = ClickModel(sizes, len(CONTS)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 

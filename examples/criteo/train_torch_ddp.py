@@ -35,7 +35,7 @@ from tabloader.torch import DLDataLoader, TorchAsyncItr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_torch import ClickModel, build_parser
+from train_torch import ClickModel, build_parser, table_sizes
 
 import example_flags as common
 
@@ -97,9 +97,9 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
             f"epoch, PyTorch threads per rank: {threads}"
         )
 
-    model = DistributedDataParallel(
-        ClickModel(len(CATS), len(CONTS), buckets=args.buckets, dim=args.embedding_dim).to(device)
-    )
+    # Every rank sizes the tables from the same footers, so the models match.
+    sizes = table_sizes(train_files, args.buckets, args.embedding_dim)
+    model = DistributedDataParallel(ClickModel(sizes, len(CONTS)).to(device))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 

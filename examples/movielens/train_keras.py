@@ -33,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import pyarrow.parquet as pq
 
+import tabloader
 from tabloader.tensorflow import KerasSequenceLoader, KerasSequenceValidater
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -131,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> keras.callbacks.History:
         shuffle=False,
         **columns,
     )
-    model = build_model(meta["cardinalities"], genres, longest, args.embedding_dim)
+    # Embedding rows for every id of both splits, from the parquet footers.
+    cardinalities = tabloader.Dataset([str(p) for p in splits]).cardinalities(["userId", "movieId"])
+    model = build_model(cardinalities, genres, longest, args.embedding_dim)
     model.compile(
         keras.optimizers.Adam(args.lr),
         "binary_crossentropy",

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from torch import nn
@@ -84,15 +83,6 @@ def feature_columns(path: str) -> list[str]:
             or pa.types.is_boolean(field.type)
         )
     ]
-
-
-def id_cardinality(paths: Sequence[str], column: str) -> int:
-    """One more than the largest id in ``column`` across ``paths``."""
-    largest = 0
-    for path in paths:
-        values = pq.read_table(path, columns=[column]).column(column)
-        largest = max(largest, int(pc.max(values).as_py() or 0))
-    return largest + 1
 
 
 def to_device(batch: Sequence[Any], device: torch.device) -> list[Any]:
@@ -187,8 +177,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         conts = [] if args.without_genres else feature_columns(train_path)
         shown = f"{len(conts)} genre features"
     sparse = {"sparse_names": [GENRES]} if genres else {}
-    users = id_cardinality([train_path, valid_path], "userId")
-    movies = id_cardinality([train_path, valid_path], "movieId")
+    # Embedding rows for every id of both splits, from the parquet footers.
+    ids = tabloader.Dataset([train_path, valid_path]).cardinalities(CATS)
+    users, movies = ids["userId"], ids["movieId"]
     print(f"{users} user ids, {movies} movie ids, {shown}, PyTorch threads: {threads}")
 
     train = TorchAsyncItr(

@@ -16,9 +16,18 @@ from tabloader import errors
 from tabloader.dataset import Dataset
 from tabloader.errors import *  # noqa: F403  (the exceptions and warnings: errors.__all__)
 from tabloader.loader import BatchIterator, Loader, LoaderOptions
+from tabloader.progress import Progress
 from tabloader.stats import LoaderStats
 
 __version__ = "0.1.0"
 
-__all__ = ["BatchIterator", "Dataset", "Loader", "LoaderOptions", "LoaderStats", "__version__"]
+__all__ = [
+    "BatchIterator",
+    "Dataset",
+    "Loader",
+    "LoaderOptions",
+    "LoaderStats",
+    "Progress",
+    "__version__",
+]
 __all__ += errors.__all__

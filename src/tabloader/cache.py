@@ -8,7 +8,7 @@ conts, labels) for shuffled or stacked loaders, whose gathers then read whole ro
 per column for unshuffled ``layout="columns"`` loaders, whose batches are then
 zero-copy views. Every epoch, the first one included,
 then gathers its batches from those arrays following the same
-:class:`~tabloader.plan.EpochPlan`, so a cached epoch delivers exactly the batches a
+[`EpochPlan`][tabloader.plan.EpochPlan], so a cached epoch delivers exactly the batches a
 streamed one would. Later epochs read nothing but the cache.
 
 On disk, a cache is a directory named by the hash of its key (the files' paths, sizes
@@ -101,7 +101,7 @@ large for memory is written into its files: a few MiB, which stay in the CPU's c
 _WRITER_NICENESS = 10
 """Niceness of the thread writing a disk cache out while epochs are served (Linux)."""
 _TILE_ROWS = 2048
-"""Rows gathered at a time by :func:`take_transposed`: a tile of a wide block (26
+"""Rows gathered at a time by `take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 """madvise(2) advice that maps a file's pages in, reading them (Linux 5.14 and later)."""
@@ -226,8 +226,8 @@ def _mib(n: int) -> str:
 class DecodedCache:
     """One loader's decoded cache: its key, where it lives, and the rows once complete.
 
-    Created by :class:`~tabloader.Loader` when ``cache`` is given. Each epoch asks
-    :meth:`epoch_backend` how to read: from the cache, from the files while writing the
+    Created by [`Loader`][tabloader.Loader] when ``cache`` is given. Each epoch asks
+    `epoch_backend` how to read: from the cache, from the files while writing the
     cache, or from the files alone when the cache does not fit.
     """
 
@@ -332,7 +332,7 @@ class DecodedCache:
 
         The files are mapped, not copied: every process serving the cache shares the
         operating system's page cache, which it can reclaim. With ``load``, a cache that
-        fits in memory (see :meth:`_fits_in_memory`) is read in at once, in large
+        fits in memory (see `_fits_in_memory`) is read in at once, in large
         sequential reads, rather than page by page as the shuffled gathers first touch
         it. Measured from a cold disk (4M rows, 1 GB): a first shuffled epoch of 0.65 s,
         against 1.5-2.1 s when the files were read into private memory; paging in on
@@ -387,7 +387,8 @@ class DecodedCache:
 
     def epoch_backend(self, backend: Backend, stats: StatsRecorder) -> Backend:
         """How this epoch reads: from the cache, from the files into the cache, or from
-        the files alone (when the cache does not fit: said once, by a :class:`CacheWarning`).
+        the files alone (when the cache does not fit: said once, by a
+        [`CacheWarning`][tabloader.errors.CacheWarning]).
         """
         if self.lookup():
             stats.from_cache = True
@@ -434,7 +435,7 @@ class DecodedCache:
         being written in it when the cache does not fit in memory.
 
         A disk cache that fits is filled in memory and written out when complete; one
-        that does not is written straight into its ``.npy`` files (:class:`CacheFiles`),
+        that does not is written straight into its ``.npy`` files (`CacheFiles`),
         and the arrays are read-only mappings of them.
         """
         in_memory = self.root is None or self._fits_in_memory()
@@ -651,8 +652,8 @@ class DecodedCache:
         xp: Any,
     ) -> Iterator[Callable[[], list[Part]]]:
         """The parts of ``plan``'s chunks over the cache ``arrays``, as tasks that
-        gather them (run in order by :func:`_run_ahead`, several at once); ``chunks``
-        gives each chunk's :meth:`delivery_rows`, in order.
+        gather them (run in order by `_run_ahead`, several at once); ``chunks``
+        gives each chunk's `delivery_rows`, in order.
 
         Without shuffling, a chunk's pieces are zero-copy views of the cache. With
         shuffling, rows are gathered from the cache in the plan's order one whole batch
@@ -704,7 +705,7 @@ class DecodedCache:
 def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[Any]) -> None:
     """``out[i] = stored[rows[i]]`` for a row-major ``stored`` and a column-major ``out``.
 
-    A tile of :data:`_TILE_ROWS` rows at a time is gathered into a small row-major
+    A tile of `_TILE_ROWS` rows at a time is gathered into a small row-major
     scratch, which stays in the CPU's cache while it is transposed into ``out``: about
     twice as fast as gathering the whole batch and then transposing it from memory.
 
@@ -819,8 +820,8 @@ class CacheFiles:
     Each file is created at its full size (its disk space reserved at once where the
     system allows, so a disk that filled up since it was measured fails here, before
     any row is written) with its data on a page boundary. Rows are written in place
-    with :meth:`write_rows`, through the operating system's page cache, and read back
-    through :meth:`mapped`, a read-only mapping of the same files.
+    with `write_rows`, through the operating system's page cache, and read back
+    through `mapped`, a read-only mapping of the same files.
 
     Examples:
         >>> import tempfile
@@ -858,7 +859,7 @@ class CacheFiles:
 
     def write_rows(self, name: str, first_row: int, columns: Sequence[NDArray[Any]]) -> None:
         """Write ``columns`` (cast to the block's dtype) as block ``name``'s rows from
-        ``first_row`` on: :data:`_WRITE_ROWS` rows at a time interleaved in a scratch
+        ``first_row`` on: `_WRITE_ROWS` rows at a time interleaved in a scratch
         block that stays in the CPU's cache, then written with one system call."""
         fd, offset = self._files[name]
         dtype = self._blocks[name][1].dtype

@@ -1,7 +1,8 @@
-"""The ``tabloader`` command: check a dataset before training, and measure how fast it loads.
+"""The ``tabloader`` command: convert data, check it before training, and time how it loads.
 
-tabloader inspect data/train/
-tabloader bench data/train/ --cats C1,C2 --conts I1 --labels label --batch-size 65536
+tabloader convert raw/*.csv data --split valid=0.1
+tabloader inspect data/train
+tabloader bench data/train --fill-null 0 --epochs 2
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
+from tabloader.columns import embedding_dim, id_ranges, type_difference
 from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,
@@ -32,18 +34,22 @@ from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
     InvalidArgumentError,
+    NullValuesError,
     SchemaMismatchError,
     SourceNotFoundError,
     TabloaderError,
 )
 from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
+from tabloader.progress import Progress
 from tabloader.reader import usable_cores
 from tabloader.sources.partitions import describe_filters
 
 __all__ = [
     "LOADER_THREADS",
     "Progress",
+    "bench_columns",
+    "build_parser",
     "inspect_dataset",
     "layout_warnings",
     "main",
@@ -58,86 +64,6 @@ LOADER_THREADS = 2
 and the reader's short-lived layout helpers."""
 LABEL_NAME = re.compile(r"label|target|click", re.IGNORECASE)
 """Column names taken for labels when suggesting columns."""
-
-
-# -- progress -------------------------------------------------------------------------
-
-
-class Progress:
-    """Rows done in one epoch: a tqdm bar on a terminal, a plain line now and then elsewhere.
-
-    The bar redraws at most four times a second, whatever the batch rate; off a terminal
-    (a log file, a pipe, CI) a line with the rows done and rows/s is written every
-    ``interval`` seconds, and one at the end.
-
-    Examples:
-        >>> import io
-        >>> out = io.StringIO()
-        >>> with Progress(1000, desc="epoch 0", stream=out) as bar:
-        ...     for _ in range(4):
-        ...         bar.update(250)
-        >>> out.getvalue().startswith("epoch 0: 1,000/1,000 rows in ")
-        True
-    """
-
-    def __init__(
-        self, total_rows: int, *, desc: str, stream: TextIO | None = None, interval: float = 10.0
-    ) -> None:
-        self.stream = sys.stderr if stream is None else stream
-        self.total = int(total_rows)
-        self.desc = desc
-        self.rows = 0
-        self.interval = interval
-        self.started = time.perf_counter()
-        self._next_line = self.started + interval
-        self._bar: Any = None
-        isatty = getattr(self.stream, "isatty", None)
-        if isatty is not None and isatty():
-            from tqdm import tqdm  # type: ignore[import-untyped]
-
-            self._bar = tqdm(
-                total=self.total,
-                desc=desc,
-                unit="rows",
-                unit_scale=True,
-                mininterval=0.25,
-                file=self.stream,
-                dynamic_ncols=True,
-            )
-
-    def update(self, rows: int) -> None:
-        """Count ``rows`` more rows done."""
-        self.rows += rows
-        if self._bar is not None:
-            self._bar.update(rows)
-            return
-        now = time.perf_counter()
-        if now >= self._next_line:
-            self._next_line = now + self.interval
-            self._line(now, final=False)
-
-    def close(self) -> None:
-        """Finish the bar, or write the last line."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        else:
-            self._line(time.perf_counter(), final=True)
-
-    def _line(self, now: float, *, final: bool) -> None:
-        seconds = max(now - self.started, 1e-9)
-        verb = "in" if final else "after"
-        self.stream.write(
-            f"{self.desc}: {self.rows:,}/{self.total:,} rows {verb} {seconds:.1f}s "
-            f"({self.rows / seconds:,.0f} rows/s)\n"
-        )
-        self.stream.flush()
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _thread_warning(torch_threads: int, cores: int) -> str | None:
@@ -168,7 +94,7 @@ def layout_warnings(
 ) -> list[str]:
     """Warnings about a layout that will load slowly (pure, for ``inspect``).
 
-    Small row groups are judged by :func:`tabloader.dataset.small_row_groups`, the rule
+    Small row groups are judged by `tabloader.dataset.small_row_groups`, the rule
     the loader warns with.
 
     Examples:
@@ -278,19 +204,46 @@ def _schema_groups(dataset: Dataset) -> list[tuple[pa.Schema, list[str]]]:
     ]
 
 
-def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> str:
-    """How ``schema`` differs from ``reference``, in a few words."""
+def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> tuple[str, bool]:
+    """How ``schema`` differs from ``reference``, in a few words, and whether a column's
+    types conflict (rather than differ in width only, which the loader reads as one)."""
     notes = []
+    conflict = False
     for field in schema:
         index = reference.get_field_index(field.name)
         if index < 0:
             notes.append(f"{field.name} only here")
         elif reference.field(index).type != field.type:
-            notes.append(f"{field.name} is {field.type} (not {reference.field(index).type})")
+            verdict = type_difference(reference.field(index).type, field.type)
+            conflict = conflict or verdict == "conflict"
+            notes.append(
+                f"{field.name} is {field.type} (not {reference.field(index).type}): {verdict}"
+            )
     missing = [f.name for f in reference if schema.get_field_index(f.name) < 0]
     if missing:
         notes.append(f"no {compact_names(missing)}")
-    return "; ".join(notes) or "same columns, in another order"
+    return "; ".join(notes) or "same columns, in another order", conflict
+
+
+def _id_report(dataset: Dataset, cats: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per id column that can be sized: its ids, the embedding table for them, and whether
+    the footers told or the column was read (on the CPU)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in cats:
+        try:
+            ranges = id_ranges(dataset, [name], device="cpu")
+        except TabloaderError:
+            continue  # the loader's check reports what is wrong with it
+        ids = ranges[name]
+        found[name] = {
+            "min": ids.min,
+            "max": ids.max,
+            "rows": ids.cardinality,
+            "width": embedding_dim(ids.cardinality),
+            "row_groups_read": ids.partitions_read,
+            "row_groups": ids.partitions,
+        }
+    return found
 
 
 def _null_counts(dataset: Dataset) -> dict[str, int | None]:
@@ -354,9 +307,11 @@ def inspect_dataset(
 
     Returns a JSON-ready report: files, rows and row groups, the distinct schemas with
     their files, per column its type, nulls and suggested use, what one rank gets, the
-    suggested ``cats``/``conts``/``labels``, and ``errors`` (training would fail) and
-    ``warnings`` (training would be slow). The columns to check are the ones given, or
-    the suggested ones.
+    suggested ``cats``/``conts``/``labels``, per categorical column its ids and an
+    embedding table for them (``ids``: from the footer statistics; ``row_groups_read``
+    counts the row groups that had none and were read), and ``errors`` (training would
+    fail), ``warnings`` (training would be slow) and ``notes``. The columns to check are
+    the ones given, or the suggested ones.
 
     Examples:
         >>> table = pa.table({"user": [1, 2, 3], "x": [0.5, None, 1.0], "label": [0., 1., 0.]})
@@ -388,19 +343,29 @@ def inspect_dataset(
     failure = _loader_failure(dataset, requested, batch_size=batch_size, ranks=ranks)
     errors: list[str] = []
     warns = layout_warnings(rows, sizes, ranks=ranks)
+    notes: list[str] = []
     if len(groups) > 1:
+        differences = [_schema_difference(schema, reference) for schema, _ in groups]
         listing = "; ".join(
             f"schema {k + 1} ({_count(len(files), 'file')}: "
             f"{', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
-            + ("" if k == 0 else f": {_schema_difference(schema, reference)}")
+            + ("" if k == 0 else f": {differences[k][0]}")
             for k, (schema, files) in enumerate(groups)
         )
-        # An error when it touches the columns to load; else training works regardless.
-        fatal = isinstance(failure, (SchemaMismatchError, ColumnNotFoundError))
-        (errors if fatal else warns).append(
-            f"the files disagree on their schema ({len(groups)} schemas): {listing}. Rewrite "
-            "the odd files with the common schema"
-        )
+        if any(conflict for _, conflict in differences) or isinstance(
+            failure, (SchemaMismatchError, ColumnNotFoundError)
+        ):
+            # An error when it touches the columns to load; else training works regardless.
+            fatal = isinstance(failure, (SchemaMismatchError, ColumnNotFoundError))
+            (errors if fatal else warns).append(
+                f"the files disagree on their schema ({len(groups)} schemas): {listing}. "
+                "Rewrite the odd files with the common schema (tabloader convert writes one)"
+            )
+        else:
+            notes.append(
+                f"the files store some columns with other widths ({len(groups)} schemas): "
+                f"{listing}. The loader reads each column as one type; widening loses nothing"
+            )
     unsupported = [c for c in columns if c["use"] == "unsupported"]
     if unsupported:
         warns.append(
@@ -453,8 +418,10 @@ def inspect_dataset(
         },
         "suggested": suggested,
         "checked": requested,
+        "ids": _id_report(dataset, requested["cats"]),
         "errors": errors,
         "warnings": warns,
+        "notes": notes,
     }
 
 
@@ -490,7 +457,7 @@ def _loader_failure(
 
 
 def _count(n: int, noun: str) -> str:
-    plural = noun + ("es" if noun.endswith("ch") else "s")
+    plural = {"batch": "batches"}.get(noun, noun + "s")
     return f"{n:,} {noun if n == 1 else plural}"
 
 
@@ -521,7 +488,7 @@ def _write_report(report: dict[str, Any], out: TextIO, *, max_files: int) -> Non
         )
     schemas = report["schemas"]
     if len(schemas) > 1:
-        out.write(f"schemas: {len(schemas)} distinct ones (see the error below)\n")
+        out.write(f"schemas: {len(schemas)} distinct ones (see below)\n")
         for k, schema in enumerate(schemas, 1):
             files = schema["files"]
             shown = ", ".join(files[:max_files]) + (", ..." if len(files) > max_files else "")
@@ -555,6 +522,9 @@ def _write_report(report: dict[str, Any], out: TextIO, *, max_files: int) -> Non
     suggested = report["suggested"]
     flags = " ".join(f"--{kind} {','.join(names)}" for kind, names in suggested.items() if names)
     out.write(f"suggested columns: {flags or 'none (no numeric columns)'}\n")
+    _write_ids(report["ids"], out)
+    for note in report["notes"]:
+        out.write(f"note: {note}\n")
     for warning in report["warnings"]:
         out.write(f"warning: {warning}\n")
     for error in report["errors"]:
@@ -641,6 +611,29 @@ def _newest_metadata(table_directory: str) -> str:
         return int(digits[1]) if digits else -1
 
     return os.path.join(folder, max(names, key=lambda n: (number(n), n)))
+def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO, width: int = 92) -> None:
+    """``ids`` a few columns to a line: ``C1 0..1,459 -> 1,460 x 96``."""
+    if not ids:
+        return
+    out.write("ids (min..max -> embedding rows x width; Dataset.embedding_sizes):\n")
+    line = " "
+    for name, found in ids.items():
+        span = "no values" if found["max"] is None else f"{found['min']:,}..{found['max']:,}"
+        entry = f" {name} {span} -> {found['rows']:,} x {found['width']}"
+        if len(line) + len(entry) + 1 > width and line.strip():
+            out.write(line.rstrip(",") + "\n")
+            line = " "
+        line += entry + ","
+    out.write(line.rstrip(",") + "\n")
+    read = [
+        f"{name} ({found['row_groups_read']:,} of {found['row_groups']:,} row groups)"
+        for name, found in ids.items()
+        if found["row_groups_read"]
+    ]
+    if read:
+        out.write(
+            "  no statistics in the footers, so read to find the ids: " + ", ".join(read) + "\n"
+        )
 
 
 def inspect(args: argparse.Namespace, out: TextIO) -> int:
@@ -666,33 +659,100 @@ def inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 # -- bench ------------------------------------------------------------------------------
 
+FRAMEWORKS = {
+    "none": "tabloader.Loader (numpy arrays per column)",
+    "torch": "TorchAsyncItr through DLDataLoader (torch tensors)",
+    "tensorflow": "KerasSequenceLoader, as model.fit reads it (TensorFlow tensors)",
+}
+"""What ``bench --framework`` times, in the words its report uses."""
+
 
 def _names(values: Sequence[str] | None) -> list[str]:
     return [n for v in values or () for n in v.split(",") if n]
 
 
+def _pairs(text: str, what: str) -> dict[str, str]:
+    """``"a=1,b=2"`` as ``{"a": "1", "b": "2"}``."""
+    found = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise InvalidArgumentError(f"{what} takes NAME=VALUE pairs, got {part!r}")
+        found[name.strip()] = value.strip()
+    return found
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{what} must be a number, got {text!r}") from None
+
+
+def _fill_null(text: str | None) -> float | dict[str, float] | None:
+    """``--fill-null``: one number for every column, or ``NAME=VALUE,...``."""
+    if text is None:
+        return None
+    if "=" not in text:
+        return _number(text, "--fill-null")
+    return {k: _number(v, f"--fill-null {k}") for k, v in _pairs(text, "--fill-null").items()}
+
+
+def _sparse_max(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    found = {}
+    for name, value in _pairs(text, "--sparse-max").items():
+        try:
+            found[name] = int(value)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"--sparse-max {name} must be an integer, got {value!r}"
+            ) from None
+    return found
+
+
+def bench_columns(args: argparse.Namespace, dataset: Dataset | None) -> dict[str, list[str]]:
+    """The columns ``bench`` loads: ``--cats``/``--conts``/``--labels``; or ``--columns``,
+    each given the use ``inspect`` suggests for its type and name; or, with neither, every
+    column ``inspect`` suggests."""
+    given = {kind: _names(getattr(args, kind)) for kind in ("cats", "conts", "labels")}
+    chosen = _names(getattr(args, "columns", None))
+    if any(given.values()) or dataset is None:
+        if chosen:
+            raise InvalidArgumentError("give --columns or --cats/--conts/--labels, not both")
+        return given
+    schema = dataset.schema
+    if chosen:
+        missing = [n for n in chosen if schema.get_field_index(n) < 0]
+        if missing:
+            dataset.column_types(missing)  # the error naming the closest column
+        schema = pa.schema([schema.field(n) for n in chosen])
+    found = suggest_columns(schema)
+    if chosen:
+        left_out = [n for n in chosen if not any(n in names for names in found.values())]
+        if left_out:
+            raise ColumnTypeError(
+                f"--columns {','.join(left_out)}: not numeric, so not loadable; leave "
+                f"{'it' if len(left_out) == 1 else 'them'} out, or encode as numbers first"
+            )
+    return found
+
+
 def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterable[Any], Loader]:
     """The iterable to time, and the core loader whose statistics describe it."""
     dataset = Dataset(args.path)
+    device = getattr(args, "device", None)
     if args.framework == "torch":
         from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-        torch_dataset = TorchAsyncItr(dataset, **options)
+        torch_dataset = TorchAsyncItr(dataset, device=device, **options)
         torch_loader = DLDataLoader(torch_dataset, batch_size=None, collate_fn=lambda x: x)
         return torch_loader, torch_dataset.loader
     if args.framework == "tensorflow":
         from tabloader.tensorflow import KerasSequenceLoader
 
-        keras_loader = KerasSequenceLoader(
-            dataset,
-            batch_size=options["batch_size"],
-            cat_names=options["cats"],
-            cont_names=options["conts"],
-            label_names=options["labels"],
-            shuffle=options["shuffle"],
-            shuffle_within_batch=options["shuffle_within_batch"],
-            seed=options["seed"],
-        )
+        keras_loader = KerasSequenceLoader(dataset, device=device, **options)
 
         def items() -> Iterable[Any]:
             for i in range(len(keras_loader)):
@@ -700,7 +760,7 @@ def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterabl
             keras_loader.on_epoch_end()
 
         return _Repeatable(items), keras_loader.loader
-    loader = Loader(dataset, **options)
+    loader = Loader(dataset, device=device, **options)
     return loader, loader
 
 
@@ -712,20 +772,63 @@ class _Repeatable:
         return iter(self.make())
 
 
-def _loader_options(args: argparse.Namespace) -> dict[str, Any]:
+def _loader_options(args: argparse.Namespace, dataset: Dataset | None = None) -> dict[str, Any]:
+    """The loader keywords the command line gives (columns: see `bench_columns`)."""
+    shuffle: bool | str = "global" if args.shuffle == "global" else args.shuffle == "true"
     return {
-        "cats": _names(args.cats),
-        "conts": _names(args.conts),
-        "labels": _names(args.labels),
+        **bench_columns(args, dataset),
         "batch_size": args.batch_size,
-        "shuffle": args.shuffle,
+        "shuffle": shuffle,
         "shuffle_within_batch": not args.stored_order,
         "seed": args.seed,
+        "fill_null": _fill_null(args.fill_null),
+        "cache": None if args.cache == "none" else args.cache,
+        "cache_dir": args.cache_dir,
+        "cache_max_bytes": args.cache_max_bytes,
+        "sparse_names": _names(args.sparse) or None,
+        "sparse_max": _sparse_max(args.sparse_max),
+        "sparse_as_dense": args.sparse_as_dense,
+        "drop_last": args.drop_last,
+        "prefetch": args.prefetch,
+        "chunk_rows": args.chunk_rows,
+        "parts_per_chunk": args.parts_per_chunk,
+        "global_rank": args.rank,
+        "global_size": args.ranks,
+        "cat_dtype": args.cat_dtype,
+        "cont_dtype": args.cont_dtype,
+        "label_dtype": args.label_dtype,
     }
 
 
+def _what_was_measured(args: argparse.Namespace, loader: Loader, rows: int) -> str:
+    kinds = {"cats": len(loader.cats), "conts": len(loader.conts), "labels": len(loader.labels)}
+    columns = ", ".join(f"{n} {k[:-1] if n == 1 else k}" for k, n in kinds.items() if n)
+    shuffle = "global" if loader.global_shuffle else "on" if loader.shuffle else "off"
+    if loader.shuffle and not loader.shuffle_within_batch:
+        shuffle += " (rows in stored order within a batch)"
+    cache = getattr(loader.cache, "mode", None) if loader.cache is not None else None
+    return (
+        f"measured: {FRAMEWORKS[args.framework]} on {loader.device}; "
+        f"{_count(args.epochs, 'epoch')} of {rows:,} rows "
+        f"(rank {loader.global_rank} of {loader.global_size}) in batches of "
+        f"{loader.batch_size:,}; {columns}; shuffle {shuffle}; cache {cache or 'none'}"
+        + (f"; --fill-null {args.fill_null}" if args.fill_null is not None else "")
+    )
+
+
 def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    iterable, loader = _batches(args, _loader_options(args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the loader says the same when it is built
+        dataset = Dataset(args.path)
+    options = _loader_options(args, dataset)
+    if not any(_names(getattr(args, kind)) for kind in ("cats", "conts", "labels", "columns")):
+        flags = " ".join(
+            f"--{k} {','.join(v)}"
+            for k, v in options.items()
+            if k in ("cats", "conts", "labels") and v
+        )
+        err.write(f"tabloader: loading the suggested columns: {flags or 'none'}\n")
+    iterable, loader = _batches(args, options)
     if args.framework == "torch":
         import torch
 
@@ -737,6 +840,7 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         loader.dataset.num_rows, global_rank=loader.global_rank, global_size=loader.global_size
     )
     epoch_rows = min(hi - lo, batches * args.batch_size)
+    out.write(_what_was_measured(args, loader, epoch_rows) + "\n")
     started = time.perf_counter()
     for epoch in range(args.epochs):
         epoch_started = time.perf_counter()
@@ -749,13 +853,60 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     stats = loader.stats()
     rows = stats.rows if stats.rows else epoch_rows * args.epochs
     out.write(
-        f"{rows / elapsed:,.0f} rows/s, {stats.batches / elapsed:,.1f} batches/s "
-        f"({args.framework})\n"
+        f"throughput: {rows / elapsed:,.0f} rows/s, {stats.batches / elapsed:,.1f} batches/s "
+        f"over the {_count(args.epochs, 'epoch')}, end to end\n"
         f"background: read {stats.read_seconds:.2f}s, assemble {stats.assemble_seconds:.2f}s, "
-        f"shuffle and slice {stats.batch_seconds:.2f}s\n"
+        f"shuffle and slice {stats.batch_seconds:.2f}s"
+        + (f"; {stats.cache_epochs} epoch(s) from the cache" if stats.cache_epochs else "")
+        + "\n"
         f"waiting for data: {stats.wait_seconds:.2f}s of {stats.consume_seconds:.2f}s "
         f"({stats.input_bound_fraction:.0%} input-bound)\n"
     )
+    return 0
+
+
+# -- convert ----------------------------------------------------------------------------
+
+
+def convert_files(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from tabloader.convert import convert
+
+    result = convert(
+        args.src,
+        args.dest,
+        format=args.format,
+        header=args.header,
+        names=_names([args.names]) if args.names else None,
+        delimiter=args.delimiter,
+        schema=args.schema,
+        split=args.split,
+        seed=args.seed,
+        row_group_rows=args.row_group_rows,
+        rows_per_file=args.rows_per_file,
+        overwrite=args.overwrite,
+        progress=None if args.quiet else err,
+    )
+    rows_out = sum(result.rows_out.values())
+    out.write(
+        f"converted {_count(len(result.inputs), 'file')}: {result.rows_in:,} rows in, "
+        f"{rows_out:,} rows out\n"
+    )
+    for name, files in result.files.items():
+        where = os.path.join(args.dest, name) if name else args.dest
+        out.write(
+            f"  {(name or 'rows') + ':':<8} {result.rows_out[name]:>12,} rows in "
+            f"{_count(len(files), 'file')} -> {where}\n"
+        )
+    by_type: dict[str, list[str]] = {}
+    for field in result.schema:
+        by_type.setdefault(str(field.type), []).append(field.name)
+    out.write(
+        "schema: " + "; ".join(f"{t} {compact_names(n)}" for t, n in by_type.items()) + "\n"
+        f"row groups of up to {result.row_group_rows:,} rows\n"
+    )
+    first = next(iter(result.files))
+    target = os.path.join(args.dest, first) if first else args.dest
+    out.write(f"next: tabloader inspect {target}\n")
     return 0
 
 
@@ -763,10 +914,12 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 _EXAMPLES = """\
 examples:
-  tabloader inspect 'data/train/*.parquet'           check the files before training
-  tabloader inspect data/train --ranks 8 --json      the same, for a script
-  tabloader bench data/train --cats C1,C2 --conts I1 --labels label --epochs 2
-  tabloader bench data/train --cats C1 --labels label --framework torch
+  tabloader convert raw/*.csv data --split valid=0.1  your files as parquet, split
+  tabloader inspect data/train                         check the files before training
+  tabloader inspect data/train --ranks 8 --json        the same, for a script
+  tabloader bench data/train --fill-null 0 --epochs 2  time epochs of the suggested columns
+  tabloader bench data/train --cats C1,C2 --conts I1 --labels label --framework torch
+  tabloader selftest --device cuda                     check the install
 """
 _INSPECT_EXAMPLES = """\
 examples:
@@ -777,16 +930,43 @@ examples:
   tabloader inspect data/events --filter 'day<23'    a Delta table, partitions selected
   tabloader inspect wh/db/events --version 4         an Iceberg table, one snapshot
 
-The columns checked are --cats/--conts/--labels, or the suggested ones. Exit status: 0
-when nothing would make training fail, 1 when something would (files whose schemas
-disagree on those columns; columns missing, not numeric or holding nulls; no rows), 2
-when the files cannot be found or read at all.
+The columns checked are --cats/--conts/--labels, or the suggested ones. For each
+categorical column it shows the ids' range and an embedding table for them, from the
+footer statistics (a column whose footers have none is read, and the report says so).
+Exit status: 0 when nothing would make training fail, 1 when something would (files
+whose schemas conflict on those columns; columns missing, not numeric or holding nulls;
+no rows), 2 when the files cannot be found or read at all.
 """
 _BENCH_EXAMPLES = """\
 examples:
-  tabloader bench data/train --cats C1,C2 --conts I1,I2 --labels label
-  tabloader bench data/train --cats C1 --labels label --batch-size 8192 --epochs 3
-  tabloader bench data/train --cats C1 --labels label --framework torch --stored-order
+  tabloader bench data/train                         the suggested columns, one epoch
+  tabloader bench data/train --fill-null 0 --epochs 3 --batch-size 8192
+  tabloader bench data/train --cats C1,C2 --conts I1,I2 --labels label --framework torch
+  tabloader bench data/train --columns C1,I1,label --shuffle global --cache memory
+  tabloader bench data/train --sparse genres --device cuda
+
+It prints what it measured (adapter, device, epochs, rows, batch size, shuffle, cache),
+each epoch's time, rows/s and batches/s end to end, and where the time went: the
+loader's background work (read, assemble, shuffle and slice) and the time the loop
+waited for data.
+"""
+_CONVERT_EXAMPLES = """\
+examples:
+  tabloader convert clicks.csv data                   one CSV with a header
+  tabloader convert 'raw/day_*.tsv.gz' data --no-header --names label,I1,I2,C1
+  tabloader convert events.jsonl data --split valid=0.1,test=0.1 --seed 7
+  tabloader convert old/*.parquet data --schema user=int32,price=float64
+
+Every file gets one schema: integers int64, floating point (or mixed) float32, text
+stays text, or the --schema types. With --split, each row goes to a split by a seeded
+hash of its values (DEST/train/, DEST/valid/, ...). It checks that rows in = rows out.
+"""
+_SELFTEST_DESCRIPTION = """\
+Check this install on generated data (with nulls, NaN and infinities): every row once
+per epoch with the requested dtypes; on a GPU, batches bit-identical to the CPU's; the
+PyTorch and Keras adapters when installed; memory flat over epochs; and throughput
+against the decode limit. Prints PASS, FAIL or SKIP per check; exit status 0 when
+nothing failed, 1 when a check failed, 2 when the device cannot be used here.
 """
 
 
@@ -796,22 +976,110 @@ def _version() -> str:
     return __version__
 
 
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=88)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and every option's default at the end of its help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or "default" in text
+            or action.default is argparse.SUPPRESS
+            or isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+        ):
+            return text
+        default = action.default
+        if default is None:
+            shown = "none"
+        elif default is True or default is False:
+            shown = "on" if default else "off"
+        elif isinstance(default, int) and not isinstance(default, bool):
+            shown = f"{default:_}" if default >= 100_000 else str(default)
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    formatter = argparse.RawDescriptionHelpFormatter
+    formatter = _HelpFormatter
     parser = argparse.ArgumentParser(
         prog="tabloader",
-        description=__doc__.splitlines()[0],
+        description=_wrap(
+            "Convert tabular data to parquet, check it before training, and time how fast it loads."
+        ),
         epilog=_EXAMPLES,
         formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"tabloader {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser(
+        "convert",
+        help="CSV, TSV, JSON lines or parquet files to loader-ready parquet, split if asked",
+        description=_wrap(
+            "Convert files to parquet the loader reads fast: one schema for every file, row "
+            "groups sized for the loader, train/valid splits by a seeded hash of each row, "
+            "rows in = rows out."
+        ),
+        epilog=_CONVERT_EXAMPLES,
+        formatter_class=formatter,
+    )
+    p.add_argument("src", nargs="+", metavar="SRC", help="input files, directories or globs")
+    p.add_argument("dest", metavar="DEST", help="output directory (new or empty)")
+    p.add_argument(
+        "--format",
+        choices=["csv", "tsv", "json", "parquet"],
+        help="the input format (default: from each file's suffix, else its first bytes)",
+    )
+    p.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether CSV/TSV files start with a header line (default: detected: a first "
+        "line holding no number is a header)",
+    )
+    p.add_argument(
+        "--names",
+        help="column names for CSV/TSV, comma separated: of files without a header, or "
+        "replacing the header (default: the header, else f0, f1, ...)",
+    )
+    p.add_argument("--delimiter", help="CSV field separator (default: ',', and a tab for TSV)")
+    p.add_argument(
+        "--schema",
+        help="types of some columns, NAME=TYPE,... (int32, int64, float32, float64, bool, "
+        "string, ...) or a parquet file whose schema to take (default: ints as int64, "
+        "floats as float32, text as string)",
+    )
+    p.add_argument(
+        "--split",
+        help="NAME=FRACTION,...: write each split to DEST/NAME by a seeded hash of each row; "
+        "train gets the rest (default: no split, DEST/part-*.parquet)",
+    )
+    p.add_argument("--seed", type=_non_negative, default=0, help="seed of the split's hash")
+    p.add_argument(
+        "--row-group-rows",
+        type=_positive,
+        help="rows per row group (default: 131,072, fewer for rows wider than 512 bytes)",
+    )
+    p.add_argument("--rows-per-file", type=_positive, help="rows per file (default: 16 row groups)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the parquet files already in DEST"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = commands.add_parser(
         "inspect",
-        help="preflight: schemas, unsupported columns, nulls, row groups, rows per rank",
-        description="Report everything about the files that would make training fail or "
-        "crawl, from the parquet footers alone.",
+        help="preflight: schemas, unsupported columns, nulls, row groups, ids, rows per rank",
+        description=_wrap(
+            "Report everything about the files that would make training fail or crawl, from "
+            "the parquet footers alone."
+        ),
         epilog=_INSPECT_EXAMPLES,
         formatter_class=formatter,
     )
@@ -837,40 +1105,138 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ranks", type=_positive, default=1, help="ranks the data will be split across")
     p.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch per rank")
-    _column_flags(p, "to check (default: the suggested ones)")
+    _column_flags(p, "to check", "the suggested ones")
     p.add_argument("--max-files", type=_positive, default=5, help="files to list per schema")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = commands.add_parser(
         "bench",
-        help="time full epochs and say where the time goes",
+        help="time full epochs on your data and say where the time goes",
+        description=_wrap(
+            "Time full epochs of a loader on your data, with the loader's keywords as flags, "
+            "and say what was measured and where the time went."
+        ),
         epilog=_BENCH_EXAMPLES,
         formatter_class=formatter,
     )
     p.add_argument("path", nargs="+", help="files, directories, globs or URLs")
-    _column_flags(p, "to load")
-    p.add_argument("--batch-size", type=_positive, default=65_536)
-    p.add_argument("--epochs", type=_positive, default=1)
-    p.add_argument("--no-shuffle", dest="shuffle", action="store_false")
-    p.add_argument(
+    group = p.add_argument_group("what to load")
+    _column_flags(group, "to load", "without these or --columns, the suggested ones")
+    group.add_argument(
+        "--columns",
+        action="append",
+        help="columns to load, comma separated, each as a cat, cont or label by its type and "
+        "name as inspect suggests (default: see --cats)",
+    )
+    group.add_argument(
+        "--fill-null",
+        metavar="VALUE|NAME=VALUE,...",
+        help="replace nulls: one number for every column, or per column (default: none, "
+        "nulls are an error)",
+    )
+    group.add_argument(
+        "--sparse", action="append", help="list (multi-hot) columns, comma separated"
+    )
+    group.add_argument(
+        "--sparse-max", metavar="NAME=N,...", help="most values per row of each list column"
+    )
+    group.add_argument(
+        "--sparse-as-dense",
+        action="store_true",
+        help="deliver list columns padded to --sparse-max values",
+    )
+    group.add_argument("--cat-dtype", default="int64", help="dtype of categorical columns")
+    group.add_argument("--cont-dtype", default="float32", help="dtype of continuous columns")
+    group.add_argument("--label-dtype", default="float32", help="dtype of label columns")
+    group = p.add_argument_group("how to batch and shuffle")
+    group.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch")
+    group.add_argument("--epochs", type=_positive, default=1, help="epochs to time")
+    group.add_argument(
+        "--shuffle",
+        choices=["true", "false", "global"],
+        default="true",
+        help="true: row groups in a new order and rows mixed within chunks every epoch; "
+        "global: all rows mixed (needs --cache)",
+    )
+    group.add_argument(
+        "--no-shuffle",
+        dest="shuffle",
+        action="store_const",
+        const="false",
+        help="the same as --shuffle false (default: off)",
+    )
+    group.add_argument(
         "--stored-order",
         action="store_true",
         help="shuffled batches keep their rows in stored order (shuffle_within_batch=False)",
     )
-    p.add_argument("--seed", type=_non_negative, default=0)
-    p.add_argument("--framework", choices=["none", "torch", "tensorflow"], default="none")
-    p = commands.add_parser(
-        "selftest", help="check the install on generated data: parity, adapters, memory, speed"
+    group.add_argument("--seed", type=_non_negative, default=0, help="seed of the shuffle")
+    group.add_argument("--drop-last", action="store_true", help="drop a short last batch")
+    group.add_argument(
+        "--chunk-rows",
+        type=_positive,
+        help="most rows read and shuffled together (default: chunks of 128 MiB)",
     )
-    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
-    p.add_argument("--rows", type=int, default=200_000, help="rows of generated data")
+    group.add_argument(
+        "--parts-per-chunk",
+        type=_positive,
+        help="row groups read and shuffled together, instead of --chunk-rows",
+    )
+    group.add_argument("--prefetch", type=_positive, default=1, help="chunks decoded ahead")
+    group = p.add_argument_group("where, and how often the files are read")
+    group.add_argument(
+        "--device",
+        help="cpu, cuda or cuda:N (default: $TABLOADER_DEVICE, else the GPU when cudf and "
+        "cupy can use one, else the CPU)",
+    )
+    group.add_argument(
+        "--cache",
+        choices=["none", "memory", "disk"],
+        default="none",
+        help="keep decoded rows after the first epoch, in memory or on disk (CPU only)",
+    )
+    group.add_argument(
+        "--cache-dir",
+        help="directory of disk caches (default: $TABLOADER_CACHE_DIR, else ~/.cache/tabloader)",
+    )
+    group.add_argument(
+        "--cache-max-bytes",
+        type=_positive,
+        help="largest cache to write (default: no limit "
+        "but the free disk space or half the memory)",
+    )
+    group.add_argument(
+        "--ranks", type=_positive, default=1, help="ranks the data is split across (global_size)"
+    )
+    group.add_argument(
+        "--rank", type=_non_negative, default=0, help="the rank to time (global_rank)"
+    )
+    group.add_argument(
+        "--framework",
+        choices=list(FRAMEWORKS),
+        default="none",
+        help="none: the core Loader; torch: TorchAsyncItr and DLDataLoader; tensorflow: "
+        "KerasSequenceLoader",
+    )
+
+    p = commands.add_parser(
+        "selftest",
+        help="check the install on generated data: parity, adapters, memory, speed",
+        description=_SELFTEST_DESCRIPTION,
+        formatter_class=formatter,
+    )
+    p.add_argument("--device", default=None, help="cpu or a GPU: cuda or cuda:N (default: cpu)")
+    p.add_argument("--rows", type=_positive, default=200_000, help="rows of generated data")
     return parser
 
 
-def _column_flags(parser: argparse.ArgumentParser, what: str) -> None:
+def _column_flags(parser: Any, what: str, default: str) -> None:
     for kind, meaning in (("cats", "categorical"), ("conts", "continuous"), ("labels", "label")):
         parser.add_argument(
-            f"--{kind}", action="append", help=f"{meaning} columns {what}, comma separated"
+            f"--{kind}",
+            action="append",
+            metavar="NAMES",
+            help=f"{meaning} columns {what}, comma separated (default: {default})",
         )
 
 
@@ -902,17 +1268,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tabloader.selftest import run_selftest
 
         return run_selftest(args.device, rows=args.rows)
-    if len(args.path) == 1:
+    if args.command != "convert" and len(args.path) == 1:
         args.path = args.path[0]
     try:
         if args.command == "inspect":
             code = inspect(args, sys.stdout)
+        elif args.command == "convert":
+            code = convert_files(args, sys.stdout, sys.stderr)
         else:
             code = bench(args, sys.stdout, sys.stderr)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except TabloaderError as error:
         sys.stderr.write(f"tabloader: error: {error}\n")
+        if isinstance(error, NullValuesError) and args.command == "bench":
+            sys.stderr.write(
+                "tabloader: on the command line: --fill-null NAME=VALUE,... for some columns, "
+                "or --fill-null VALUE for every column\n"
+            )
         return 2
     except ImportError as error:  # an optional framework that is not installed
         sys.stderr.write(f"tabloader: error: {error}\n")

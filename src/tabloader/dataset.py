@@ -1,7 +1,7 @@
 """Sources to partitions: which rows exist, where they live, read from parquet footers alone.
 
-A :class:`Dataset` turns what the user points at (paths, globs, directories, fsspec URLs,
-an in-memory table, a Dask DataFrame) into an ordered list of *partitions*: for parquet,
+A [`Dataset`][tabloader.Dataset] turns what the user points at (paths, globs, directories, fsspec
+URLs, an in-memory table, a Dask DataFrame) into an ordered list of *partitions*: for parquet,
 one partition per row group. Each partition knows its row count without any data being
 read; the loader plans an epoch from these counts and reads only the partitions and
 columns it needs.
@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tabloader.columns import closest_name, common_type
 from tabloader.errors import (
     ColumnNotFoundError,
     InvalidArgumentError,
@@ -56,6 +57,7 @@ from tabloader.sources.remote import (
     footer_metadata,
     merge_ranges,
 )
+from tabloader.splits import refuse_mixed_splits
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -77,7 +79,7 @@ least one row group)."""
 def small_row_groups(partition_rows: Sequence[int] | NDArray[np.int64]) -> float | None:
     """The median rows per row group if they are too small to load fast, else None.
 
-    Too small: below :data:`SMALL_ROW_GROUP_ROWS`, in a dataset of 16 row groups or more
+    Too small: below `SMALL_ROW_GROUP_ROWS`, in a dataset of 16 row groups or more
     (fewer load in no time whatever their size).
 
     Examples:
@@ -96,8 +98,9 @@ class Dataset:
     Constructing a dataset reads parquet footers only: the file list, row groups, row
     counts and schemas. No column data is read until a loader iterates.
 
-    Args:
-        source: What to load. One of
+    Args: What to read
+        source: What to load, one of:
+
             - a path to a parquet file, a directory (searched recursively for
               ``*.parquet``, ``*.parq`` and ``*.pq``), or a glob such as
               ``"data/train/*.parquet"``; directories and globs skip names that start
@@ -116,7 +119,7 @@ class Dataset:
             endpoints); see docs/remote.md for S3, GCS and Azure.
         rows_per_partition: Partition size for in-memory tables.
 
-    Partitions (see docs/tables.md):
+    Args: Partitions (see docs/tables.md)
         filters: Select whole files by partition key, in pyarrow's form:
             ``[("day", "<", 23)]`` (all terms must hold) or ``[[...], [...]]`` (any group
             must hold); operators ``=``, ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``,
@@ -127,7 +130,7 @@ class Dataset:
             is refused: rows are never dropped inside a file. Partition keys can also be
             named in a loader's ``cats``/``conts``/``labels``.
 
-    A directory that changes (see docs/data-layout.md, "A dataset that grows"):
+    Args: A directory that changes (see docs/data-layout.md, "A dataset that grows")
         refresh: List the directories and globs again at the start of every epoch
             (when a loader's ``iter()`` starts it): new complete files join, deleted
             ones leave. Files whose footer cannot be read yet (still being written) are
@@ -137,10 +140,10 @@ class Dataset:
         on_missing: ``"raise"`` (default): a file deleted or truncated during an epoch
             fails the epoch with an error naming it. ``"skip"``: its remaining rows are
             skipped, replaced by repeats of rows read just before them so every rank
-            still gets the same number of batches, counted in :attr:`rows_skipped` and
-            warned about once per file.
+            still gets the same number of batches, counted in
+            [`rows_skipped`][tabloader.Dataset.rows_skipped] and warned about once per file.
 
-    Object storage (URLs only; see docs/remote.md):
+    Args: Object storage (URLs only; see docs/remote.md)
         max_concurrent_reads: Requests in flight at most, default 16. Row groups are
             fetched this many ahead of the one being decoded, which hides the first-byte
             latency of object stores; raise it for high-latency links, lower it to hold
@@ -148,8 +151,9 @@ class Dataset:
             connection pool (``config_kwargs={"max_pool_connections": ...}``) unless
             ``storage_options`` sets it.
         retry_seconds: How long a failing request is retried (exponential backoff with
-            jitter) before the epoch fails with a :class:`~tabloader.ReadError`, default
-            60. Missing objects and denied access are not retried.
+            jitter) before the epoch fails with a
+            [`ReadError`][tabloader.errors.ReadError], default 60. Missing objects and
+            denied access are not retried.
         request_timeout: Seconds one attempt of a request may take, default 30.
 
     Examples:
@@ -478,7 +482,7 @@ class Dataset:
         """Read the given columns of one partition into an Arrow table.
 
         Errors from the storage layer or the parquet decoder are raised as
-        :class:`~tabloader.ReadError` naming the file and row group.
+        [`ReadError`][tabloader.errors.ReadError] naming the file and row group.
         """
         try:
             return self._source.read(index, list(columns))
@@ -501,7 +505,7 @@ class Dataset:
         With ``on_missing="skip"``, a piece whose file was deleted, truncated or
         rewritten since the listing is replaced by as many rows repeated from the
         pieces read before it (or after it, for the first), so the epoch keeps its
-        planned number of batches; :attr:`rows_skipped` counts them.
+        planned number of batches; [`rows_skipped`][tabloader.Dataset.rows_skipped] counts them.
         """
         results = self._read_pieces(pieces, list(columns))
         if self.on_missing == "raise":
@@ -694,11 +698,16 @@ class Dataset:
         return frames
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
-        """Arrow type of each column, checked to be present and identical in every file.
+        """Arrow type of each column, checked to be present and of one type in every file.
+
+        Files may store a column with different widths (``int32`` and ``int64``, ``float``
+        and ``double``): the type returned then holds them all (see
+        `tabloader.columns.common_type`).
 
         Raises:
             ColumnNotFoundError: a column is missing from some file.
-            SchemaMismatchError: a file stores a column with another type than the first.
+            SchemaMismatchError: files store a column with conflicting types (numbers and
+                strings, lists and scalars, integers and floating point).
         """
         types: dict[str, pa.DataType] = {}
         for k, schema in enumerate(self._source.schemas):
@@ -706,19 +715,26 @@ class Dataset:
                 index = schema.get_field_index(name)
                 if index < 0:
                     where = self._source.schema_owner(k)
+                    close = closest_name(name, schema.names)
                     raise ColumnNotFoundError(
-                        f"column {name!r} is not in {where}; available: "
-                        f"{_list_names(schema.names)}. Check the spelling, or leave it out of "
-                        "cats/conts/labels."
+                        f"column {name!r} is not in {where}"
+                        + (f" (did you mean {close!r}?)" if close else "")
+                        + f"; available: {_list_names(schema.names)}. Check the spelling, or "
+                        "leave it out of cats/conts/labels."
                     )
                 field_type = schema.field(index).type
                 if k == 0:
                     types[name] = field_type
-                elif field_type != types[name]:
+                elif (widened := common_type(types[name], field_type)) is not None:
+                    types[name] = widened  # widths differ only: one type holds both
+                else:
+                    first = self._source.schemas[0].field(name).type
                     raise SchemaMismatchError(
                         f"column {name!r} is {field_type} in {self._source.schema_owner(k)} but "
-                        f"{types[name]} in {self._source.schema_owner(0)}: every file must store "
-                        "a column with the same type; rewrite the odd files with a common schema."
+                        f"{first} in {self._source.schema_owner(0)}: files may store a column "
+                        "with other widths (int32 and int64, float and double), not with "
+                        "conflicting types. Rewrite the odd files with a common schema "
+                        "(tabloader convert writes one)."
                     )
         return types
 
@@ -743,6 +759,63 @@ class Dataset:
             )
         if start_method == "fork":
             raise InvalidArgumentError(forked_dask_message(start_method))
+
+    def cardinalities(self, columns: str | Sequence[str], *, device: Any = None) -> dict[str, int]:
+        """Rows each id column's embedding table needs: its largest id + 1 (ids start at 0).
+
+        The ids come from the parquet footers' statistics; a row group whose footer has
+        none is read, on ``device`` (as a [`Loader`][tabloader.Loader] picks it: None is
+        ``$TABLOADER_DEVICE``, else the GPU when usable). List columns count the ids
+        inside their lists. ``tabloader inspect`` shows the same figures, and which
+        columns had to be read.
+
+        Raises:
+            ColumnNotFoundError: a column is missing (the message suggests the closest).
+            ColumnTypeError: a column does not hold integer ids.
+            InvalidArgumentError: a column holds negative ids.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> ds = tabloader.Dataset(pa.table({"user": [3, 0, 7], "item": [1, 1, 2]}))
+            >>> ds.cardinalities(["user", "item"])
+            {'user': 8, 'item': 3}
+        """
+        from tabloader.columns import id_ranges
+
+        ranges = id_ranges(self, columns, device=device)
+        return {name: found.cardinality for name, found in ranges.items()}
+
+    def embedding_sizes(
+        self,
+        columns: str | Sequence[str],
+        *,
+        device: Any = None,
+        min_dim: int = 16,
+        max_dim: int = 512,
+    ) -> dict[str, tuple[int, int]]:
+        """``{column: (rows, width)}`` for an embedding table per id column.
+
+        ``rows`` is [`cardinalities`][tabloader.Dataset.cardinalities]' figure; ``width`` follows
+        fastai's rule of thumb ``round(1.6 * rows ** 0.56)``, kept within ``[min_dim, max_dim]``, as
+        NVTabular's ``get_embedding_sizes`` does.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> ds = tabloader.Dataset(pa.table({"user": [3, 0, 999]}))
+            >>> ds.embedding_sizes(["user"])
+            {'user': (1000, 77)}
+            >>> import torch  # doctest: +SKIP
+            >>> tables = {name: torch.nn.Embedding(rows, width)  # doctest: +SKIP
+            ...           for name, (rows, width) in ds.embedding_sizes(["user"]).items()}
+        """
+        from tabloader.columns import embedding_dim
+
+        min_dim = int_at_least(min_dim, 1, "min_dim")
+        max_dim = int_at_least(max_dim, min_dim, "max_dim")
+        return {
+            name: (rows, embedding_dim(rows, min_dim=min_dim, max_dim=max_dim))
+            for name, rows in self.cardinalities(columns, device=device).items()
+        }
 
     def null_partitions(self, column: str) -> NDArray[np.int8]:
         """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
@@ -1162,6 +1235,7 @@ class _ParquetSource(_Source):
                 f"the directory {spec!r} holds no parquet files (looked for "
                 f"{', '.join('*' + s for s in PARQUET_SUFFIXES)}); pass the files explicitly"
             )
+        refuse_mixed_splits(spec, base, found)
         return sorted(found)
 
     def _display(self, path: str) -> str:
@@ -1208,7 +1282,8 @@ class _ParquetSource(_Source):
 
     def _read_footers(self, files: list[str], *, skip_unreadable: bool) -> list[Any]:
         """Each file's (stamp, size, metadata, footer bytes), or, with
-        ``skip_unreadable``, the :class:`InvalidFileError` that reading it raised."""
+        ``skip_unreadable``, the [`InvalidFileError`][tabloader.errors.InvalidFileError] that
+        reading it raised."""
 
         def read(path: str) -> Any:
             try:

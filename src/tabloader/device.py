@@ -3,10 +3,9 @@
 A loader given ``device=None`` picks the GPU when the GPU backend can run and the CPU
 otherwise; ``"cuda"`` without an index means the current CUDA device of the calling
 thread (as ``torch.device("cuda")`` does). That decision is made here, once, when the
-:class:`~tabloader.Loader` is built, and kept as :attr:`Loader.device
-<tabloader.Loader.device>`. The PyTorch and Keras adapters take the device from their
-loader and never decide again, so the tensors they build always sit where the loader's
-arrays are.
+[`Loader`][tabloader.Loader] is built, and kept as [`Loader.device`][tabloader.Loader.device]. The
+PyTorch and Keras adapters take the device from their loader and never decide again, so the tensors
+they build always sit where the loader's arrays are.
 
 Examples:
     >>> resolve_device("cpu"), str(resolve_device("cpu"))
@@ -66,7 +65,7 @@ def parse_device(spec: object) -> tuple[str, int | None]:
     """Normalise a device spec to ``("cpu", 0)`` or ``("cuda", index or None)``.
 
     Accepts ``"cpu"``, ``"cuda"``, ``"gpu"``, ``"cuda:N"``, an int ``N``, a
-    :class:`Device`, or anything with ``type`` and ``index`` attributes (a
+    `Device`, or anything with ``type`` and ``index`` attributes (a
     ``torch.device``). ``None`` for the index means "the current CUDA device".
     """
     if isinstance(spec, Device):
@@ -115,9 +114,9 @@ def default_device_spec() -> str:
 
 
 def resolve_device(spec: Any = None) -> Device:
-    """The :class:`Device` a spec names, with ``None`` and a bare ``"cuda"`` made concrete.
+    """The `Device` a spec names, with ``None`` and a bare ``"cuda"`` made concrete.
 
-    ``None`` is :func:`default_device_spec`; a CUDA spec without an index is the calling
+    ``None`` is `default_device_spec`; a CUDA spec without an index is the calling
     thread's current CUDA device (the one ``torch.cuda.set_device(local_rank)`` chose).
     A CUDA device is checked to exist (this imports cupy and cudf).
     """

@@ -1,10 +1,10 @@
 """Epochs handed out one ``iter()`` at a time, with seeds, worker shares and resuming.
 
 The bookkeeping behind iterable-style adapters (PyTorch's ``IterableDataset``),
-framework-agnostic: :class:`Epochs` keeps which epoch the next iteration delivers, the
+framework-agnostic: `Epochs` keeps which epoch the next iteration delivers, the
 seed of each epoch (a fixed seed, or ``seed_fn`` called once per epoch), where a resumed
 run continues, and which worker process share a saved position belongs to;
-:class:`EpochRun` is one epoch (or one worker's share of it) in progress, stateful in
+`EpochRun` is one epoch (or one worker's share of it) in progress, stateful in
 torchdata's sense (``state_dict``/``load_state_dict``). The adapter only converts the
 batches (the loader's ``transform``) and speaks its framework's protocol.
 
@@ -67,8 +67,8 @@ class EpochRun:
     """One epoch (or one worker's share of it) in progress; ``len()`` is the batches still
     to come.
 
-    :meth:`state_dict` says where it stands (the epoch, its seed and the batches handed
-    out, in this process or worker); :meth:`load_state_dict` makes it continue a saved
+    `state_dict` says where it stands (the epoch, its seed and the batches handed
+    out, in this process or worker); `load_state_dict` makes it continue a saved
     one instead. ``receive``, if given, is applied to each batch as it is handed out.
     """
 
@@ -98,7 +98,8 @@ class EpochRun:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands (see :meth:`tabloader.Loader.state_dict`)."""
+        """Where this epoch stands (see
+        [`tabloader.Loader.state_dict`][tabloader.Loader.state_dict])."""
         return self._epochs.loader.epoch_state(
             self.position.epoch,
             self.position.batches,
@@ -137,13 +138,13 @@ class EpochRun:
 
 
 class Epochs:
-    """A loader's epochs, one per :meth:`start`: the epoch counter, each epoch's seed,
+    """A loader's epochs, one per `start`: the epoch counter, each epoch's seed,
     resuming, and the epochs of worker processes that each hold a copy.
 
     Args:
-        loader: The core loader; its ``epoch`` is the epoch the next :meth:`start`
+        loader: The core loader; its ``epoch`` is the epoch the next `start`
             delivers.
-        seed_fn: Called once per epoch (in :meth:`prepare`) for that epoch's seed;
+        seed_fn: Called once per epoch (in `prepare`) for that epoch's seed;
             None: the loader's seed.
         seed_given: Whether the user fixed the seed; a saved state's seed is adopted
             only when not.
@@ -167,11 +168,11 @@ class Epochs:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next :meth:`start` delivers."""
+        """The epoch the next `start` delivers."""
         return self.loader.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next :meth:`start` deliver epoch ``epoch``."""
+        """Make the next `start` deliver epoch ``epoch``."""
         self.loader.set_epoch(epoch)
         self.epoch_seed = None
         self.epoch_set = True
@@ -199,11 +200,11 @@ class Epochs:
         *,
         in_worker: bool = False,
     ) -> EpochRun:
-        """Start the next epoch (a resumed one where :meth:`load_state_dict` said), or
+        """Start the next epoch (a resumed one where `load_state_dict` said), or
         worker ``worker``'s share of it, and advance.
 
         ``in_worker``: this runs in a worker process's copy. Unless the training process
-        hands it each epoch (:meth:`hand_to_workers`) or the epoch was set, every epoch
+        hands it each epoch (`hand_to_workers`) or the epoch was set, every epoch
         would repeat the same one, and a warning says so.
         """
         if in_worker and not self.managed and not self.epoch_set:
@@ -297,7 +298,7 @@ class Epochs:
     def load_state_dict(
         self, state: Mapping[str, Any], worker: int = 0, num_workers: int = 1
     ) -> None:
-        """Make the next :meth:`start` continue from ``state`` (from :meth:`state_dict`)."""
+        """Make the next `start` continue from ``state`` (from `state_dict`)."""
         epoch, batches, _ = self.check_state(state, worker, num_workers)
         self.resume = EpochPosition(epoch, batches)
         self.resume_for = (worker, num_workers)
@@ -333,11 +334,11 @@ class IterableEpochs:
     core: the loader built from the user's options, its columns and batch counts, the
     epochs and their seeds, resuming, and the copies worker processes make.
 
-    The adapter calls :meth:`_start_epochs` with the loader options and implements
-    :meth:`_make_loader` (the core loader with the adapter's ``transform``), which also
+    The adapter calls `_start_epochs` with the loader options and implements
+    `_make_loader` (the core loader with the adapter's ``transform``), which also
     rebuilds the loader in a worker process's copy; attributes listed in
-    ``_rebuilt`` are left out of the copy because :meth:`_make_loader` makes them anew.
-    :meth:`_worker` says which worker process share of an epoch this process serves.
+    ``_rebuilt`` are left out of the copy because `_make_loader` makes them anew.
+    `_worker` says which worker process share of an epoch this process serves.
     """
 
     _rebuilt: tuple[str, ...] = ()
@@ -366,7 +367,7 @@ class IterableEpochs:
 
     @property
     def loader(self) -> Loader:
-        """The core :class:`~tabloader.Loader` (``loader.stats()`` counts what this
+        """The core [`Loader`][tabloader.Loader] (``loader.stats()`` counts what this
         process iterated; worker processes keep their own)."""
         return self._loader
 
@@ -417,10 +418,11 @@ class IterableEpochs:
         return self._epochs.state_dict(*self._worker())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next ``iter()`` continue from ``state`` (from :meth:`state_dict`).
+        """Make the next ``iter()`` continue from ``state`` (from `state_dict`).
 
-        Raises :class:`tabloader.InvalidArgumentError` naming what differs when the
-        dataset or the options that decide the order are not those of the saved run.
+        Raises [`tabloader.InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming what
+        differs when the dataset or the options that decide the order are not those of the saved
+        run.
         """
         self._epochs.load_state_dict(state, *self._worker())
 

@@ -1,15 +1,16 @@
 """The exceptions and warnings tabloader raises.
 
-Every error a user can provoke derives from :class:`TabloaderError` and from the
-builtin exception that fits, so ``except FileNotFoundError`` keeps working::
+Every error a user can provoke derives from
+[`TabloaderError`][tabloader.errors.TabloaderError] and from the builtin exception that
+fits, so ``except FileNotFoundError`` keeps working.
 
-    Examples:
-        >>> import tabloader
-        >>> try:
-        ...     tabloader.Dataset("no/such/dir/*.parquet")
-        ... except tabloader.SourceNotFoundError as err:
-        ...     print(type(err).__mro__[2].__name__)
-        FileNotFoundError
+Examples:
+    >>> import tabloader
+    >>> try:
+    ...     tabloader.Dataset("no/such/dir/*.parquet")
+    ... except tabloader.SourceNotFoundError as err:
+    ...     print(type(err).__mro__[2].__name__)
+    FileNotFoundError
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Keras' ``PyDataset`` asks for batches by index (``dataset[i]``), in any order, and
 fetches the first two batches of an epoch to inspect them before the epoch proper. The
-core :class:`~tabloader.Loader` streams an epoch's batches in one fixed order.
-:class:`IndexedEpochs` joins the two: each index of ``range(len())`` is served once per
+core [`Loader`][tabloader.Loader] streams an epoch's batches in one fixed order.
+`IndexedEpochs` joins the two: each index of ``range(len())`` is served once per
 epoch with the epoch's batches in stream order, whatever the order of the indices; the
-epoch's first :data:`HEAD_BATCHES` batches are kept for replay; once every index was
-served, the next request (or :meth:`IndexedEpochs.on_epoch_end`) starts the next epoch.
+epoch's first `HEAD_BATCHES` batches are kept for replay; once every index was
+served, the next request (or `IndexedEpochs.on_epoch_end`) starts the next epoch.
 It knows nothing of any framework: the loader's ``transform`` makes the tensors.
 
 Examples:
@@ -45,16 +45,17 @@ class IndexedEpochs:
     ``batch(i)`` for ``i`` in ``range(len(self))`` serves the epoch's batches in the
     order the loader streams them, whatever the order of the indices. Asking again for
     an index already served in the current epoch returns the same batch: instantly for
-    the epoch's first :data:`HEAD_BATCHES` batches, otherwise by reading the epoch again
-    up to it (with a :class:`~tabloader.PerformanceWarning`). An epoch left unfinished is
-    continued by requests for new indices and served again from its start by requests
-    for old ones. :meth:`on_epoch_begin` and :meth:`on_epoch_end` mark the framework's
+    the epoch's first `HEAD_BATCHES` batches, otherwise by reading the epoch again
+    up to it (with a [`PerformanceWarning`][tabloader.errors.PerformanceWarning]). An epoch left
+    unfinished is continued by requests for new indices and served again from its start by requests
+    for old ones. `on_epoch_begin` and `on_epoch_end` mark the framework's
     epoch boundaries: requests between two of them are one go at the epoch. Thread-safe.
     """
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
-        """The core :class:`tabloader.Loader` (its ``stats()``, ``seed``, ``plan()``)."""
+        """The core [`tabloader.Loader`][tabloader.Loader] (its ``stats()``, ``seed``,
+        ``plan()``)."""
         self._num_batches = len(loader)  # of the epoch being served
         self._start = 0  # batches of that epoch delivered before a resume
         self._lock = threading.RLock()
@@ -76,7 +77,7 @@ class IndexedEpochs:
         return self.batch(index, stacklevel=2)
 
     def __iter__(self) -> Iterator[Any]:
-        """One epoch: :meth:`on_epoch_begin`, every batch in order, :meth:`on_epoch_end`."""
+        """One epoch: `on_epoch_begin`, every batch in order, `on_epoch_end`."""
         self.on_epoch_begin()
         for i in range(len(self)):
             yield self[i]
@@ -148,7 +149,8 @@ class IndexedEpochs:
 
         Mid-epoch it points at the next batch of the epoch being served (batches
         handed to Keras count, those read ahead do not); after an epoch's last batch,
-        at the start of the next epoch. See :meth:`tabloader.Loader.state_dict`.
+        at the start of the next epoch. See
+        [`tabloader.Loader.state_dict`][tabloader.Loader.state_dict].
         """
         with self._lock:
             served = len(self._used)
@@ -157,19 +159,22 @@ class IndexedEpochs:
             return self.loader.epoch_state(self._epoch, self._start + served)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`): the rest of the saved epoch
+        """Continue from ``state`` (from `state_dict`): the rest of the saved epoch
         comes next, bit-identical to the run that saved it, then the later epochs.
 
         Until that epoch ends, ``len()`` is the number of its batches still to come.
         Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
-        with one call and run the later ones with another::
+        with one call and run the later ones with another:
 
-            loader.load_state_dict(state)
-            model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
-            model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
+        ```python
+        loader.load_state_dict(state)
+        model.fit(loader, initial_epoch=state["epoch"], epochs=state["epoch"] + 1)
+        model.fit(loader, initial_epoch=state["epoch"] + 1, epochs=total_epochs)
+        ```
 
         A state from a different dataset or different options raises
-        :class:`tabloader.InvalidArgumentError` naming what differs.
+        [`tabloader.InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming what
+        differs.
         """
         epoch, batches, seed = self.loader.check_state(state)
         full = len(self.loader)

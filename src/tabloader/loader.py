@@ -73,13 +73,15 @@ BATCH_QUEUE_DEPTH = 4
 
 
 class LoaderOptions(TypedDict, total=False):
-    """The :class:`Loader` keywords the framework adapters take and pass on unchanged.
+    """The [`Loader`][tabloader.Loader] keywords the framework adapters take and pass on.
 
     ``TorchAsyncItr`` and ``KerasSequenceLoader`` accept every one of these
-    (``**options``), with the meaning :class:`Loader` documents; they document only
-    the keywords of their own. Also a type for options kept in a config::
+    (``**options``), with the meaning [`Loader`][tabloader.Loader] documents; they
+    document only the keywords of their own. Also a type for options kept in a config:
 
-        options: LoaderOptions = {"cats": ["user"], "shuffle": True, "seed": 0}
+    ```python
+    options: LoaderOptions = {"cats": ["user"], "shuffle": True, "seed": 0}
+    ```
     """
 
     cats: str | Sequence[str] | None
@@ -111,10 +113,10 @@ class LoaderOptions(TypedDict, total=False):
 
 
 LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
-"""The names of :class:`LoaderOptions`, for checking an adapter's keywords."""
+"""The names of [`LoaderOptions`][tabloader.LoaderOptions], for checking an adapter's keywords."""
 
 STATE_FORMAT = 1
-"""Version of the dict :meth:`Loader.state_dict` returns."""
+"""Version of the dict [`Loader.state_dict`][tabloader.Loader.state_dict] returns."""
 # The keys of a saved state: where the epoch stands, and what must match to resume it.
 STATE_FORMAT_KEY = "format"
 STATE_EPOCH = "epoch"
@@ -130,8 +132,8 @@ STATE_OPTIONS = "options"
 class EpochPosition:
     """How far one epoch got: batches handed to the consumer, and whether it ended.
 
-    Shared between a :class:`BatchIterator` and its loader, so the loader can say where
-    the epoch stands even after the iterator is gone.
+    Shared between a [`BatchIterator`][tabloader.BatchIterator] and its loader, so the loader can
+    say where the epoch stands even after the iterator is gone.
     """
 
     epoch: int
@@ -147,9 +149,9 @@ class Loader:
     reads and decodes the next chunk of row groups while the current one is shuffled and
     cut, so reading overlaps training.
 
-    What to read:
-        dataset: A :class:`Dataset`, or anything :class:`Dataset` accepts (paths, globs,
-            URLs, a table, a DataFrame).
+    Args: What to read
+        dataset: A [`Dataset`][tabloader.Dataset], or anything [`Dataset`][tabloader.Dataset]
+            accepts (paths, globs, URLs, a table, a DataFrame).
         cats: Categorical columns (integer ids), delivered as ``cat_dtype`` (int64).
         conts: Continuous columns, delivered as ``cont_dtype`` (float32).
         labels: Target columns, delivered as ``label_dtype`` (float32).
@@ -158,13 +160,15 @@ class Loader:
             ``TypeError`` naming the closest known one.
         fill_null: Value replacing nulls: one number for every column, or a mapping from
             column name to number. Without it, a null in a requested column raises
-            :class:`NullValuesError` (at construction when the parquet footers tell).
+            [`NullValuesError`][tabloader.errors.NullValuesError] (at construction when the parquet
+            footers tell).
 
-    How to batch:
+    Args: How to batch
         batch_size: Rows per batch.
         drop_last: Drop the epoch's last batch if it is short. A rank with fewer rows
             than a batch then gets no batch at all: ``len(loader) == 0``, epochs are empty,
-            and an :class:`EmptyEpochWarning` says so once (torch's convention).
+            and an [`EmptyEpochWarning`][tabloader.errors.EmptyEpochWarning] says so once (torch's
+            convention).
         layout: ``"columns"`` (default) delivers ``{column: 1-D array}``; ``"stacked"``
             delivers ``{"cats": [B, n_cats], "conts": [B, n_conts], "labels": [B, n_labels]}``
             (groups with no columns are left out), ready for frameworks that take one
@@ -172,7 +176,7 @@ class Loader:
         transform: Called on every batch in the background thread; its result is what the
             iterator yields. The place to build framework tensors.
 
-    List (multi-hot) columns:
+    Args: List (multi-hot) columns
         sparse_names: Columns of lists (parquet ``list<...>``), NVTabular's name. A name
             may also be listed in ``cats`` or ``conts`` (which decides the values' dtype);
             otherwise it counts as a categorical column. A list column is delivered as
@@ -184,12 +188,13 @@ class Loader:
             with the same batches for a seed.
         sparse_as_dense: Deliver list columns as ``[B, sparse_max[name]]`` arrays instead,
             each row's values then ``sparse_pad``. A list longer than its ``sparse_max``
-            raises :class:`InvalidArgumentError` (lists are never truncated).
+            raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] (lists are never
+            truncated).
         sparse_max: ``{name: most values per row}``; required for every list column with
             ``sparse_as_dense``.
         sparse_pad: The pad value of dense list columns (default 0).
 
-    How to shuffle:
+    Args: How to shuffle
         shuffle: ``True``: visit partitions in a new random order every epoch and permute
             rows within each chunk. ``"global"``: permute all of the rank's rows every
             epoch (needs ``cache``). Default ``False``: stored order.
@@ -208,7 +213,7 @@ class Loader:
             holds at most about ``prefetch + 2`` chunks.
         prefetch: Chunks decoded ahead of the one being cut into batches.
 
-    Caching:
+    Args: Caching
         cache: ``None`` (default) decodes the files every epoch. ``"memory"`` or
             ``"disk"``: the first epoch also keeps the rank's decoded rows (cast, nulls
             filled) in RAM or in memory-mapped files, and later epochs read only those,
@@ -218,9 +223,10 @@ class Loader:
             ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``.
         cache_max_bytes: Largest cache to write. A cache that would be bigger, or would
             not fit in the free disk space (or half the available memory), is not
-            written: a :class:`CacheWarning` says so once and every epoch streams.
+            written: a [`CacheWarning`][tabloader.errors.CacheWarning] says so once and
+            every epoch streams.
 
-    Distributed:
+    Args: Distributed
         global_rank, global_size: This process's rank and the number of ranks (default,
             or None: 0 and 1). Every rank
             gets ``len(dataset) // global_size`` rows and the same number of batches; the
@@ -610,7 +616,7 @@ class Loader:
         return self.num_batches()
 
     def plan(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> EpochPlan:
-        """The epoch plan this loader follows (see :mod:`tabloader.plan`)."""
+        """The epoch plan this loader follows (see [`tabloader.plan`][tabloader.plan])."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
         plan_for: Callable[..., EpochPlan] = plan_epoch
@@ -638,7 +644,8 @@ class Loader:
     def __iter__(self) -> BatchIterator:
         """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one.
 
-        After :meth:`load_state_dict`, the first ``iter()`` continues the saved epoch.
+        After [`load_state_dict`][tabloader.Loader.load_state_dict], the first ``iter()`` continues
+        the saved epoch.
         """
         epoch, start = self.epoch, 0
         if self._resume is not None:
@@ -739,13 +746,13 @@ class Loader:
         return self.epoch_state(position.epoch, position.batches)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`): the next ``iter()`` delivers
-        the rest of the saved epoch, bit-identical to the run that saved it, and later
-        epochs follow as they would have.
+        """Continue from ``state`` (from [`state_dict`][tabloader.Loader.state_dict]): the next
+        ``iter()`` delivers the rest of the saved epoch, bit-identical to the run that saved it, and
+        later epochs follow as they would have.
 
         The dataset, columns and order-deciding options must be those of the saved run;
-        otherwise :class:`InvalidArgumentError` names what differs. A loader created
-        without ``seed`` takes the saved one.
+        otherwise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] names what
+        differs. A loader created without ``seed`` takes the saved one.
         """
         epoch, batches, seed = self.check_state(state, adopt_seed=not self._seed_given)
         self.seed = seed
@@ -761,8 +768,9 @@ class Loader:
         worker: int = 0,
         num_workers: int = 1,
     ) -> dict[str, Any]:
-        """The state of ``batches`` batches delivered in ``epoch`` (see :meth:`state_dict`);
-        the building block of the framework adapters' ``state_dict``."""
+        """The state of ``batches`` batches delivered in ``epoch`` (see
+        [`state_dict`][tabloader.Loader.state_dict]); the building block of the framework
+        adapters' ``state_dict``."""
         return {
             STATE_FORMAT_KEY: STATE_FORMAT,
             STATE_EPOCH: int(epoch),
@@ -784,9 +792,9 @@ class Loader:
     ) -> tuple[int, int, int]:
         """``(epoch, batches, seed)`` of a saved state, checked against this loader.
 
-        Raises :class:`InvalidArgumentError` naming the saved and the current value of
-        whatever differs. With ``adopt_seed`` a different seed is taken, not refused
-        (default: when this loader was created without ``seed``).
+        Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming the saved and
+        the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
+        refused (default: when this loader was created without ``seed``).
         """
         if adopt_seed is None:
             adopt_seed = not self._seed_given
@@ -870,12 +878,14 @@ class Loader:
         }
 
     def stats(self) -> LoaderStats:
-        """Counters and timings since the loader was created (see :class:`LoaderStats`)."""
+        """Counters and timings since the loader was created (see
+        [`LoaderStats`][tabloader.LoaderStats])."""
         return dataclasses.replace(self._stats.snapshot(), rows_skipped=self.dataset.rows_skipped)
 
     def refresh(self, epoch: int) -> None:
         """List a ``refresh=True`` dataset again for ``epoch`` (once per epoch number) and
-        check the files that joined; ``len()`` and :meth:`plan` then describe that epoch.
+        check the files that joined; ``len()`` and [`plan`][tabloader.Loader.plan] then describe
+        that epoch.
 
         ``iter()`` calls it; call it before to know the next epoch's ``len()`` (on every
         rank: under torch.distributed, rank 0's listing is broadcast).

@@ -3,7 +3,7 @@
 64-byte aligned buffers, and handing Arrow's cached memory back when an epoch ends.
 
 Rows per chunk from a fraction of *free* GPU memory (the GPU backend's sizing) are
-:func:`tabloader.backends.gpu.chunk_rows_for_fraction`; :func:`chunk_rows_for` sizes
+`tabloader.backends.gpu.chunk_rows_for_fraction`; `chunk_rows_for` sizes
 chunks from a fraction of *total* memory, as NVTabular's ``buffer_size`` does.
 """
 
@@ -206,7 +206,7 @@ def aligned_columns(
     With ``share`` a host column that already is one (every column of a shuffled batch,
     gathered into pooled aligned memory) is returned as it is; the others (read-only
     views of Arrow memory, views off a 64-byte boundary, device arrays) are copied into
-    the rows of one :func:`aligned_rows` block per dtype, allocated by ``xp``.
+    the rows of one `aligned_rows` block per dtype, allocated by ``xp``.
 
     Examples:
         >>> batch = {"a": np.arange(3), "b": np.arange(4.0)[1:]}

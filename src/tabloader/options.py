@@ -127,7 +127,7 @@ def reject_unknown(
 
 
 def keywords_of(function: Callable[..., Any]) -> list[str]:
-    """The keyword arguments ``function`` takes by name (for :func:`reject_unknown`)."""
+    """The keyword arguments ``function`` takes by name (for `reject_unknown`)."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [
         name

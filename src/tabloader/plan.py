@@ -31,9 +31,9 @@ How an epoch is laid out:
    not see) is not, and the CPU backend writes each batch's rows sequentially.
 7. **Resume.** A worker that already delivered ``k`` batches of an epoch continues at
    row ``k * batch_size`` of its stream (every delivered batch but the epoch's last is
-   full). :meth:`EpochPlan.resume` keeps the chunks from the one holding that row on,
-   each with its original permutation key, and names the rows of that chunk's delivery
-   order to drop; earlier chunks are never read.
+   full). [`EpochPlan.resume`][tabloader.plan.EpochPlan.resume] keeps the chunks from the one
+   holding that row on, each with its original permutation key, and names the rows of that chunk's
+   delivery order to drop; earlier chunks are never read.
 """
 
 from __future__ import annotations
@@ -247,7 +247,8 @@ class EpochPlan:
             (otherwise in stored order).
         shuffle, seed, epoch, rank, worker: The key of the chunk permutations.
         first_chunk: Index in the whole epoch of this plan's first chunk (non-zero
-            for a resumed plan, see :meth:`resume`); part of the permutation key.
+            for a resumed plan, see [`resume`][tabloader.plan.EpochPlan.resume]); part of the
+            permutation key.
         rows_skipped: Rows of the worker's stream before this plan's first chunk.
         drop_rows: Rows at the start of the first chunk's delivery order that were
             delivered before a resume: the loader drops them before cutting batches.
@@ -314,7 +315,7 @@ class EpochPlan:
 
         A random permutation; with ``shuffle_within_batch=False``, rows dealt into
         batches at random but kept in stored order within each (see
-        :func:`deal_into_batches`).
+        [`deal_into_batches`][tabloader.plan.deal_into_batches]).
         """
         if not self.shuffle:
             return None
@@ -331,7 +332,8 @@ class EpochPlan:
     def deal(self, chunk: int, order: NDArray[np.int64]) -> NDArray[np.int64]:
         """Chunk ``chunk``'s delivery ``order`` with each batch's rows in stored order.
 
-        Every batch holds the same rows as in ``order`` (see :func:`deal_into_batches`).
+        Every batch holds the same rows as in ``order`` (see
+        [`deal_into_batches`][tabloader.plan.deal_into_batches]).
         """
         return deal_into_batches(
             inverse_permutation(order),
@@ -343,7 +345,7 @@ class EpochPlan:
         """The rest of this plan once ``batches_done`` of its batches were delivered.
 
         Chunks wholly before the resume point are left out (never read); the chunk
-        holding it keeps its permutation, and :attr:`drop_rows` says how many rows of
+        holding it keeps its permutation, and `drop_rows` says how many rows of
         its delivery order to drop. The batches the resumed plan yields are exactly
         this plan's batches from ``batches_done`` on.
 
@@ -506,15 +508,15 @@ def plan_cached_epoch(
     """Plan one epoch of a loader with a decoded cache: every rank keeps a fixed share.
 
     The other keywords (``batch_size``, ``seed``, ``epoch``, ``worker``, ...) are
-    :func:`plan_epoch`'s.
+    [`plan_epoch`][tabloader.plan.plan_epoch]'s.
 
     A cache holds one rank's rows, so with a cache a rank's rows must not change from
-    epoch to epoch. Each rank owns its :func:`fixed_share` (``N // W`` rows, so batch
-    counts stay equal) and shuffling permutes within it: the share's pieces play the
-    role of the partitions in :func:`plan_epoch` (visited in a new order every epoch,
-    grouped into chunks, rows permuted within each chunk). ``shuffle="global"`` makes
+    epoch to epoch. Each rank owns its [`fixed_share`][tabloader.plan.fixed_share] (``N // W`` rows,
+    so batch counts stay equal) and shuffling permutes within it: the share's pieces play the
+    role of the partitions in [`plan_epoch`][tabloader.plan.plan_epoch] (visited in a new order
+    every epoch, grouped into chunks, rows permuted within each chunk). ``shuffle="global"`` makes
     the worker's whole range one chunk, so its rows are permuted all together. With
-    one rank (or without shuffling) the plan is exactly :func:`plan_epoch`'s.
+    one rank (or without shuffling) the plan is exactly [`plan_epoch`][tabloader.plan.plan_epoch]'s.
 
     The plan names real partitions and rows, so it can be streamed from the files (the
     epoch that fills the cache) or served from the cache.

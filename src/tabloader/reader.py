@@ -1,6 +1,6 @@
 """Background prefetch: run a producer in a thread, hand its items over a bounded queue.
 
-:class:`Prefetcher` is tabloader's threading primitive (:class:`SplitWork` runs the
+`Prefetcher` is tabloader's threading primitive (`SplitWork` runs the
 independent jobs of one step on a few threads at once). The loader chains two:
 a reader that decodes the next chunks while the batcher shuffles and cuts the current
 one into batches, which wait in a short queue for the training loop. Decoding (pyarrow)
@@ -13,10 +13,10 @@ Guarantees:
   hundred megabytes) memory holds the consumer's item and ``depth`` more, not one more
   finished item parked while the next is made.
 - An exception in the producer is re-raised in the consumer, with its traceback.
-- :meth:`Prefetcher.close` (also run when the prefetcher is garbage-collected) stops the
+- `Prefetcher.close` (also run when the prefetcher is garbage-collected) stops the
   thread at its next step: a producer waiting for a free slot wakes within
   ``_POLL_SECONDS``; one busy reading finishes that read first.
-- The thread holds no reference to the :class:`Prefetcher`, so dropping the last
+- The thread holds no reference to the `Prefetcher`, so dropping the last
   reference (``break`` out of a ``for`` loop) collects it and stops the thread.
 """
 
@@ -199,8 +199,8 @@ class SplitWork:
 
     The jobs of one call are grouped by weight into one group per thread; the caller
     runs its group, then waits for the others', so every job has ended when
-    :meth:`run` returns or raises (the first error of any group is raised in the
-    caller). Helper threads start on first use and end at :meth:`close`.
+    `run` returns or raises (the first error of any group is raised in the
+    caller). Helper threads start on first use and end at `close`.
 
     Examples:
         >>> done = []
@@ -237,7 +237,7 @@ class SplitWork:
             raise errors[0]
 
     def shares(self, rows: int) -> list[slice]:
-        """``rows`` rows cut into at most :attr:`threads` contiguous shares of nearly
+        """``rows`` rows cut into at most `threads` contiguous shares of nearly
         equal size, for jobs that each take a share of a piece's rows.
 
         Examples:

@@ -1,7 +1,7 @@
 """Loader statistics: cheap counters, always on.
 
 Each counter is written by exactly one thread (the reader, the batcher or the consumer),
-so no lock is needed; :meth:`StatsRecorder.snapshot` reads them all at once.
+so no lock is needed; `StatsRecorder.snapshot` reads them all at once.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ class LoaderStats:
 
 
 class StatsRecorder:
-    """Mutable counterpart of :class:`LoaderStats`, shared by a loader's iterators."""
+    """Mutable counterpart of [`LoaderStats`][tabloader.LoaderStats], shared by a loader's
+    iterators."""
 
     def __init__(self) -> None:
         for f in fields(LoaderStats):

@@ -30,8 +30,11 @@ if TYPE_CHECKING:
 __all__ = ["CARDINALITIES", "CATS", "CONTS", "LABELS", "criteo_like_table", "write_criteo_like"]
 
 CONTS = [f"I{i}" for i in range(1, 14)]
+"""The 13 continuous columns, ``I1``..``I13`` (float32)."""
 CATS = [f"C{i}" for i in range(1, 27)]
+"""The 26 categorical columns, ``C1``..``C26`` (int64 ids)."""
 LABELS = ["label"]
+"""The label column (float32, 0 or 1)."""
 
 CARDINALITIES = dict(
     zip(

@@ -1,10 +1,13 @@
-"""Keras adapter: :class:`KerasSequenceLoader`, a ``keras.utils.PyDataset`` of ``tf.Tensor``
-batches for ``model.fit``, ``evaluate`` and ``predict``, built in the loader's background
-thread; :class:`KerasSequenceValidater`, a callback adding ``val_*`` figures to each epoch.
+"""Keras adapter: [`KerasSequenceLoader`][tabloader.tensorflow.KerasSequenceLoader], a
+``keras.utils.PyDataset`` of ``tf.Tensor`` batches for ``model.fit``, ``evaluate`` and ``predict``,
+built in the loader's background thread;
+[`KerasSequenceValidater`][tabloader.tensorflow.KerasSequenceValidater], a callback adding ``val_*``
+figures to each epoch.
 
-Importing this module applies ``TF_MEMORY_ALLOCATION`` (:func:`apply_memory_allocation`)
-and sets ``TF_CPP_MIN_LOG_LEVEL=2`` unless set (TensorFlow's informational C++ logs; ``0``
-shows them). ``import tabloader`` alone never imports TensorFlow.
+Importing this module applies ``TF_MEMORY_ALLOCATION``
+([`apply_memory_allocation`][tabloader.tensorflow.apply_memory_allocation]) and sets
+``TF_CPP_MIN_LOG_LEVEL=2`` unless set (TensorFlow's informational C++ logs; ``0`` shows them).
+``import tabloader`` alone never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -73,27 +76,27 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
     ``[B, sparse_max[name]]`` tensor.
 
     Args:
-        paths_or_dataset: A :class:`tabloader.Dataset`, or anything it accepts.
+        paths_or_dataset: A [`tabloader.Dataset`][tabloader.Dataset], or anything it accepts.
         batch_size: Rows per batch; only an epoch's last batch may be shorter.
         label_names: Target columns. Required (``model.fit`` cannot train without them):
             pass ``[]`` to predict on data without labels.
         feature_columns: Instead of ``cat_names``/``cont_names``, ``tf.feature_column``
             columns naming them (categorical ones, also inside embedding or indicator
             columns, as cats; numeric and bucketized sources as conts).
-        shuffle: Default True (NVTabular's), as in :class:`tabloader.Loader`.
+        shuffle: Default True (NVTabular's), as in [`tabloader.Loader`][tabloader.Loader].
         seed_fn: Alternatively to ``seed``, a function returning it, called once here.
         buffer_size: Rows read and shuffled together (a chunk): an int is rows, a float in
             (0, 1) a fraction of the device's total memory. Default: about 128 MiB.
-        device: As in :class:`tabloader.Loader`; the tensors are built there.
+        device: As in [`tabloader.Loader`][tabloader.Loader]; the tensors are built there.
         engine: ``"parquet"`` (or None), for NVTabular compatibility.
-        **options: Every other :class:`tabloader.Loader` keyword, as documented there
-            (:class:`tabloader.LoaderOptions`; ``cat_names``, ``cont_names``; ranks,
-            ``drop_last``, ``fill_null``, ``cache``, list columns). An unknown keyword
+        **options: Every other [`tabloader.Loader`][tabloader.Loader] keyword, as documented there
+            ([`tabloader.LoaderOptions`][tabloader.LoaderOptions]; ``cat_names``, ``cont_names``;
+            ranks, ``drop_last``, ``fill_null``, ``cache``, list columns). An unknown keyword
             raises ``TypeError`` naming the closest known one.
 
     Each index of ``range(len(loader))`` is served once per epoch, the epoch's batches in
     stream order whatever the order of the indices; then the next epoch starts, reshuffled
-    (:class:`tabloader.indexed.IndexedEpochs`: unfinished epochs, repeated indices).
+    (`tabloader.indexed.IndexedEpochs`: unfinished epochs, repeated indices).
 
     Examples:
         >>> import pyarrow as pa
@@ -164,9 +167,10 @@ class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
     """Evaluate on ``dataloader`` after every epoch and log ``val_*`` figures.
 
     At each epoch's end ``model.evaluate`` runs over the whole ``dataloader`` (a
-    :class:`KerasSequenceLoader`, typically unshuffled, or anything ``evaluate`` takes)
-    and each result ``name`` goes into the epoch's logs as ``val_<name>``: put this
-    callback before those that watch them (``EarlyStopping(monitor="val_auc")``).
+    [`KerasSequenceLoader`][tabloader.tensorflow.KerasSequenceLoader], typically unshuffled, or
+    anything ``evaluate`` takes) and each result ``name`` goes into the epoch's logs as
+    ``val_<name>``: put this callback before those that watch them
+    (``EarlyStopping(monitor="val_auc")``).
 
     Examples:
         >>> import keras, pyarrow as pa
@@ -199,7 +203,7 @@ class _TensorMaker:
     """The core loader's ``transform``: a batch of arrays in, ``(features, labels)`` out.
 
     Runs in the loader's background thread. Columns become tensors through DLPack as
-    :func:`~tabloader.memory.aligned_columns` hands them over: shuffled host columns
+    `aligned_columns` hands them over: shuffled host columns
     as they are, the others copied to 64-byte aligned memory (TensorFlow aborts on
     unaligned memory, and a tensor must not write into Arrow's buffers). A list column
     becomes a ``tf.RaggedTensor`` from its row splits, or a padded tensor.

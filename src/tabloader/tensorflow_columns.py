@@ -1,5 +1,6 @@
 """Column names from ``tf.feature_column`` columns, for the Keras adapter's
-``feature_columns=`` (imported by :mod:`tabloader.tensorflow` only; needs TensorFlow)."""
+``feature_columns=`` (imported by [`tabloader.tensorflow`][tabloader.tensorflow] only; needs
+TensorFlow)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""PyTorch adapter: :class:`TorchAsyncItr` yields ready ``(x_cat, x_cont, y)`` batches,
-:class:`DLDataLoader` runs it inside a ``torch.utils.data.DataLoader``.
+"""PyTorch adapter: [`TorchAsyncItr`][tabloader.torch.TorchAsyncItr] yields ready ``(x_cat, x_cont,
+y)`` batches, [`DLDataLoader`][tabloader.torch.DLDataLoader] runs it inside a
+``torch.utils.data.DataLoader``.
 
 Names and keywords are NVTabular's, so its training code runs unchanged. The core
-:class:`~tabloader.Loader` delivers ``"stacked"`` ``[B, k]`` blocks and the tensors are
+[`Loader`][tabloader.Loader] delivers ``"stacked"`` ``[B, k]`` blocks and the tensors are
 made from them without a copy, in the loader's background thread (see docs/torch.md).
 
 Examples:
@@ -74,8 +75,8 @@ def _as_tensor(array: Any) -> torch.Tensor:
 
 
 class _CudaStager:
-    """Host batches to one GPU: :meth:`send` (background thread) copies through pinned
-    memory on a side stream; :meth:`receive` (training thread) makes the training stream
+    """Host batches to one GPU: `send` (background thread) copies through pinned
+    memory on a side stream; `receive` (training thread) makes the training stream
     wait for the copy, which so overlaps the compute already queued."""
 
     def __init__(self, device: torch.device) -> None:
@@ -154,23 +155,24 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
     in-place ops never write into Arrow's buffers).
 
     Args:
-        dataset: A :class:`tabloader.Dataset` or anything it accepts.
+        dataset: A [`tabloader.Dataset`][tabloader.Dataset] or anything it accepts.
         batch_size: Rows per batch.
         device: ``None``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int or a
-            ``torch.device``, resolved once by the core (:attr:`tabloader.Loader.device`);
-            on a GPU the tensors come through DLPack.
+            ``torch.device``, resolved once by the core
+            ([`tabloader.Loader.device`][tabloader.Loader.device]); on a GPU the tensors come
+            through DLPack.
         backend: ``None`` lets ``device`` decide; ``"gpu"`` insists on cudf and cupy;
             ``"cpu"`` reads in host memory, and with a CUDA ``device`` stages each batch
             through pinned memory on a side stream (for a GPU machine without cudf).
         seed_fn: NVTabular's alternative to ``seed``: returns the seed, called once per
             epoch in the training process; it must agree on all ranks.
         global_rank, global_size: Left out, from ``torch.distributed`` when initialised.
-        **options: Every other :class:`tabloader.Loader` keyword, as documented there
-            (:class:`tabloader.LoaderOptions`). An unknown keyword raises ``TypeError``
-            naming the closest known one.
+        **options: Every other [`tabloader.Loader`][tabloader.Loader] keyword, as documented there
+            ([`tabloader.LoaderOptions`][tabloader.LoaderOptions]). An unknown keyword raises
+            ``TypeError`` naming the closest known one.
 
-    Every ``iter()`` in the training process starts epoch :attr:`epoch` and advances it;
-    :class:`DLDataLoader` does that for its worker processes.
+    Every ``iter()`` in the training process starts epoch `epoch` and advances it;
+    [`DLDataLoader`][tabloader.torch.DLDataLoader] does that for its worker processes.
 
     Examples:
         >>> import pyarrow as pa
@@ -248,8 +250,8 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
 
 
 class DLDataLoader(torch.utils.data.DataLoader[Batch]):
-    """A ``torch.utils.data.DataLoader`` for :class:`TorchAsyncItr`; ``len()`` is the
-    dataset's batches per epoch.
+    """A ``torch.utils.data.DataLoader`` for [`TorchAsyncItr`][tabloader.torch.TorchAsyncItr];
+    ``len()`` is the dataset's batches per epoch.
 
     Every ``DataLoader`` keyword works. ``batch_size`` must stay None (the dataset yields
     whole batches); ``collate_fn=lambda x: x`` yields the dataset's tuples, the default

@@ -1,8 +1,8 @@
 """Array backends: where chunks are read to and where batches live.
 
-A backend reads an epoch's chunks into row-major 2-D blocks (:meth:`Backend.read_chunks`)
+A backend reads an epoch's chunks into row-major 2-D blocks (`Backend.read_chunks`)
 and names the array namespace (``xp``: ``take``, ``concatenate``, ``empty``) that the
-shared batching code in :mod:`tabloader.batches` runs with. Everything else (planning,
+shared batching code in `tabloader.batches` runs with. Everything else (planning,
 the shuffled delivery order, batch cutting) is common to all backends, so the same
 seed gives the same batches everywhere.
 """
@@ -30,7 +30,7 @@ Piece = tuple[int, int, int]
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """What :meth:`Backend.read_chunks` reads: an epoch's plan over a dataset."""
+    """What `Backend.read_chunks` reads: an epoch's plan over a dataset."""
 
     dataset: Dataset
     plan: EpochPlan
@@ -42,7 +42,7 @@ class ReadRequest:
     chunks_ahead: int = 1
     """Chunks the reader may lay out ahead of the one being cut into batches."""
     consumer_waiting: threading.Event | None = None
-    """Set while the consumer of the chunks waits for one (see :meth:`Backend.read_chunks`)."""
+    """Set while the consumer of the chunks waits for one (see `Backend.read_chunks`)."""
 
 
 class Backend(Protocol):
@@ -64,7 +64,7 @@ class Backend(Protocol):
 
         Unshuffled, a chunk is one part per piece, its rows in stored order (zero-copy
         where the layout allows). Shuffled, it is parts that deliver the chunk's rows in
-        :meth:`EpochPlan.batch_order <tabloader.plan.EpochPlan.batch_order>`: reordered
+        [`EpochPlan.batch_order`][tabloader.plan.EpochPlan.batch_order]: reordered
         up front, or gathered batch by batch through an index.
 
         A backend whose batches are views of their chunk (the CPU's, shuffled) holds
@@ -76,7 +76,7 @@ class Backend(Protocol):
 
 
 def get_backend(device: Device) -> Backend:
-    """The backend for a resolved device (see :func:`tabloader.device.resolve_device`).
+    """The backend for a resolved device (see `tabloader.device.resolve_device`).
 
     The CPU backend never imports cudf or cupy and never touches CUDA.
     """

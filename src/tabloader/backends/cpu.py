@@ -102,7 +102,7 @@ def _map_memory(nbytes: int, used: int | None = None) -> mmap.mmap:
 
 
 def populated_empty(shape: tuple[int, ...], dtype: Any) -> NDArray[Any]:
-    """An empty array in fresh memory mapped in at once (see :func:`_map_memory`), for a
+    """An empty array in fresh memory mapped in at once (see `_map_memory`), for a
     large array filled right away, such as a decoded cache; freed with the array.
 
     Examples:
@@ -540,7 +540,7 @@ def decode_ahead(
 
     A decoder thread reads ahead, across chunk boundaries, while the caller lays out
     the previous piece: pyarrow and numpy both release the GIL. With ``lists=False``
-    every column goes through :func:`column_to_numpy`, list columns too.
+    every column goes through `column_to_numpy`, list columns too.
     """
     plan = request.plan
     pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]

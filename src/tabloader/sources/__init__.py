@@ -1,6 +1,6 @@
-"""Where rows come from: the storage behind a :class:`~tabloader.Dataset`.
+"""Where rows come from: the storage behind a [`Dataset`][tabloader.Dataset].
 
-:mod:`tabloader.sources.remote` reads parquet from object storage through fsspec: byte
+`tabloader.sources.remote` reads parquet from object storage through fsspec: byte
 ranges planned from the footers, a bounded number of requests in flight, retries with
 backoff, one filesystem object per process.
 """

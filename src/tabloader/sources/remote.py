@@ -6,11 +6,11 @@ and fails now and then. Reading a row group therefore
 - fetches only the byte ranges of the requested column chunks (planned from the footer
   read at construction; ranges closer than ``COALESCE_BYTES`` are merged), never the
   whole object;
-- runs ahead: :meth:`RemoteStore.prefetch` keeps up to ``max_concurrent_reads`` row
+- runs ahead: `RemoteStore.prefetch` keeps up to ``max_concurrent_reads`` row
   groups' requests in flight while earlier ones decode, which hides the latency;
 - retries transient failures (refused or reset connections, timeouts, 5xx, throttling)
   with exponential backoff and jitter until ``retry_seconds`` have passed, each request
-  bounded by ``request_timeout``; then raises a :class:`~tabloader.ReadError` naming the
+  bounded by ``request_timeout``; then raises a [`ReadError`][tabloader.errors.ReadError] naming the
   object, the byte range and the last cause. Missing objects and denied access are not
   retried.
 
@@ -457,5 +457,5 @@ class RangeFile(io.RawIOBase):
 
 
 def footer_metadata(footer: bytes) -> pq.FileMetaData:
-    """Parse a footer fetched by :meth:`RemoteStore.read_footer`."""
+    """Parse a footer fetched by `RemoteStore.read_footer`."""
     return pq.read_metadata(pa.BufferReader(footer))

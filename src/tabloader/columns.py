@@ -1,0 +1,369 @@
+"""What a column holds across the files of a dataset: one type, and the ids it spans.
+
+Two questions about a column that need every file, answered from the parquet footers:
+
+- **One type per column.** Files written at different times often store a column with
+  different widths (``int32`` in one, ``int64`` in another; ``float`` and ``double``).
+  Both are delivered as the loader's dtype, so the mix is accepted: `common_type`
+  is the one type all of them widen to without loss. Only real conflicts (numbers in one
+  file and strings in another, lists and scalars, integers and floats) are refused.
+- **Ids per column**, to size embedding tables: the smallest and largest id, from the
+  footer statistics of every row group (`id_ranges`). A row group whose footer
+  records no statistics is read, on the device the loader would use, and the result
+  says so.
+
+Examples:
+    >>> import pyarrow as pa
+    >>> common_type(pa.int32(), pa.int64()), common_type(pa.float32(), pa.float64())
+    (DataType(int64), DataType(double))
+    >>> common_type(pa.int64(), pa.string()) is None
+    True
+    >>> embedding_dim(1_000_000), embedding_dim(10)
+    (512, 16)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tabloader.errors import ColumnTypeError, InvalidArgumentError
+from tabloader.options import column_names
+
+if TYPE_CHECKING:
+    from tabloader.dataset import Dataset, _ParquetSource
+    from tabloader.device import Device
+
+__all__ = [
+    "IdRange",
+    "closest_name",
+    "common_type",
+    "embedding_dim",
+    "id_ranges",
+    "is_list_type",
+    "type_difference",
+    "value_type",
+]
+
+MIN_EMBEDDING_DIM = 16
+MAX_EMBEDDING_DIM = 512
+
+
+# -- one type per column ----------------------------------------------------------------
+
+
+def is_list_type(field_type: pa.DataType) -> bool:
+    """Whether ``field_type`` is a list (``list``, ``large_list`` or fixed-size)."""
+    return bool(
+        pa.types.is_list(field_type)
+        or pa.types.is_large_list(field_type)
+        or pa.types.is_fixed_size_list(field_type)
+    )
+
+
+def value_type(field_type: pa.DataType) -> pa.DataType:
+    """The type of a list's values, or ``field_type`` itself for a scalar column."""
+    if not is_list_type(field_type):
+        return field_type
+    values: pa.DataType = cast("pa.ListType[Any]", field_type).value_type
+    return values
+
+
+def common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type both ``a`` and ``b`` widen to without loss, or None for a real conflict.
+
+    Integers of any width and signedness widen to the narrowest integer that holds both
+    (``int32`` and ``uint32`` to ``int64``; ``uint64`` with a signed type to ``int64``,
+    which is what the loader delivers anyway, and a value that does not fit is an error
+    when read); floating point types to the wider one; lists to a list of the common
+    value type. Everything else must match exactly.
+
+    Examples:
+        >>> common_type(pa.int8(), pa.uint8()), common_type(pa.float16(), pa.float32())
+        (DataType(int16), DataType(float))
+        >>> common_type(pa.list_(pa.int32()), pa.large_list(pa.int64()))
+        LargeListType(large_list<item: int64>)
+        >>> common_type(pa.int64(), pa.float64()) is None  # ids and measurements
+        True
+    """
+    if a == b:
+        return a
+    if is_list_type(a) and is_list_type(b):
+        value = common_type(value_type(a), value_type(b))
+        if value is None:
+            return None
+        large = pa.types.is_large_list(a) or pa.types.is_large_list(b)
+        return pa.large_list(value) if large else pa.list_(value)
+    both_ints = pa.types.is_integer(a) and pa.types.is_integer(b)
+    both_floats = pa.types.is_floating(a) and pa.types.is_floating(b)
+    if not (both_ints or both_floats):
+        return None
+    left, right = np.dtype(a.to_pandas_dtype()), np.dtype(b.to_pandas_dtype())
+    widened = np.promote_types(left, right)
+    if both_ints and widened.kind == "f":  # uint64 with a signed type
+        widened = np.dtype(np.int64)
+    return pa.from_numpy_dtype(widened)
+
+
+def type_difference(a: pa.DataType, b: pa.DataType) -> str:
+    """How one file's type of a column relates to another's, for ``inspect``: ``"widened
+    to int64"`` or ``"conflict"``.
+
+    Examples:
+        >>> type_difference(pa.float32(), pa.float64()), type_difference(pa.int8(), pa.string())
+        ('widened to double', 'conflict')
+    """
+    common = common_type(a, b)
+    return "conflict" if common is None else f"widened to {common}"
+
+
+def closest_name(name: str, names: Iterable[str]) -> str | None:
+    """The name in ``names`` most like ``name`` (a typo, another case), or None.
+
+    Examples:
+        >>> closest_name("c1", ["label", "C1", "C2"]), closest_name("zzz", ["label"])
+        ('C1', None)
+    """
+    names = list(names)
+    by_case = [n for n in names if n.lower() == name.lower()]
+    if by_case:
+        return by_case[0]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+# -- ids per column ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdRange:
+    """The ids one column holds: the smallest and largest, and how they were found.
+
+    Attributes:
+        column: The column's name.
+        min: The smallest id, None when the column holds no value (only nulls).
+        max: The largest id, None when the column holds no value.
+        partitions: Partitions (row groups) of the dataset.
+        partitions_read: Partitions whose footer recorded no statistics for the column,
+            which were read to find their ids (all of them for in-memory sources).
+    """
+
+    column: str
+    min: int | None
+    max: int | None
+    partitions: int
+    partitions_read: int
+
+    @property
+    def cardinality(self) -> int:
+        """Rows an embedding table needs for every id: ``max + 1`` (ids start at 0), and
+        1 for a column with no values."""
+        return 1 if self.max is None else self.max + 1
+
+    @property
+    def from_footers(self) -> bool:
+        """Whether the footers alone told (no row group had to be read)."""
+        return self.partitions_read == 0
+
+
+def embedding_dim(
+    cardinality: int, *, min_dim: int = MIN_EMBEDDING_DIM, max_dim: int = MAX_EMBEDDING_DIM
+) -> int:
+    """A width for an embedding table of ``cardinality`` rows: fastai's rule of thumb
+    ``round(1.6 * cardinality ** 0.56)``, within ``[min_dim, max_dim]`` (the rule
+    NVTabular's ``get_embedding_sizes`` uses, with the same bounds).
+
+    Examples:
+        >>> [embedding_dim(n) for n in (2, 1_000, 100_000)]
+        [16, 77, 512]
+    """
+    return int(min(max(min_dim, round(1.6 * cardinality**0.56)), max_dim))
+
+
+def id_ranges(
+    dataset: Dataset, columns: str | Sequence[str], *, device: Any = None
+) -> dict[str, IdRange]:
+    """The smallest and largest id of each column, from the footer statistics.
+
+    A row group whose footer records no minimum and maximum for a column (some writers
+    leave statistics out) is read, with the backend of ``device`` (a loader's
+    ``device``: None picks it as a loader does): on the GPU, cudf reads it and cupy
+    finds the extremes. In-memory tables and Dask DataFrames have no footers and are
+    read. List columns count the ids inside the lists.
+
+    Raises:
+        ColumnNotFoundError: a column is missing from some file.
+        ColumnTypeError: a column does not hold integer ids.
+        InvalidArgumentError: a column holds negative ids, which no embedding table has.
+    """
+    from tabloader.dataset import _ParquetSource
+    from tabloader.device import resolve_device
+
+    names = column_names(columns, "columns")
+    if not names:
+        raise InvalidArgumentError("columns must name at least one column")
+    types = dataset.column_types(names)
+    for name, field_type in types.items():
+        values = value_type(field_type)
+        if not (pa.types.is_integer(values) or pa.types.is_boolean(values)):
+            raise ColumnTypeError(
+                f"column {name!r} is {field_type}; embedding sizes are for columns of integer "
+                "ids (cats). Encode it as integer ids first, or leave it out"
+            )
+    source = dataset._source
+    found: dict[str, IdRange] = {}
+    for name in names:
+        if isinstance(source, _ParquetSource):
+            ranges, unread = _footer_ranges(source, name)
+        else:
+            ranges, unread = [], list(range(dataset.num_partitions))
+        if unread:
+            resolved = resolve_device(device)
+            if resolved.is_cuda and isinstance(source, _ParquetSource):
+                ranges += _read_ranges_gpu(dataset, source, name, unread, resolved)
+            else:
+                ranges += _read_ranges_cpu(dataset, name, unread)
+        found[name] = _combine(dataset, name, ranges, len(unread))
+    return found
+
+
+# One partition's ids: (partition, smallest, largest); none for a partition without values.
+_Span = tuple[int, int, int]
+
+
+def _combine(dataset: Dataset, name: str, spans: list[_Span], read: int) -> IdRange:
+    if not spans:
+        return IdRange(name, None, None, dataset.num_partitions, read)
+    lows = [s[1] for s in spans]
+    lowest = int(np.argmin(lows))
+    if lows[lowest] < 0:
+        where = dataset.describe_partition(spans[lowest][0])
+        raise InvalidArgumentError(
+            f"column {name!r} holds negative ids (as low as {lows[lowest]}, in {where}); an "
+            "embedding table is indexed from 0. Shift the ids, or re-encode them from 0"
+        )
+    return IdRange(name, min(lows), max(s[2] for s in spans), dataset.num_partitions, read)
+
+
+def _leaf_index(schema: Any, name: str) -> int:
+    """The index of the parquet leaf column holding ``name``'s values (for a list column,
+    its one value column), or -1."""
+    for i in range(len(schema)):
+        path = schema.column(i).path
+        if path == name or path.split(".")[0] == name:
+            return i
+    return -1
+
+
+def _footer_ranges(source: _ParquetSource, name: str) -> tuple[list[_Span], list[int]]:
+    """Every partition's ids as its footer records them, and the partitions it does not."""
+    spans: list[_Span] = []
+    unread: list[int] = []
+    leaf: dict[int, int] = {}
+    for p in range(len(source.rows)):
+        f, g = int(source.part_file[p]), int(source.part_row_group[p])
+        metadata = source.metadata(f)
+        if f not in leaf:
+            leaf[f] = _leaf_index(metadata.schema, name)
+        chunk = metadata.row_group(g).column(leaf[f])
+        stats = chunk.statistics
+        if stats is not None and stats.has_min_max:
+            spans.append((p, int(cast(int, stats.min)), int(cast(int, stats.max))))
+        elif (
+            stats is not None
+            and getattr(stats, "has_null_count", True)
+            and stats.null_count == chunk.num_values
+        ):
+            continue  # only nulls: no id at all
+        else:
+            unread.append(p)
+    return spans, unread
+
+
+def _read_ranges_cpu(dataset: Dataset, name: str, partitions: list[int]) -> list[_Span]:
+    spans: list[_Span] = []
+    for p in partitions:
+        column: Any = dataset.read_partition(p, [name]).column(name)
+        if is_list_type(column.type):
+            column = pc.list_flatten(column)
+        extremes = pc.min_max(column)
+        low, high = extremes["min"].as_py(), extremes["max"].as_py()
+        if low is not None:
+            spans.append((p, int(low), int(high)))
+    return spans
+
+
+def _read_ranges_gpu(
+    dataset: Dataset, source: _ParquetSource, name: str, partitions: list[int], device: Device
+) -> list[_Span]:
+    """Read the partitions' column with cudf, one read per file, and find each partition's
+    extremes with cupy: a few numbers per partition cross to the host, never the column."""
+    import contextlib
+
+    from tabloader.backends.gpu import import_gpu
+
+    cudf, cupy, index = import_gpu(device.index)
+    lists = is_list_type(dataset.column_types([name])[name])
+    by_file: dict[int, list[int]] = {}
+    for p in partitions:
+        by_file.setdefault(int(source.part_file[p]), []).append(p)
+    spans: list[_Span] = []
+    with cupy.cuda.Device(index):
+        for f, parts in by_file.items():
+            groups = [int(source.part_row_group[p]) for p in parts]
+            with contextlib.ExitStack() as opened:
+                path: Any = source.files[f]
+                if source.filesystem is not None:
+                    path = opened.enter_context(dataset.open_row_groups(f, groups, [name]))
+                frame = cudf.read_parquet(
+                    [path], columns=[name], row_groups=[groups], use_pandas_metadata=False
+                )
+            series = frame[name]
+            lengths = [int(source.rows[p]) for p in parts]
+            if lists:  # the ids inside each partition's lists
+                counts = series.list.len().fillna(0).values
+                sums = [
+                    counts[a : a + n].sum() for a, n in zip(_starts(lengths), lengths, strict=True)
+                ]
+                lengths = [int(n) for n in cupy.asnumpy(cupy.stack(sums))]
+                series = series.list.leaves
+            spans += _device_extremes(series, parts, lengths, cupy)
+    return spans
+
+
+def _starts(lengths: list[int]) -> list[int]:
+    return [0, *np.cumsum(lengths)[:-1].tolist()] if lengths else []
+
+
+def _device_extremes(series: Any, parts: list[int], lengths: list[int], cupy: Any) -> list[_Span]:
+    """Smallest and largest non-null value of consecutive slices of a cudf column."""
+    valid = series.notnull().values
+    values = series.fillna(0).values
+    if values.dtype.kind == "b":
+        values = values.astype(np.int8)
+    info = np.iinfo(values.dtype)
+    low = cupy.where(valid, values, values.dtype.type(info.max))
+    high = cupy.where(valid, values, values.dtype.type(info.min))
+    lows, highs, seen = [], [], []
+    for start, n in zip(_starts(lengths), lengths, strict=True):
+        if not n:
+            lows.append(cupy.full((), info.max, values.dtype))
+            highs.append(cupy.full((), info.min, values.dtype))
+            seen.append(cupy.zeros((), bool))
+            continue
+        lows.append(low[start : start + n].min())
+        highs.append(high[start : start + n].max())
+        seen.append(valid[start : start + n].any())
+    if not parts:
+        return []
+    extremes = cupy.asnumpy(cupy.stack([cupy.stack(lows), cupy.stack(highs)]))
+    any_value = cupy.asnumpy(cupy.stack(seen))
+    return [
+        (p, int(extremes[0, k]), int(extremes[1, k])) for k, p in enumerate(parts) if any_value[k]
+    ]

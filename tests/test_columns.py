@@ -1,0 +1,250 @@
+"""What a column holds across files: widths that differ, ids for embedding tables, typos."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tabloader
+from tabloader.columns import common_type, embedding_dim, id_ranges, type_difference
+
+INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()]
+FLOATS = [pa.float16(), pa.float32(), pa.float64()]
+
+
+def write(path: Path, table: pa.Table, **kwargs) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, **kwargs)
+    return str(path)
+
+
+# -- widths ---------------------------------------------------------------------------------
+
+
+@given(st.sampled_from(INTS), st.sampled_from(INTS))
+def test_integers_of_any_width_widen_to_one_that_holds_both(a, b):
+    common = common_type(a, b)
+    assert common == common_type(b, a)
+    for t in (a, b):
+        info = np.iinfo(t.to_pandas_dtype())
+        values = pa.array([info.min, info.max], t)
+        assert values.cast(common).cast(t).equals(values)  # nothing lost either way
+
+
+@given(st.sampled_from(FLOATS), st.sampled_from(FLOATS))
+def test_floats_widen_to_the_wider(a, b):
+    assert common_type(a, b) == max(a, b, key=lambda t: t.bit_width)
+
+
+def test_real_conflicts_have_no_common_type():
+    assert common_type(pa.int64(), pa.string()) is None
+    assert common_type(pa.int64(), pa.float64()) is None
+    assert common_type(pa.list_(pa.int64()), pa.int64()) is None
+    assert common_type(pa.bool_(), pa.int8()) is None
+    assert common_type(pa.uint64(), pa.int32()) == pa.int64()
+    assert common_type(pa.list_(pa.int8()), pa.list_(pa.int32())) == pa.list_(pa.int32())
+    assert type_difference(pa.int32(), pa.int64()) == "widened to int64"
+    assert type_difference(pa.list_(pa.int64()), pa.int64()) == "conflict"
+
+
+@pytest.fixture
+def mixed_widths(tmp_path):
+    """Three files: cats int32/int64/uint16, conts float64/float32/float16."""
+    files = []
+    for k, (cat, cont) in enumerate(
+        [(pa.int32(), pa.float64()), (pa.int64(), pa.float32()), (pa.uint16(), pa.float16())]
+    ):
+        ids = np.arange(k * 10, k * 10 + 10)
+        table = pa.table(
+            {
+                "user": pa.array(ids, cat),
+                "x": pa.array(ids / 2, pa.float64()).cast(cont),
+                "label": pa.array(ids % 2, pa.int8()),
+            }
+        )
+        files.append(write(tmp_path / f"part-{k}.parquet", table, row_group_size=5))
+    return files
+
+
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_files_that_differ_only_in_width_load_as_one_dtype(mixed_widths, cache):
+    ds = tabloader.Dataset(mixed_widths)
+    assert ds.column_types(["user", "x"]) == {"user": pa.int64(), "x": pa.float64()}
+    loader = tabloader.Loader(
+        ds, cats=["user"], conts=["x"], labels=["label"], batch_size=7, cache=cache, device="cpu"
+    )
+    for _ in range(2):  # the second epoch from the cache, when there is one
+        batches = list(loader)
+        user = np.concatenate([b["user"] for b in batches])
+        x = np.concatenate([b["x"] for b in batches])
+        assert user.dtype == np.int64 and x.dtype == np.float32
+        assert user.tolist() == list(range(30))
+        np.testing.assert_array_equal(x, (np.arange(30) / 2).astype(np.float32))
+
+
+def test_a_real_conflict_is_refused_and_names_both_files(tmp_path):
+    a = write(tmp_path / "a.parquet", pa.table({"user": pa.array([1, 2], pa.int64())}))
+    b = write(tmp_path / "b.parquet", pa.table({"user": ["x", "y"]}))
+    with pytest.raises(tabloader.SchemaMismatchError) as info:
+        tabloader.Loader([a, b], cats=["user"], batch_size=2)
+    message = str(info.value)
+    assert "column 'user' is string in" in message and "b.parquet" in message
+    assert "int64 in" in message and "a.parquet" in message
+    assert "not with conflicting types" in message and "tabloader convert" in message
+
+
+# -- a wrong column name --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wrong", "suggested"), [("c1", "C1"), ("C27", "C2"), ("lable", "label"), ("zzzz", None)]
+)
+def test_a_wrong_column_name_suggests_the_closest(wrong, suggested):
+    table = pa.table({"label": [0.0], "C1": [1], "C2": [2], "I1": [0.5]})
+    with pytest.raises(tabloader.ColumnNotFoundError) as info:
+        tabloader.Loader(table, cats=[wrong], batch_size=1)
+    message = str(info.value)
+    assert f"column {wrong!r} is not in the in-memory table" in message
+    if suggested:
+        assert f"(did you mean {suggested!r}?); available: label, C1, C2, I1" in message
+    else:
+        assert "did you mean" not in message
+
+
+# -- ids and embedding sizes ------------------------------------------------------------------
+
+
+@pytest.fixture
+def ids_dir(tmp_path):
+    """Two files of ids: ``user`` 0..99 (nulls in the second file), ``item`` 5..49, ``tags``
+    lists of ids up to 300; row groups of 25 rows."""
+    rng = np.random.default_rng(0)
+    users = rng.permutation(100)
+    items = np.concatenate([[5, 49], rng.integers(5, 50, 98)])
+    tags = [[int(t) for t in rng.integers(0, 300, k)] for k in rng.integers(0, 4, 100)]
+    tags[7] = [300]
+    for k in range(2):
+        rows = slice(k * 50, k * 50 + 50)
+        user = pa.array(users[rows], pa.int32() if k else pa.int64())
+        if k:
+            user = pa.array(
+                [None if i % 10 == 0 else int(u) for i, u in enumerate(users[rows])], pa.int32()
+            )
+        table = pa.table(
+            {
+                "user": user,
+                "item": pa.array(items[rows], pa.int16()),
+                "tags": pa.array(tags[rows], pa.list_(pa.int64())),
+                "x": rng.random(50),
+            }
+        )
+        write(tmp_path / f"part-{k}.parquet", table, row_group_size=25)
+    return tmp_path, users, items, tags
+
+
+def expected(users, items, tags):
+    users = [int(u) for i, u in enumerate(users) if not (i >= 50 and (i - 50) % 10 == 0)]
+    return {"user": max(users) + 1, "item": int(items.max()) + 1, "tags": 301}
+
+
+def test_cardinalities_come_from_the_footers(ids_dir):
+    root, users, items, tags = ids_dir
+    ds = tabloader.Dataset(str(root))
+    assert ds.cardinalities(["user", "item", "tags"]) == expected(users, items, tags)
+    ranges = id_ranges(ds, ["user", "item"])
+    assert ranges["item"].min == 5 and ranges["item"].max == 49
+    assert ranges["user"].from_footers and ranges["user"].partitions == 4
+    assert ds.cardinalities("item") == {"item": 50}
+
+
+def test_row_groups_without_statistics_are_read_and_said_so(ids_dir, tmp_path):
+    root, users, items, tags = ids_dir
+    bare = tmp_path / "bare"
+    for path in sorted(root.glob("*.parquet")):
+        table = pq.read_table(path)
+        # the second file keeps statistics for item only
+        stats = ["item"] if path.name.endswith("1.parquet") else False
+        write(bare / path.name, table, row_group_size=25, write_statistics=stats)
+    ds = tabloader.Dataset(str(bare))
+    assert ds.cardinalities(["user", "item", "tags"]) == expected(users, items, tags)
+    ranges = id_ranges(ds, ["user", "item"])
+    assert ranges["user"].partitions_read == 4 and not ranges["user"].from_footers
+    assert ranges["item"].partitions_read == 2
+
+
+def test_embedding_sizes_follow_the_rule_within_bounds(ids_dir):
+    root, users, items, tags = ids_dir
+    ds = tabloader.Dataset(str(root))
+    sizes = ds.embedding_sizes(["user", "tags"])
+    want = expected(users, items, tags)
+    assert sizes == {
+        "user": (want["user"], embedding_dim(want["user"])),
+        "tags": (301, round(1.6 * 301**0.56)),
+    }
+    assert sizes["user"][1] == 21  # round(1.6 * 100 ** 0.56)
+    assert ds.embedding_sizes("item") == {"item": (50, 16)}  # 14 below the lower bound
+    assert ds.embedding_sizes("tags", min_dim=4, max_dim=8) == {"tags": (301, 8)}
+    with pytest.raises(tabloader.InvalidArgumentError, match="max_dim must be an integer >= 4"):
+        ds.embedding_sizes("tags", min_dim=4, max_dim=2)
+
+
+@given(st.integers(1, 10**9))
+def test_the_embedding_width_is_monotone_and_bounded(n):
+    assert 16 <= embedding_dim(n) <= 512
+    assert embedding_dim(n) <= embedding_dim(n + 1)
+
+
+def test_ids_of_in_memory_tables_are_read():
+    table = pa.table({"user": pa.array([4, None, 2], pa.int64()), "none": pa.nulls(3, pa.int8())})
+    ds = tabloader.Dataset(table, rows_per_partition=2)
+    ranges = id_ranges(ds, ["user", "none"])
+    assert (ranges["user"].min, ranges["user"].max, ranges["user"].partitions_read) == (2, 4, 2)
+    assert ranges["none"].max is None and ranges["none"].cardinality == 1
+
+
+def test_columns_that_are_not_ids_are_refused(tmp_path):
+    ds = tabloader.Dataset(pa.table({"x": [0.5], "name": ["a"], "neg": [-3], "C1": [1]}))
+    with pytest.raises(tabloader.ColumnTypeError, match="column 'x' is double; embedding sizes"):
+        ds.cardinalities(["x"])
+    with pytest.raises(tabloader.ColumnTypeError, match="column 'name' is string"):
+        ds.embedding_sizes(["name"])
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"negative ids \(as low as -3, in"):
+        ds.cardinalities(["neg"])
+    with pytest.raises(tabloader.ColumnNotFoundError, match=r"did you mean 'C1'\?"):
+        ds.cardinalities(["c1"])
+
+
+@pytest.mark.gpu
+def test_cardinalities_on_the_gpu_read_with_cudf_and_cupy(ids_dir, tmp_path):
+    root, users, items, tags = ids_dir
+    bare = tmp_path / "bare"
+    for path in sorted(root.glob("*.parquet")):
+        write(bare / path.name, pq.read_table(path), row_group_size=25, write_statistics=False)
+    want = expected(users, items, tags)
+    for source in (root, bare):
+        ds = tabloader.Dataset(str(source))
+        assert ds.cardinalities(["user", "item", "tags"], device="cuda") == want
+    ranges = id_ranges(tabloader.Dataset(str(bare)), ["user", "tags"], device="cuda")
+    assert ranges["user"].partitions_read == 4 and ranges["user"].min == int(
+        min(u for i, u in enumerate(users) if not (i >= 50 and (i - 50) % 10 == 0))
+    )
+    assert ranges["tags"].partitions_read == 4 and ranges["tags"].max == 300
+
+
+@pytest.mark.gpu
+def test_files_that_differ_only_in_width_load_on_the_gpu(mixed_widths):
+    loader = tabloader.Loader(
+        mixed_widths, cats=["user"], conts=["x"], batch_size=7, chunk_rows=20, device="cuda"
+    )
+    batches = list(loader)
+    user = np.concatenate([b["user"].get() for b in batches])
+    x = np.concatenate([b["x"].get() for b in batches])
+    assert user.dtype == np.int64 and x.dtype == np.float32
+    assert user.tolist() == list(range(30))
+    np.testing.assert_array_equal(x, (np.arange(30) / 2).astype(np.float32))

@@ -1,0 +1,323 @@
+"""tabloader.convert: CSV, TSV, JSON lines and parquet in; one schema, sized row groups,
+seeded splits and rows in = rows out."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tabloader
+from tabloader import convert as convert_module
+from tabloader.convert import (
+    column_hashes,
+    convert,
+    parse_schema,
+    parse_split,
+    row_group_rows_for,
+    row_hashes,
+    split_rows,
+)
+
+pytestmark = pytest.mark.smoke
+
+
+def write_csv(path: Path, rows: list[list[object]], header: list[str] | None, sep: str = ","):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [] if header is None else [sep.join(header)]
+    lines += [sep.join("" if v is None else str(v) for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def sample_rows(n: int, seed: int = 0) -> list[list[object]]:
+    """``user`` int, ``price`` float with nulls, ``city`` text, ``label`` 0/1."""
+    rng = np.random.default_rng(seed)
+    return [
+        [
+            int(rng.integers(0, 500)),
+            None if rng.random() < 0.1 else round(float(rng.exponential(3)), 3),
+            f"city{int(rng.integers(0, 5))}",
+            int(rng.random() < 0.3),
+        ]
+        for _ in range(n)
+    ]
+
+
+HEADER = ["user", "price", "city", "label"]
+
+
+def read(directory: Path) -> pa.Table:
+    return pq.read_table(sorted(str(p) for p in directory.glob("*.parquet")))
+
+
+def test_a_csv_with_a_header_becomes_typed_parquet(tmp_path):
+    rows = sample_rows(1_000)
+    src = write_csv(tmp_path / "clicks.csv", rows, HEADER)
+    result = convert(src, tmp_path / "out")
+    assert result.rows_in == 1_000 and result.rows_out == {"": 1_000}
+    table = read(tmp_path / "out")
+    assert table.schema == pa.schema(
+        [
+            ("user", pa.int64()),
+            ("price", pa.float32()),
+            ("city", pa.string()),
+            ("label", pa.int64()),
+        ]
+    )
+    assert table.column("user").to_pylist() == [r[0] for r in rows]
+    expected_price = [None if r[1] is None else np.float32(r[1]) for r in rows]
+    assert table.column("price").to_pylist() == expected_price  # empty fields are nulls
+    assert table.column("city").to_pylist() == [r[2] for r in rows]
+    # the loader reads it, and the nulls are where the footers say
+    ds = tabloader.Dataset(str(tmp_path / "out"))
+    assert ds.null_partitions("price").tolist() == [1]
+
+
+def test_headerless_tsv_gets_names_or_numbered_columns(tmp_path):
+    rows = [[1, 0.5, 7], [0, 1.5, 9]]
+    src = write_csv(tmp_path / "day_0.tsv", rows, None, sep="\t")
+    convert(src, tmp_path / "numbered")  # a first line of numbers is data, not a header
+    assert read(tmp_path / "numbered").column_names == ["f0", "f1", "f2"]
+    convert(src, tmp_path / "named", names=["label", "I1", "C1"])
+    table = read(tmp_path / "named")
+    assert table.to_pydict() == {"label": [1, 0], "I1": [0.5, 1.5], "C1": [7, 9]}
+    with pytest.raises(tabloader.InvalidArgumentError, match="2 names given, but the first line"):
+        convert(src, tmp_path / "bad", names=["a", "b"])
+
+
+def test_names_replace_a_header_and_header_can_be_forced(tmp_path):
+    src = write_csv(tmp_path / "a.csv", [["x", "y"], ["z", "w"]], ["p", "q"])
+    convert(src, tmp_path / "renamed", names=["first", "second"])
+    assert read(tmp_path / "renamed").to_pydict() == {"first": ["x", "z"], "second": ["y", "w"]}
+    convert(src, tmp_path / "no-header", header=False)
+    assert read(tmp_path / "no-header").column("f0").to_pylist() == ["p", "x", "z"]
+
+
+def test_json_lines_and_compressed_csv(tmp_path):
+    records = [{"user": i, "score": i / 2, "tag": f"t{i % 3}"} for i in range(50)]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    convert(str(tmp_path / "events.jsonl"), tmp_path / "json")
+    table = read(tmp_path / "json")
+    assert table.schema.types == [pa.int64(), pa.float32(), pa.string()]
+    assert table.column("user").to_pylist() == list(range(50))
+    with gzip.open(tmp_path / "clicks.csv.gz", "wt") as f:
+        f.write("a,b\n1,2.5\n3,4.5\n")
+    convert(str(tmp_path / "clicks.csv.gz"), tmp_path / "gz")
+    assert read(tmp_path / "gz").to_pydict() == {"a": [1, 3], "b": [2.5, 4.5]}
+
+
+def test_files_of_several_widths_and_formats_get_one_schema(tmp_path):
+    a = tmp_path / "in" / "a.parquet"
+    a.parent.mkdir()
+    pq.write_table(
+        pa.table({"user": pa.array([1, 2], pa.int32()), "x": pa.array([0.5, 1.5], pa.float64())}),
+        a,
+    )
+    write_csv(tmp_path / "in" / "b.csv", [[3, 2]], ["user", "x"])  # x looks like an int here
+    result = convert([str(a), str(tmp_path / "in" / "b.csv")], tmp_path / "out")
+    assert result.schema == pa.schema([("user", pa.int64()), ("x", pa.float32())])
+    assert read(tmp_path / "out").to_pydict() == {"user": [1, 2, 3], "x": [0.5, 1.5, 2.0]}
+    assert result.inputs == [str(a), str(tmp_path / "in" / "b.csv")]  # in the order given
+
+
+def test_columns_that_do_not_mix_or_do_not_match_are_named(tmp_path):
+    a = write_csv(tmp_path / "a.csv", [[1, 2]], ["user", "x"])
+    b = write_csv(tmp_path / "b.csv", [["bob", 2]], ["user", "x"])
+    with pytest.raises(tabloader.SchemaMismatchError) as info:
+        convert([a, b], tmp_path / "out")
+    assert "column 'user' has types that do not mix (int64 in" in str(info.value)
+    assert "--schema user=TYPE" in str(info.value)
+    convert([a, b], tmp_path / "forced", schema={"user": "string"})
+    assert read(tmp_path / "forced").column("user").to_pylist() == ["1", "bob"]
+    c = write_csv(tmp_path / "c.csv", [[1, 2]], ["usr", "x"])
+    with pytest.raises(
+        tabloader.ColumnNotFoundError, match=r"has no column 'user' \(it has 'usr'\)"
+    ):
+        convert([a, c], tmp_path / "out2")
+
+
+def test_schema_forces_types_and_checks_its_names(tmp_path):
+    src = write_csv(tmp_path / "a.csv", [[1, 2.5, 3]], ["user", "price", "item"])
+    convert(src, tmp_path / "out", schema="user=int32, price:float64")
+    assert read(tmp_path / "out").schema.types == [pa.int32(), pa.float64(), pa.int64()]
+    with pytest.raises(tabloader.ColumnNotFoundError, match=r"'usr'.*did you mean 'user'\?"):
+        convert(src, tmp_path / "bad", schema={"usr": "int32"})
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"unknown type 'flaot32'.*'float32'"):
+        convert(src, tmp_path / "bad", schema={"price": "flaot32"})
+    template = tmp_path / "template.parquet"
+    pq.write_table(pa.table({"user": pa.array([1], pa.int16())}), template)
+    assert parse_schema(str(template)) == {"user": pa.int16()}
+
+
+def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(convert_module, "_BLOCK_BYTES", 64)  # types from the first rows only
+    rows = [[i] for i in range(40)] + [["1.5"]]
+    src = write_csv(tmp_path / "a.csv", rows, ["user"])
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(src, tmp_path / "out")
+    message = str(info.value)
+    assert "a.csv: column 'user' holds '1.5', which is not int64" in message
+    assert "--schema user=TYPE" in message and "float32" in message
+    assert not list((tmp_path / "out").rglob("*.parquet"))  # nothing half-written is left
+    convert(src, tmp_path / "out", schema={"user": "float32"})
+    assert read(tmp_path / "out").column("user").to_pylist()[-1] == 1.5
+
+
+def test_narrowing_never_overflows_silently(tmp_path):
+    big = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"x": pa.array([1.0, 1e300])}), big)
+    with pytest.raises(tabloader.InvalidFileError, match=r"'x' holds 1e\+300, beyond the range"):
+        convert(str(big), tmp_path / "out")
+    convert(str(big), tmp_path / "out", schema={"x": "float64"})
+    huge = tmp_path / "huge.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2**63], pa.uint64())}), huge)
+    with pytest.raises(tabloader.InvalidFileError, match="column 'id' does not fit int64"):
+        convert(str(huge), tmp_path / "out2")
+
+
+def test_row_groups_and_files_are_sized(tmp_path):
+    src = write_csv(tmp_path / "a.csv", [[i, i / 2] for i in range(1_000)], ["id", "x"])
+    result = convert(src, tmp_path / "out", row_group_rows=300, rows_per_file=600)
+    assert result.row_group_rows == 300
+    files = sorted((tmp_path / "out").glob("*.parquet"))
+    assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet"]
+    groups = [
+        pq.ParquetFile(f).metadata.row_group(g).num_rows
+        for f in files
+        for g in range(pq.ParquetFile(f).metadata.num_row_groups)
+    ]
+    assert groups == [300, 300, 300, 100]
+    assert read(tmp_path / "out").column("id").to_pylist() == list(range(1_000))
+    assert row_group_rows_for(pa.schema([("x", pa.float32())] * 40)) == 131_072
+
+
+def test_splits_come_from_a_seeded_hash_of_each_row(tmp_path):
+    rows = sample_rows(4_000)
+    rows += rows[:500]  # duplicates: a row and its copy must land in the same split
+    src = write_csv(tmp_path / "all.csv", rows, HEADER)
+    result = convert(src, tmp_path / "out", split={"valid": 0.1, "test": 0.05}, seed=3)
+    assert list(result.files) == ["train", "valid", "test"]
+    assert result.rows_in == 4_500 == sum(result.rows_out.values())
+    tables = {name: read(tmp_path / "out" / name) for name in result.files}
+    assert {n: t.num_rows for n, t in tables.items()} == result.rows_out
+    assert 0.07 < result.rows_out["valid"] / 4_500 < 0.13
+    assert 0.03 < result.rows_out["test"] / 4_500 < 0.07
+
+    def keys(table: pa.Table) -> list[tuple]:
+        return list(zip(*(table.column(c).to_pylist() for c in HEADER), strict=True))
+
+    everything = Counter(k for t in tables.values() for k in keys(t))
+    assert everything == Counter(read_csv_keys(src))  # every row once, none lost or made up
+    owner = {}
+    for name, table in tables.items():
+        for key in keys(table):
+            assert owner.setdefault(key, name) == name  # duplicates never straddle splits
+    # The same seed splits the same rows the same way, however the files are cut.
+    half = len(rows) // 2
+    a = write_csv(tmp_path / "parts" / "a.csv", rows[:half], HEADER)
+    b = write_csv(tmp_path / "parts" / "b.csv", rows[half:], HEADER)
+    again = convert([a, b], tmp_path / "again", split="valid=0.1,test=0.05", seed=3)
+    assert again.rows_out == result.rows_out
+    assert Counter(keys(read(tmp_path / "again" / "valid"))) == Counter(keys(tables["valid"]))
+    convert(src, tmp_path / "other", split={"valid": 0.1, "test": 0.05}, seed=4)
+    assert Counter(keys(read(tmp_path / "other" / "valid"))) != Counter(keys(tables["valid"]))
+
+
+def read_csv_keys(path: str) -> list[tuple]:
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path)
+    price = table.column("price").cast(pa.float32())
+    table = table.set_column(1, "price", price)
+    return list(zip(*(table.column(c).to_pylist() for c in HEADER), strict=True))
+
+
+def test_split_options_are_checked():
+    assert parse_split("valid=0.1") == {"valid": 0.1}
+    for bad, message in [
+        ("valid", "NAME=FRACTION"),
+        ("valid=x", "must be a number"),
+        ("valid=0.6,test=0.6", "add up to 1.2, more than 1"),
+        ("train=0.5,valid=0.2", "with 'train' named they must add up to 1"),
+        ("../up=0.1", "letters, digits"),
+        ("valid=0", r"in \(0, 1\]"),
+    ]:
+        with pytest.raises(tabloader.InvalidArgumentError, match=message):
+            parse_split(bad)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.floats(0.01, 0.99))
+def test_split_rows_puts_every_row_in_exactly_one_split(hashes, fraction):
+    array = np.array(hashes, dtype=np.uint64)
+    rows = split_rows(array, {"valid": fraction})
+    together = np.sort(np.concatenate(list(rows.values())))
+    assert together.tolist() == list(range(len(hashes)))
+    unit = (array >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    assert (unit[rows["valid"]] < fraction).all() and (unit[rows["train"]] >= fraction).all()
+
+
+def test_hashes_depend_on_values_only():
+    table = pa.table(
+        {
+            "i": pa.array([1, None, 1, 2], pa.int64()),
+            "f": pa.array([0.0, -0.0, 0.0, float("nan")], pa.float32()),
+            "s": ["ab", None, "ab", "ba"],
+            "l": pa.array([[1, 2], [], [1, 2], [2, 1]], pa.list_(pa.int64())),
+        }
+    )
+    hashes = row_hashes(table, seed=0)
+    assert hashes[0] == hashes[2] and len(set(hashes.tolist())) == 3
+    sliced = row_hashes(table.slice(2), seed=0)  # offsets of a slice do not matter
+    assert sliced.tolist() == hashes[2:].tolist()
+    strings = column_hashes(pa.array(["ab", "ba", "", None]))
+    assert len(set(strings.tolist())) == 4
+    lists = column_hashes(pa.array([[1, 2], [2, 1], [], None], pa.list_(pa.int64())))
+    assert len(set(lists.tolist())) == 4
+
+
+def test_a_destination_that_is_not_empty_is_refused_unless_overwritten(tmp_path):
+    src = write_csv(tmp_path / "a.csv", [[1]], ["x"])
+    convert(src, tmp_path / "out")
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"is not empty .*overwrite=True"):
+        convert(src, tmp_path / "out")
+    write_csv(tmp_path / "b.csv", [[2], [3]], ["x"])
+    convert(str(tmp_path / "b.csv"), tmp_path / "out", overwrite=True)
+    assert read(tmp_path / "out").column("x").to_pylist() == [2, 3]
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"not empty \('notes.txt'\)"):
+        convert(src, tmp_path / "out", overwrite=True)
+
+
+def test_progress_is_one_line_off_a_terminal(tmp_path):
+    src = write_csv(tmp_path / "a.csv", sample_rows(2_000), HEADER)
+    out = io.StringIO()
+    convert(src, tmp_path / "out", progress=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("converting: ") and " MiB in " in lines[0]
+
+
+def test_a_transform_encodes_columns_on_the_way(tmp_path):
+    import pyarrow.compute as pc
+
+    src = write_csv(tmp_path / "a.csv", [["x", 1], ["y", 2], ["x", 3], [None, 4]], ["c", "n"])
+
+    def encode(table: pa.Table) -> pa.Table:
+        ids = column_hashes(table.column("c")) % np.uint64(100) + np.uint64(1)
+        ids = pa.array(ids.astype(np.int64), mask=np.asarray(pc.is_null(table.column("c"))))
+        return pa.table({"c": pc.fill_null(ids, 0)})
+
+    result = convert(src, tmp_path / "out", transform=encode)
+    assert result.schema == pa.schema([("c", pa.int64())])
+    ids = read(tmp_path / "out").column("c").to_pylist()
+    assert ids[0] == ids[2] != ids[1] and ids[3] == 0
