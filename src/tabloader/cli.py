@@ -611,6 +611,8 @@ def _newest_metadata(table_directory: str) -> str:
         return int(digits[1]) if digits else -1
 
     return os.path.join(folder, max(names, key=lambda n: (number(n), n)))
+
+
 def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO, width: int = 92) -> None:
     """``ids`` a few columns to a line: ``C1 0..1,459 -> 1,460 x 96``."""
     if not ids:
