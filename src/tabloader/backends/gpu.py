@@ -558,7 +558,10 @@ class _PlcColumn:
         self.null_count = int(column.null_count())
         self.size, self.offset = int(column.size()), int(column.offset())
         type_name = str(column.type().id().name).lower()
-        self.dtype = np.dtype(_TYPE_NAMES.get(type_name, type_name))
+        try:
+            self.dtype = np.dtype(_TYPE_NAMES.get(type_name, type_name))
+        except TypeError:
+            raise NotImplementedError(f"no fixed-width reading of {type_name} columns") from None
 
     def values(self) -> Any:
         if not self.size:
@@ -963,6 +966,7 @@ class GPUBackend:
             raise InvalidArgumentError(f"{READER_ENV}={reader!r} must be 'cudf' or 'pylibcudf'")
         self._plc: Any = None if reader == "cudf" else _optional_import("pylibcudf")
         self._plc_stream = _rmm_stream(stream) if self._plc is not None else None
+        self._plc_worked = False
 
     @property
     def reader(self) -> str:
@@ -1130,15 +1134,20 @@ class GPUBackend:
         stream, without cudf's DataFrame layer; else ``cudf.read_parquet``."""
         if self._plc is not None and not lists:
             try:
-                return self._decode_with_pylibcudf(paths, row_groups, columns)
-            except (AttributeError, TypeError, NotImplementedError) as err:  # another API
-                self._plc = None
-                warnings.warn(
-                    f"pylibcudf's parquet reader could not be used here ({type(err).__name__}: "
-                    f"{err}); reading with cudf.read_parquet instead",
-                    PerformanceWarning,
-                    stacklevel=2,
-                )
+                decoded = self._decode_with_pylibcudf(paths, row_groups, columns)
+                self._plc_worked = True
+                return decoded
+            except (AttributeError, TypeError, NotImplementedError, ValueError) as err:
+                # Before any success: another pylibcudf than this code knows; after one:
+                # a column it does not decode (cudf.read_parquet reads this chunk).
+                if not self._plc_worked:
+                    self._plc = None
+                    warnings.warn(
+                        f"pylibcudf's parquet reader could not be used here "
+                        f"({type(err).__name__}: {err}); reading with cudf.read_parquet instead",
+                        PerformanceWarning,
+                        stacklevel=2,
+                    )
         frame = self._cudf.read_parquet(
             paths,
             columns=columns,

@@ -64,6 +64,9 @@ def _device_column(array: pa.Array, cupy: Any) -> Any:
         padded = np.zeros(-(-len(bits) // 64) * 64, dtype=np.uint8)  # libcudf pads to 64 bytes
         padded[: len(bits)] = bits
         mask = gpumemoryview(cupy.asarray(padded))
+    # libcudf's types (pylibcudf.TypeId) have no 16-bit float
+    if values.dtype == np.float16:
+        raise NotImplementedError("libcudf has no type for 16-bit floats (no TypeId)")
     type_id = TypeId(np.dtype(values.dtype).name)
     return Column(
         DataType(type_id), len(array), gpumemoryview(data), mask, array.null_count, offset=0
