@@ -55,6 +55,9 @@ class Block:
     dtype: np.dtype[Any]
     ragged: bool = False
     """A list column (one column, held as :class:`Ragged` rather than a 2-D array)."""
+    checked: tuple[str, ...] = ()
+    """Columns whose values must be checked to fit ``dtype`` when read (the footers'
+    statistics could not tell): see :mod:`tabloader.casting`."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "SchemaMismatchError",
     "SourceNotFoundError",
     "TabloaderError",
+    "ValueRangeError",
 ]
 
 
@@ -64,6 +65,12 @@ class SchemaMismatchError(TabloaderError, ValueError):
 
 class NullValuesError(TabloaderError, ValueError):
     """A requested column holds nulls and no fill value was given for it."""
+
+
+class ValueRangeError(TabloaderError, ValueError):
+    """A value does not fit the dtype its column is delivered as (it would wrap around,
+    lose its fraction or become infinite); the message names the column, the value and
+    the dtype."""
 
 
 class EmptyDatasetError(TabloaderError, ValueError):

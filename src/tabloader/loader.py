@@ -26,7 +26,15 @@ from tabloader.batches import (
     drop_leading_rows,
     lists_as_output,
 )
-from tabloader.cache import CacheMode, DecodedCache
+from tabloader.cache import CacheMode, DecodedCache, cache_directory
+from tabloader.casting import (
+    checked_layout,
+    describe_range,
+    fits,
+    lossless,
+    misfit_message,
+    stored_dtype,
+)
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
@@ -37,6 +45,7 @@ from tabloader.errors import (
     NullValuesError,
     PerformanceWarning,
     TabloaderError,
+    ValueRangeError,
 )
 from tabloader.memory import release_arrow_memory
 from tabloader.options import (
@@ -370,19 +379,16 @@ class Loader:
                 "PyTorch adapter still copies batches to its CUDA device), or leave cache out"
             )
 
+        self._check_pad()
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         types = self.dataset.column_types(columns)
         self._check_types(types)
         self.fill_null = self._fill_values(fill_null, types)
         self._check_nulls()
-
-        scalar = {
-            kind: tuple(c for c in names if c not in self.sparse_names)
-            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
-        }
-        self.layout_plan = Layout.build(scalar, self.dtypes, stacked=layout == "stacked")
-        if self.sparse_names:
-            self.layout_plan = self.layout_plan.with_lists(self.sparse_names, self.dtypes)
+        self._range_checks = self._check_ranges(types)
+        """Columns whose values are checked to fit their dtype when read (see
+        :mod:`tabloader.casting`): the footers could not vouch for them."""
+        self.layout_plan = self._layout(stacked=layout == "stacked")
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
         if self.parts_per_chunk is None and chunk_rows is None:
             chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
@@ -394,28 +400,97 @@ class Loader:
         self._check_size()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
+        self._cache_stacked = self.shuffle or layout == "stacked"
+        """Whether a cache stores a block per kind (shuffled rows are gathered: stored
+        row-major per kind, a row is a few cache lines rather than one random access per
+        column), or one per column."""
+        if cache_dir is not None:
+            cache_directory(cache_dir)  # a path, or a clear error whatever ``cache``
         if cache is not None:
-            # Shuffled rows are gathered: stored row-major per kind, a row is a few cache
-            # lines rather than one random access per column.
-            stored = Layout.build(
-                {"cats": self.cats, "conts": self.conts, "labels": self.labels},
-                self.dtypes,
-                stacked=self.shuffle or layout == "stacked",
-            )
             self._new_cache = partial(
                 DecodedCache,
                 cache,
-                blocks=stored.blocks,
-                layout=self.layout_plan,
                 fill_null=self.fill_null,
                 global_rank=self.global_rank,
                 global_size=self.global_size,
                 cache_dir=cache_dir,
                 max_bytes=cache_max_bytes,
             )
-            self.cache = self._new_cache(dataset=self.dataset)
+            self.cache = self._cache_for(self.dataset)
+
+    def _layout(self, *, stacked: bool) -> Layout:
+        """How columns are grouped into blocks (``stacked``: one per kind), list columns
+        each a ragged block of its own, each block told which columns to check."""
+        scalar = {
+            kind: tuple(c for c in names if c not in self.sparse_names)
+            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
+        }
+        built = Layout.build(scalar, self.dtypes, stacked=stacked)
+        if self.sparse_names:
+            built = built.with_lists(self.sparse_names, self.dtypes)
+        return checked_layout(built, self._range_checks)
+
+    def _cache_for(self, dataset: Dataset) -> DecodedCache:
+        return self._new_cache(
+            dataset=dataset,
+            blocks=self._layout(stacked=self._cache_stacked).blocks,
+            layout=self.layout_plan,
+        )
 
     # -- validation ---------------------------------------------------------------
+
+    def _dtype_option(self, name: str) -> str:
+        """The option that chose column ``name``'s delivered dtype."""
+        return (
+            "cat_dtype"
+            if name in self.cats
+            else "cont_dtype"
+            if name in self.conts
+            else "label_dtype"
+        )
+
+    def _check_pad(self) -> None:
+        """``sparse_pad`` must fit every dense list column's dtype (it is delivered)."""
+        if not self.sparse_as_dense:
+            return
+        for name in self.sparse_names:
+            dtype = self.dtypes[name]
+            if not fits(self.sparse_pad, dtype):
+                raise InvalidArgumentError(
+                    f"sparse_pad is {self.sparse_pad!r}, which does not fit "
+                    f"{self._dtype_option(name)}={dtype} of the list column {name!r} "
+                    f"({describe_range(dtype)}). Pass a sparse_pad that fits, such as 0"
+                )
+
+    def _check_ranges(self, types: Mapping[str, pa.DataType]) -> frozenset[str]:
+        """The columns to check when read; raises :class:`ValueRangeError` when a footer's
+        statistics show a value that does not fit the column's delivered dtype.
+
+        A column whose stored type fits its dtype needs no check; otherwise every row
+        group's statistics must fit it, and the column is checked as it is read where
+        they are missing (or cannot tell, as for floats delivered as integers).
+        """
+        checks = set()
+        for name, kind in types.items():
+            target, source = self.dtypes[name], stored_dtype(kind)
+            if lossless(source, target):
+                continue
+            ranges = self.dataset.value_ranges(name)
+            for partition, extremes in enumerate(ranges):
+                for value in extremes or ():
+                    if not fits(value, target):
+                        raise ValueRangeError(
+                            misfit_message(
+                                name,
+                                value,
+                                target,
+                                where=self.dataset.describe_partition(partition),
+                                option=self._dtype_option(name),
+                            )
+                        )
+            if (source.kind == "f" and target.kind in "iu") or any(r is None for r in ranges):
+                checks.add(name)
+        return frozenset(checks)
 
     def _list_options(
         self,
@@ -514,13 +589,20 @@ class Loader:
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a number, got {value!r}"
                 )
-            kind = types[name]
-            if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-                kind = kind.value_type
-            integral_column = pa.types.is_integer(kind) or pa.types.is_boolean(kind)
-            if integral_column and float(value) != int(value):
+            # Nulls are filled in the stored type, then delivered: the value must fit both.
+            stored, delivered = stored_dtype(types[name]), self.dtypes[name]
+            if not fits(value, stored):
+                whole = "a whole number" if stored.kind in "iub" else "a number"
                 raise InvalidArgumentError(
-                    f"fill_null for {name!r} must be a whole number: the column is {types[name]}"
+                    f"fill_null for {name!r} must be {whole} that fits {stored}, the "
+                    f"type the column is stored as ({describe_range(stored)}), got {value!r}"
+                )
+            if not fits(value, delivered):
+                option = self._dtype_option(name)
+                raise InvalidArgumentError(
+                    f"fill_null for {name!r} is {value!r}, which does not fit {option}="
+                    f"{delivered} ({describe_range(delivered)}). Pass a fill value that fits, "
+                    f"or another {option}"
                 )
         return values
 
@@ -876,14 +958,17 @@ class Loader:
         rank: under torch.distributed, rank 0's listing is broadcast).
         """
         if self.dataset.refresh(epoch=epoch):
-            self._check_types(self.dataset.column_types(self.columns))
+            types = self.dataset.column_types(self.columns)
+            self._check_types(types)
             self._check_nulls()
+            self._range_checks = self._check_ranges(types)
+            self.layout_plan = checked_layout(self.layout_plan, self._range_checks)
             self._check_size()
             if self.cache is not None:
-                # Another file list: a cache keyed by it, filled by this epoch's reads
-                # (the files are decoded again); the old one's directory goes.
+                # Other files, or other contents: a cache keyed by them, filled by this
+                # epoch's reads (the files are decoded again); the old one's directory goes.
                 self.cache.discard()
-                self.cache = self._new_cache(dataset=self.dataset)
+                self.cache = self._cache_for(self.dataset)
 
     def __repr__(self) -> str:
         return (

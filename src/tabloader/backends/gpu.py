@@ -60,6 +60,7 @@ import numpy as np
 
 from tabloader.backends.cpu import null_message
 from tabloader.batches import Ragged, host_int
+from tabloader.casting import check_block
 from tabloader.dataset import _DaskSource, _ParquetSource, read_error
 from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
 
@@ -425,6 +426,9 @@ def assemble_segments(
     a single column already of the block's dtype being a zero-copy view. Uses only
     ``xp.empty`` and slice assignment, so numpy runs exactly the code cupy runs.
     """
+    for piece in pieces:  # a value that does not fit its block's dtype is an error
+        for b in blocks:
+            check_block(piece, b)
     if concatenate:
         rows = sum(len(next(iter(p.values()))) for p in pieces)
         segment: Segment = {}
