@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from tabloader.batches import Block, Layout
 
 __all__ = [
+    "bounded",
     "checked_layout",
     "check_block",
     "check_values",
@@ -180,6 +181,19 @@ def misfit_message(
     )
 
 
+def bounded(extremes: Range | None) -> bool:
+    """Whether a row group's statistics bound its values: both ends known and finite
+    (a maximum of infinity says nothing of the finite values below it).
+
+    Examples:
+        >>> bounded((1, 5)), bounded((0.5, float("inf"))), bounded(None)
+        (True, False, False)
+    """
+    if extremes is None:
+        return False
+    return all(isinstance(v, Real) and math.isfinite(v) for v in extremes)
+
+
 def _module(array: Any) -> Any:
     """numpy or cupy, whichever ``array`` belongs to."""
     return sys.modules[type(array).__module__.split(".")[0]]
@@ -203,13 +217,14 @@ def _misfits(values: Any, target: np.dtype[Any], xp: Any) -> Any:
                 return above
             return below if above is None else below | above
         # Floats: finite, whole, and in [lo, hi + 1), whose ends are powers of two
-        # (exact in any float), where ``hi`` itself may round up to ``hi + 1``.
-        good = (
-            xp.isfinite(values)
-            & (values % 1 == 0)
-            & (values >= float(lo))
-            & (values < float(hi + 1))
-        )
+        # (exact in any float), where ``hi`` itself may round up to ``hi + 1``. A bound
+        # beyond the float type's own range needs no comparison.
+        good = xp.isfinite(values) & (values % 1 == 0)
+        largest = float(np.finfo(values.dtype).max)
+        if hi + 1 <= largest:
+            good = good & (values < float(hi + 1))
+        if -largest <= lo:
+            good = good & (values >= float(lo))
         return ~good
     limit = float(hi)
     if values.dtype.kind == "f":

@@ -175,6 +175,11 @@ class Dataset:
         self._missing_warned: set[str] = set()
         self._listed_epoch: int | None = None
         self._source: _Source
+        if storage_options and not _names_urls(source):
+            raise InvalidArgumentError(
+                f"storage_options are for URLs (s3://, gs://, ...), and this dataset is "
+                f"{_describe_source(source)}: leave storage_options out, or give URLs"
+            )
         if isinstance(source, pa.Table):
             self._source = _TableSource(source, int(rows_per_partition))
         elif _is_pandas_frame(source):
@@ -264,29 +269,25 @@ class Dataset:
         if epoch is not None and epoch == self._listed_epoch:
             return False
         self._listed_epoch = epoch
-        before = (list(source.files), source.rows.copy(), list(source._stamps))
+        before = (source.rows.copy(), source.identities())
         _list_on_rank_zero(source)
         # A file rewritten in place (same name, same rows) is a change too: its rows are new.
-        return (
-            before[0] != source.files
-            or not np.array_equal(before[1], source.rows)
-            or before[2] != source._stamps
-        )
+        return not np.array_equal(before[0], source.rows) or before[1] != source.identities()
 
     def file_identities(self) -> list[dict[str, Any]]:
-        """What each file was when it was listed, as JSON-ready dicts: its path, size and
-        footer digest (which its content decides), and for local files the modification
-        and change times and inode, for objects the ETag, version id or generation.
-
-        A file rewritten in place changes its identity, even with the same size and its
-        modification time put back. Empty for in-memory sources.
+        """What each file's content was when it was listed, as JSON-ready dicts: its
+        path, size and footer digest, and for objects the ETag, version id or generation
+        the store reports. The footer holds every row group's and column chunk's sizes,
+        offsets and statistics, so a file rewritten with other data has another
+        identity, even with its size and modification time kept. Empty for in-memory
+        sources.
 
         Examples:
             >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
             >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
             >>> pq.write_table(pa.table({"a": [1, 2]}), path)
             >>> sorted(tabloader.Dataset(path).file_identities()[0])
-            ['ctime_ns', 'footer', 'inode', 'mtime_ns', 'path', 'size']
+            ['footer', 'path', 'size']
         """
         source = self._source
         return source.identities() if isinstance(source, _ParquetSource) else []
@@ -493,6 +494,13 @@ class Dataset:
         for k, schema in enumerate(self._source.schemas):
             for name in columns:
                 index = schema.get_field_index(name)
+                found = len(schema.get_all_field_indices(name))
+                if found > 1:
+                    raise InvalidFileError(
+                        f"{self._source.schema_owner(k)} has {found} columns named {name!r}; "
+                        "tabloader reads columns by name. Rewrite the file with unique "
+                        "column names"
+                    )
                 if index < 0:
                     where = self._source.schema_owner(k)
                     raise ColumnNotFoundError(
@@ -800,26 +808,44 @@ class _ParquetSource(_Source):
         return stamps
 
     def changed(self, index: int) -> bool:
-        """Whether a file was deleted, truncated or rewritten since it was listed."""
-        stamp = self._file_stamps([self.files[index]])[0]
-        return stamp is None or bool(stamp != self._stamps[index])
+        """Whether a file was deleted, truncated or rewritten since it was listed: its
+        stamp is the fast path, and a file whose stamp changed (touched, copied back)
+        has its footer read again, which its content decides."""
+        path = self.files[index]
+        stamp = self._file_stamps([path])[0]
+        if stamp is None:
+            return True
+        if stamp == self._stamps[index]:
+            return False
+        try:
+            if self.remote is None:
+                stamp, footer = _local_footer(path)
+            else:
+                footer = self.remote.read_footer(path, stamp[0])
+        except (OSError, ValueError, pa.ArrowException, TabloaderError):
+            return True
+        identity = self._identity(path, stamp, footer_digest(footer))
+        return identity != self._identity(path, self._stamps[index], self._digests[index])
+
+    def _identity(self, path: str, stamp: Any, digest: str) -> dict[str, Any]:
+        """What a file's content decides: its size and footer digest, and for objects
+        the ETag, version or generation the store keeps (the stamp's other parts, such
+        as local modification times, only say when to look again)."""
+        if self.remote is None:
+            return {"path": os.path.abspath(path), "size": stamp[0], "footer": digest}
+        return {
+            "path": self.remote.display(path),
+            "size": stamp[0],
+            "version": list(stamp[1:]),
+            "footer": digest,
+        }
 
     def identities(self) -> list[dict[str, Any]]:
-        """Each file's identity when it was listed: path, size, footer digest, stamp."""
-        out = []
-        for path, stamp, digest in zip(self.files, self._stamps, self._digests, strict=True):
-            if self.remote is None:
-                identity: dict[str, Any] = {"path": os.path.abspath(path)}
-                identity.update(zip(("size", "mtime_ns", "ctime_ns", "inode"), stamp, strict=True))
-            else:
-                identity = {
-                    "path": self.remote.display(path),
-                    "size": stamp[0],
-                    "version": list(stamp[1:]),
-                }
-            identity["footer"] = digest
-            out.append(identity)
-        return out
+        """Each file's identity when it was listed (see :meth:`_identity`)."""
+        return [
+            self._identity(path, stamp, digest)
+            for path, stamp, digest in zip(self.files, self._stamps, self._digests, strict=True)
+        ]
 
     @property
     def filesystem(self) -> Any:
@@ -834,7 +860,8 @@ class _ParquetSource(_Source):
     def _expand(self, spec: str) -> list[str]:
         if self.remote is None:
             path = os.path.expanduser(spec)
-            if globlib.has_magic(path):
+            # A path that exists is itself, even with glob characters: "a[1].parquet".
+            if globlib.has_magic(path) and not os.path.exists(path):
                 found = sorted(
                     p
                     for p in globlib.glob(path, recursive=True)
@@ -860,7 +887,8 @@ class _ParquetSource(_Source):
             except FileNotFoundError:
                 return None
 
-        if globlib.has_magic(path):
+        literal = call("info", path) if globlib.has_magic(path) else None
+        if globlib.has_magic(path) and literal is None:
             listing = call("glob", path, detail=True) or {}
             found = sorted(
                 p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
@@ -871,7 +899,7 @@ class _ParquetSource(_Source):
                     "and the endpoint"
                 )
             return found
-        info = call("info", path)
+        info = literal if literal is not None else call("info", path)
         if info is not None and info.get("type") == "directory":
             listing = sorted(call("find", path) or [])
             return self._from_directory(spec, listing, root=path)
@@ -1101,6 +1129,22 @@ def _walk_local(root: str) -> list[str]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
         found.extend(os.path.join(dirpath, name) for name in filenames)
     return sorted(found)
+
+
+def _names_urls(source: object) -> bool:
+    """Whether ``source`` is a URL or a list holding one."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else source
+    if not isinstance(items, (list, tuple)):
+        return False
+    return any(isinstance(s, (str, os.PathLike)) and _is_url(os.fspath(s)) for s in items)
+
+
+def _describe_source(source: object) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return f"the local path {os.fspath(source)!r}"
+    if isinstance(source, (list, tuple)):
+        return "local paths"
+    return f"a {type(source).__name__}"
 
 
 def _is_url(spec: str) -> bool:

@@ -28,6 +28,7 @@ from tabloader.batches import (
 )
 from tabloader.cache import CacheMode, DecodedCache, cache_directory
 from tabloader.casting import (
+    bounded,
     checked_layout,
     describe_range,
     fits,
@@ -122,10 +123,12 @@ class LoaderOptions(TypedDict, total=False):
 LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
 """The names of :class:`LoaderOptions`, for checking an adapter's keywords."""
 
-STATE_FORMAT = 1
-"""Version of the dict :meth:`Loader.state_dict` returns."""
+STATE_FORMAT = 2
+"""Version of the dict :meth:`Loader.state_dict` returns. 2: the dataset fingerprint
+covers the files' contents (their footers), and the state names the tabloader version."""
 # The keys of a saved state: where the epoch stands, and what must match to resume it.
 STATE_FORMAT_KEY = "format"
+STATE_VERSION = "tabloader"
 STATE_EPOCH = "epoch"
 STATE_SEED = "seed"
 STATE_BATCHES = "batches"
@@ -468,7 +471,8 @@ class Loader:
 
         A column whose stored type fits its dtype needs no check; otherwise every row
         group's statistics must fit it, and the column is checked as it is read where
-        they are missing (or cannot tell, as for floats delivered as integers).
+        they are missing or cannot tell (an infinite bound, a float delivered as an
+        integer).
         """
         checks = set()
         for name, kind in types.items():
@@ -488,7 +492,7 @@ class Loader:
                                 option=self._dtype_option(name),
                             )
                         )
-            if (source.kind == "f" and target.kind in "iu") or any(r is None for r in ranges):
+            if (source.kind == "f" and target.kind in "iu") or not all(map(bounded, ranges)):
                 checks.add(name)
         return frozenset(checks)
 
@@ -842,6 +846,7 @@ class Loader:
         the building block of the framework adapters' ``state_dict``."""
         return {
             STATE_FORMAT_KEY: STATE_FORMAT,
+            STATE_VERSION: _version(),
             STATE_EPOCH: int(epoch),
             STATE_SEED: int(self.seed if seed is None else seed),
             STATE_BATCHES: int(batches),
@@ -867,17 +872,7 @@ class Loader:
         """
         if adopt_seed is None:
             adopt_seed = not self._seed_given
-        keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
-        if not isinstance(state, Mapping) or any(k not in state for k in keys):
-            raise InvalidArgumentError(
-                f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
-                f"{', '.join(keys)}, ...), got {_short(state)}"
-            )
-        if state[STATE_FORMAT_KEY] != STATE_FORMAT:
-            raise InvalidArgumentError(
-                f"the state has format {state[STATE_FORMAT_KEY]!r}; this version of "
-                f"tabloader reads format {STATE_FORMAT}"
-            )
+        _check_state_shape(state)
         differences = []
         saved_dataset, dataset = state[STATE_DATASET], self._dataset_fingerprint()
         if saved_dataset != dataset:
@@ -885,7 +880,7 @@ class Loader:
                 f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
                 f"{_describe_fingerprint(dataset)})"
             )
-        saved_options = state.get(STATE_OPTIONS, {})
+        saved_options = state[STATE_OPTIONS]
         for name, value in self._order_options().items():
             if saved_options.get(name) != value:
                 differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
@@ -912,14 +907,20 @@ class Loader:
         return epoch, batches, int_at_least(seed, 0, "the state's seed")
 
     def _dataset_fingerprint(self) -> dict[str, Any]:
+        """What must match to resume: the files' names (not where they are, so a run
+        resumes on a copy of the data), row counts and footer digests (which their
+        contents decide), or for an in-memory source its row counts and schema."""
         rows = self.dataset.partition_rows.tolist()
         names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in self.dataset.files]
-        digest = hashlib.sha256(json.dumps([names, rows]).encode()).hexdigest()[:16]
+        contents = [f["footer"] for f in self.dataset.file_identities()]
+        if not names:
+            contents = [str(self.dataset.schema)]
+        text = json.dumps([names, rows, contents])
         return {
             "files": len(names),
             "partitions": len(rows),
             "rows": int(sum(rows)),
-            "digest": digest,
+            "digest": hashlib.sha256(text.encode()).hexdigest()[:16],
         }
 
     def _plan_options(self) -> dict[str, Any]:
@@ -1130,6 +1131,52 @@ def _batch_stream(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
             "please report this with the dataset's partition sizes"
         )
+
+
+def _version() -> str:
+    import tabloader
+
+    return str(getattr(tabloader, "__version__", "unknown"))
+
+
+def _check_state_shape(state: object) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``state`` is a state dict this version
+    of tabloader reads, saying what it is instead."""
+    keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
+    if not isinstance(state, Mapping) or any(k not in state for k in keys):
+        raise InvalidArgumentError(
+            f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
+            f"{', '.join(keys)}, ...), got {_short(state)}"
+        )
+    found, version = state[STATE_FORMAT_KEY], state.get(STATE_VERSION)
+    if found != STATE_FORMAT:
+        by = f"tabloader {version}" if isinstance(version, str) else "another tabloader version"
+        if isinstance(found, int) and not isinstance(found, bool) and found < STATE_FORMAT:
+            why = (
+                f"it was saved by {by} (state format {found}), whose dataset fingerprint "
+                "did not cover the files' contents, so it cannot tell whether the data is "
+                "the same"
+            )
+        else:
+            why = f"it has state format {found!r} (saved by {by})"
+        raise InvalidArgumentError(
+            f"cannot resume from this state: {why}; this version of tabloader "
+            f"({_version()}) reads format {STATE_FORMAT}. Resume from a state saved by this "
+            f"version, or start over at its epoch (loader.set_epoch({state.get(STATE_EPOCH)!r}))"
+        )
+    for name in (STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_WORKER, STATE_NUM_WORKERS):
+        value = state.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgumentError(
+                f"not a tabloader loader state: its {name!r} must be an integer, got "
+                f"{_short(value)}"
+            )
+    for name in (STATE_DATASET, STATE_OPTIONS):
+        if not isinstance(state.get(name), Mapping):
+            raise InvalidArgumentError(
+                f"not a tabloader loader state: its {name!r} must be a dict (as "
+                f"Loader.state_dict() makes it), got {_short(state.get(name))}"
+            )
 
 
 def _short(value: object, limit: int = 80) -> str:

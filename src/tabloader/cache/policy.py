@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tabloader.backends.cpu import interleave, populated_empty
+from tabloader.cache import store as _store
 from tabloader.cache.key import FORMAT, cache_key, digest, file_identities, lineage
 from tabloader.cache.serve import CacheBackend, CachedList, CachedRows, FillFailed, read_only
 from tabloader.cache.store import (
-    SEGMENT_BYTES,
     AppendFile,
     CacheDamaged,
     CacheFiles,
@@ -435,7 +435,7 @@ class DecodedCache:
                 }
                 for (name, array), digests in zip(files.items(), sums, strict=True)
             ],
-            "segment_bytes": SEGMENT_BYTES,
+            "segment_bytes": _store.SEGMENT_BYTES,
             "created": time.time(),
         }
 
@@ -558,9 +558,7 @@ class Fill:
             if in_memory:
                 # Mapped in at once: page by page, filling a fresh gigabyte costs a second.
                 self.arrays = {
-                    s.name: populated_empty(s.shape, s.dtype)
-                    for s in fixed
-                    if s.shape is not None
+                    s.name: populated_empty(s.shape, s.dtype) for s in fixed if s.shape is not None
                 }
                 self.lists = {s.name: _Growing(s.dtype) for s in specs if s.shape is None}
             else:
@@ -670,16 +668,20 @@ class Fill:
             for arena in self.lists.values():
                 arena.finish()
             files = self._files()
-            assert self.temp is not None
-            sums = file_checksums([(self.temp / name, a.nbytes) for name, a in files.items()])
-            files = {n: np.asarray(a) for n, a in files.items()}
+            temp = self.temp
+            assert temp is not None
             try:
-                cache.publish(self.temp, files, sums)
-            except TempVanished as error:
+                sums = file_checksums([(temp / name, a.nbytes) for name, a in files.items()])
+                cache.publish(temp, {n: np.asarray(a) for n, a in files.items()}, sums)
+            except OSError as error:
+                if temp.exists():
+                    raise
+                # Deleted under this writer (its mappings still hold every row).
                 warnings.warn(
-                    f"could not publish the decoded cache in {cache.root}: {error} (deleted "
-                    "by another process?). This loader keeps serving the rows it wrote; the "
-                    "next one will decode the files again",
+                    f"could not publish the decoded cache in {cache.root}: its temporary "
+                    f"directory {temp} vanished (deleted by another process?) "
+                    f"({type(error).__name__}). This loader keeps serving the rows it wrote; "
+                    "the next one will decode the files again",
                     CacheWarning,
                     stacklevel=1,
                 )

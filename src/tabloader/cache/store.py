@@ -579,7 +579,7 @@ def _segments(array: NDArray[Any], segment: int) -> list[memoryview]:
     return [data[lo : lo + segment] for lo in range(0, len(data), segment)]
 
 
-def checksums(arrays: Sequence[NDArray[Any]], segment: int = SEGMENT_BYTES) -> list[list[str]]:
+def checksums(arrays: Sequence[NDArray[Any]], segment: int | None = None) -> list[list[str]]:
     """The SHA-256 of each ``segment`` bytes of each array's data, hashed on several
     threads (hashlib releases the GIL).
 
@@ -587,6 +587,7 @@ def checksums(arrays: Sequence[NDArray[Any]], segment: int = SEGMENT_BYTES) -> l
         >>> [len(c) for c in checksums([np.zeros(10), np.zeros(0)], segment=16)]
         [5, 0]
     """
+    segment = segment or SEGMENT_BYTES
     jobs = [(i, view) for i, array in enumerate(arrays) for view in _segments(array, segment)]
     threads = max(1, min(usable_cores(), len(jobs)))
 
@@ -605,11 +606,12 @@ def checksums(arrays: Sequence[NDArray[Any]], segment: int = SEGMENT_BYTES) -> l
 
 
 def file_checksums(
-    files: Sequence[tuple[Path, int]], segment: int = SEGMENT_BYTES
+    files: Sequence[tuple[Path, int]], segment: int | None = None
 ) -> list[list[str]]:
     """:func:`checksums` of the data of ``.npy`` files, each given with the bytes of its
     data (the end of the file), read in large reads rather than through a mapping: a
     cache larger than memory is not made resident by its check."""
+    segment = segment or SEGMENT_BYTES
     jobs: list[tuple[int, Path, int, int]] = []
     for i, (path, nbytes) in enumerate(files):
         size = os.stat(path).st_size
