@@ -91,7 +91,9 @@ class PerformanceWarning(UserWarning):
 
 
 class CacheWarning(PerformanceWarning):
-    """The decoded cache cannot be used (too big for ``cache_max_bytes``, the disk or memory).
+    """The decoded cache cannot be used (too big for ``cache_max_bytes``, the disk or
+    memory; its directory is another user's or writable by others; writing it failed),
+    or a published cache was found damaged and is rebuilt.
 
-    The loader then streams from the files every epoch, which is correct but slower.
+    The loader then streams from the files, which is correct but slower.
     """

@@ -171,6 +171,12 @@ class Loader:
         fill_null: Value replacing nulls: one number for every column, or a mapping from
             column name to number. Without it, a null in a requested column raises
             :class:`NullValuesError` (at construction when the parquet footers tell).
+        cat_dtype, cont_dtype, label_dtype: The delivered dtypes. Nothing is converted
+            silently: a value that does not fit its column's dtype (uint64 ids at or
+            above 2**63 as int64, 0.5 as an integer, 1e300 as float32) raises
+            :class:`ValueRangeError` naming the column, the value and the dtype, at
+            construction when the footers' statistics tell, else when it is read.
+            ``fill_null`` and ``sparse_pad`` must fit too.
 
     How to batch:
         batch_size: Rows per batch.
@@ -227,7 +233,11 @@ class Loader:
             several times faster than decoding, with the same batches (see docs/cache.md).
             The CPU backend only (``device="cpu"``).
         cache_dir: Directory of disk caches. Default ``$TABLOADER_CACHE_DIR``, else
-            ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``.
+            ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``. Created ``0700``
+            (its caches' files ``0600``) when the loader is; one that another user owns
+            or others can write is not used (a :class:`CacheWarning`, and every epoch
+            streams). A published cache is verified against its checksums when opened
+            (see docs/cache.md, "Safety").
         cache_max_bytes: Largest cache to write. A cache that would be bigger, or would
             not fit in the free disk space (or half the available memory), is not
             written: a :class:`CacheWarning` says so once and every epoch streams.
