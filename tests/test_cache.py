@@ -309,7 +309,8 @@ def test_shuffled_cached_epochs_gather_each_batch_whole(files, within):
     cache, plan = loader.cache, loader.plan(1)
     assert plan.num_chunks > 1 and any(plan.chunk_rows(c) % 24 for c in range(plan.num_chunks))
     chunks = [(c, cache.rows.delivery_rows(plan, c)) for c in range(plan.num_chunks)]
-    parts = [p for task in cache.rows.batch_tasks(cache.served(), plan, chunks, np) for p in task()]
+    served = cache.served()
+    parts = [p for task in cache.rows.batch_tasks(lambda: served, plan, chunks, np) for p in task()]
     assert [segment_rows(segment) for segment, _ in parts] == [24] * (ROWS // 24) + [ROWS % 24]
     np.testing.assert_array_equal(np.concatenate([s["id"][:, 0] for s, _ in parts]), expected)
 

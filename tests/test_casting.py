@@ -265,3 +265,24 @@ def test_the_gpu_backend_refuses_what_does_not_fit(tmp_path, table, options, mat
         iter(tabloader.Loader(whole, conts=["x"], cont_dtype="int16", batch_size=2, device="cuda"))
     )
     assert batch["x"].get().tolist() == [1, -2]
+
+
+@pytest.mark.gpu
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    source=st.sampled_from(INTS + FLOATS),
+    target=st.sampled_from(INTS + FLOATS),
+)
+def test_the_check_gives_the_same_verdict_on_device_arrays(data, source, target):
+    import cupy
+
+    values = data.draw(hnp.arrays(np.dtype(source), st.integers(1, 20)))
+    verdicts = []
+    for array in (values, cupy.asarray(values)):
+        try:
+            check_values(array, np.dtype(target), column="c")
+            verdicts.append(None)
+        except tabloader.ValueRangeError as err:
+            verdicts.append(str(err))
+    assert verdicts[0] == verdicts[1]

@@ -258,7 +258,8 @@ def check_values(
     if len(values) == 0 or lossless(values.dtype, target):
         return
     xp = _module(values)
-    bad = _misfits(values, target, xp)
+    with np.errstate(invalid="ignore"):  # (numpy: infinity % 1 is NaN, which is no fit)
+        bad = _misfits(values, target, xp)
     if bad is None or not bool(_host(bad.any())):
         return
     first = xp.where(bad)[0][:1]

@@ -278,7 +278,7 @@ class DecodedCache:
             # the shuffled gathers first touch it (verifying the checksums read it too).
             for array in files.values():
                 read_in(array)
-        self.arrays = self.blocks_of({n: np.asarray(a) for n, a in files.items()})
+        self.adopt(self.blocks_of({n: np.asarray(a) for n, a in files.items()}))
         return True
 
     def wait(self) -> None:
@@ -404,6 +404,13 @@ class DecodedCache:
         """Serve ``arrays`` (block name -> complete rows) from now on."""
         if self.arrays is None:
             self.arrays = read_only(arrays)
+            # Now that list columns' values are counted too.
+            self.nbytes = sum(
+                int(a.values.nbytes) + int(a.spans.nbytes)
+                if isinstance(a, CachedList)
+                else int(a.nbytes)
+                for a in self.arrays.values()
+            )
 
     def manifest(
         self, files: Mapping[str, NDArray[Any]], sums: Sequence[list[str]]

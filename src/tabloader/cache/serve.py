@@ -139,15 +139,15 @@ class CachedRows:
 
     def batch_tasks(
         self,
-        arrays: Mapping[str, Any],
+        arrays: Callable[[], Mapping[str, Any]],
         plan: EpochPlan,
         chunks: Iterable[tuple[int, NDArray[np.int64] | None]],
         xp: Any,
     ) -> Iterator[Callable[[], list[Part]]]:
-        """The parts of ``plan``'s chunks over the cached ``arrays``, as tasks that gather
+        """The parts of ``plan``'s chunks over the cached arrays, as tasks that gather
         them (run in order by :func:`run_ahead`, several at once); ``chunks`` gives each
-        chunk's :meth:`delivery_rows`, in order, and ``arrays`` may change between chunks
-        (a cache being filled).
+        chunk's :meth:`delivery_rows`, in order, and ``arrays()`` the cached arrays as
+        they stand once the chunk's rows are in them (a cache being filled grows).
 
         Without shuffling, a chunk's pieces are zero-copy views of the cache. With
         shuffling, rows are gathered from the cache in the plan's order one whole batch
@@ -158,11 +158,12 @@ class CachedRows:
         """
         carried: list[NDArray[np.int64]] = []  # the rows of a batch begun in a chunk before
         for chunk, rows in chunks:
+            now = arrays()
             if rows is None:
                 pieces = plan.pieces(chunk)
                 first = [int(self.base[p]) + s for p, s, _ in pieces]
                 views: list[Part] = [
-                    (self._view(arrays, lo, lo + e - s), None)
+                    (self._view(now, lo, lo + e - s), None)
                     for lo, (_, s, e) in zip(first, pieces, strict=True)
                 ]
                 yield partial(list, views)
@@ -175,9 +176,9 @@ class CachedRows:
                     continue  # the batch goes on in the next chunk
                 window = carried[0] if len(carried) == 1 else np.concatenate(carried)
                 carried = []
-                yield partial(self.gather, dict(arrays), window, xp)
+                yield partial(self.gather, now, window, xp)
         if carried:  # the plan's last chunk was empty
-            yield partial(self.gather, dict(arrays), np.concatenate(carried), xp)
+            yield partial(self.gather, arrays(), np.concatenate(carried), xp)
 
     @staticmethod
     def _view(arrays: Mapping[str, Any], lo: int, hi: int) -> Segment:
@@ -329,7 +330,8 @@ class CacheBackend:
         if not self.write:
             served = cache.served()
             with contextlib.closing(rows_ahead()) as orders:
-                yield from run_ahead(rows.batch_tasks(served, plan, enumerate(orders), self.xp))
+                tasks = rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
+                yield from run_ahead(tasks)
             return
         made = cache.start_fill(request)
         if made is None:  # its files could not be made (said once): stream
@@ -356,22 +358,10 @@ class CacheBackend:
                     stats.assemble_seconds += time.perf_counter() - started
                 yield chunk, chunk_rows
 
-        class _Served(Mapping[str, Any]):
-            """The fill's arrays as they stand when a chunk's tasks are made."""
-
-            def __getitem__(self, name: str) -> Any:
-                return fill.served()[name]
-
-            def __iter__(self) -> Iterator[str]:
-                return iter(fill.served())
-
-            def __len__(self) -> int:
-                return len(fill.served())
-
         failure: FillFailed | None = None
         try:
             with contextlib.closing(rows_ahead()) as orders:
-                tasks = rows.batch_tasks(_Served(), plan, written(orders), self.xp)
+                tasks = rows.batch_tasks(fill.served, plan, written(orders), self.xp)
                 for parts in run_ahead(tasks):
                     delivered += sum(segment_rows(segment) for segment, _ in parts)
                     yield parts
