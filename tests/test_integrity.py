@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tabloader
 from conftest import make_table, write_dataset
@@ -901,3 +903,115 @@ def test_the_torch_adapter_takes_torch_dtypes(files):
         TorchAsyncItr(files, cats=["id"], conts=["x"], batch_size=8, cont_dtype=torch.bfloat16)
     with pytest.raises(tabloader.InvalidArgumentError, match=r"cat_dtype must be an integer dtype"):
         TorchAsyncItr(files, cats=["id"], batch_size=8, cat_dtype=torch.float32)
+
+
+# -- a fill that fails midway goes on from the files, exactly ---------------------------
+
+_streamed_data: dict[str, Any] = {}
+
+
+def _stream_dataset() -> tabloader.Dataset:
+    if "ds" not in _streamed_data:
+        table = make_table(0, 300)
+        _streamed_data["ds"] = tabloader.Dataset(table, rows_per_partition=37)
+    dataset: tabloader.Dataset = _streamed_data["ds"]
+    return dataset
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shuffle=st.booleans(),
+    within=st.booleans(),
+    chunk=st.integers(1, 4),
+    batch_size=st.integers(1, 50),
+    resumed=st.integers(0, 5),
+    data=st.data(),
+)
+def test_the_rest_of_an_epoch_streamed_after_a_failed_fill_is_the_rest_of_its_rows(
+    shuffle, within, chunk, batch_size, resumed, data
+):
+    from tabloader.backends import ReadRequest
+    from tabloader.backends.cpu import CPUBackend
+    from tabloader.batches import Block, segment_rows
+    from tabloader.cache.serve import stream_rest
+    from tabloader.plan import plan_epoch
+    from tabloader.stats import StatsRecorder
+
+    dataset = _stream_dataset()
+    plan = plan_epoch(
+        dataset.partition_rows,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=3,
+        epoch=1,
+        parts_per_chunk=chunk,
+        shuffle_within_batch=within,
+    )
+    plan = plan.resume(min(resumed, plan.num_batches))
+    blocks = [Block("id", ("id",), np.dtype("int64"))]
+    request = ReadRequest(dataset, plan, blocks, {}, StatsRecorder())
+
+    def delivered(chunks: Any) -> list[int]:
+        out: list[int] = []
+        for parts in chunks:
+            for segment, index in parts:
+                column = np.asarray(segment["id"])[:, 0]
+                out.extend((column if index is None else column[index]).tolist())
+                assert index is not None or len(column) == segment_rows(segment)
+        return out
+
+    whole = delivered(CPUBackend().read_chunks(request))
+    rows = data.draw(st.integers(0, len(whole)))
+    assert delivered(stream_rest(CPUBackend(), request, rows)) == whole[rows:]
+
+
+FULL_DISK_LISTS = """
+import errno, os, sys, warnings
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+import tabloader, tabloader.cache.policy
+data, root = sys.argv[1], sys.argv[2]
+rows = 10_000
+lists = [list(range(i % 5)) for i in range(rows)]
+pq.write_table(pa.table({"id": np.arange(rows), "t": lists}), data, row_group_size=500)
+tabloader.cache.policy._available_memory = lambda: 30_000  # written into its files
+options = dict(cats=["id"], sparse_names=["t"], batch_size=50, parts_per_chunk=1,
+               shuffle=True, seed=2)
+warnings.simplefilter("always")
+expected = [(b["id"].tolist(), b["t"][0].tolist()) for b in tabloader.Loader(data, **options)]
+loader = tabloader.Loader(data, **options, cache="disk", cache_dir=root)
+with warnings.catch_warnings(record=True) as caught:
+    iterator = iter(loader)
+    got = [next(iterator)]
+    with open(os.path.join(root, "filler"), "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"x" * 4096)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+    got += list(iterator)
+    later = [b["id"].tolist() for b in loader]
+got = [(b["id"].tolist(), b["t"][0].tolist()) for b in got]
+said = [str(w.message) for w in caught if issubclass(w.category, tabloader.CacheWarning)]
+print(got == expected, sorted(sum(later, [])) == list(range(rows)), loader.stats().from_cache)
+print(" | ".join(said))
+"""
+
+
+@pytest.mark.skipif(_small_disk() is None, reason="needs a mount namespace for a small tmpfs")
+def test_a_disk_that_fills_up_midway_streams_the_rest_of_the_epoch_exactly(tmp_path):
+    prefix = _small_disk()
+    assert prefix is not None
+    script = tmp_path / "full_disk_lists.py"
+    script.write_text(textwrap.dedent(FULL_DISK_LISTS))
+    command = "mount -t tmpfs -o size=1m tmpfs /mnt && exec " + " ".join(
+        [sys.executable, str(script), str(tmp_path / "lists.parquet"), "/mnt/cache"]
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [*prefix, "sh", "-c", command], capture_output=True, text=True, env=env, timeout=300
+    )
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert lines[0] == "True True False", result.stdout
+    assert "writing it failed" in lines[1] and "No space left on device" in lines[1]
+    assert "this epoch goes on from the files" in lines[1]

@@ -91,7 +91,8 @@ class Dataset:
             - a path to a parquet file, a directory (searched recursively for
               ``*.parquet``, ``*.parq`` and ``*.pq``), or a glob such as
               ``"data/train/*.parquet"``; directories and globs skip names that start
-              with ``_`` or ``.`` (``_SUCCESS``, ``_metadata``, checksum files);
+              with ``_`` or ``.`` (``_SUCCESS``, ``_metadata``, checksum files); a path
+              that exists is itself, even with glob characters (``"a[1].parquet"``);
             - an fsspec URL of any of those (``"s3://bucket/train/*.parquet"``,
               ``"memory://..."``); install the fsspec implementation for the protocol;
             - a list of any of the above (files are listed in sorted order per entry,
@@ -102,7 +103,8 @@ class Dataset:
               Row counts are computed once at construction.
         engine: Only ``"parquet"``; accepted for NVTabular compatibility.
         storage_options: Passed to the fsspec filesystem for URLs (credentials,
-            endpoints); see docs/remote.md for S3, GCS and Azure.
+            endpoints); see docs/remote.md for S3, GCS and Azure. Refused for local
+            paths and tables, which have no filesystem to pass them to.
         rows_per_partition: Partition size for in-memory tables.
 
     A directory that changes (see docs/data-layout.md, "A dataset that grows"):

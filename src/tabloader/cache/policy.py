@@ -660,9 +660,10 @@ class Fill:
             return
         try:
             if self.files is None:
-                for name, arena in self.lists.items():
-                    self.arrays[name] = arena.final()
-                files = self._files()
+                files = {
+                    name: self.lists[name].final() if name in self.lists else array
+                    for name, array in self._files().items()
+                }
                 for array in files.values():
                     array.flags.writeable = False
                 cache.adopt(cache.blocks_of(files))
