@@ -102,8 +102,10 @@ def hashing(data: str, options: dict[str, Any]) -> float:
         loader = tabloader.Loader(data, **options, seed=0, cache="disk", cache_dir=root)
         timed(loader)
         cache = loader.cache
-        assert cache is not None and cache.path is not None
-        files = [(cache.path / s.name) for s in cache.file_specs()]
+        assert cache is not None
+        directory = cache.path
+        assert directory is not None
+        files = [directory / s.name for s in cache.file_specs()]
         sizes = [(path, path.stat().st_size - store.PAGE) for path in files]
         best = float("inf")
         for _ in range(3):
