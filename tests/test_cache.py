@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -45,6 +46,13 @@ def check_rows_intact(batches) -> None:
         np.testing.assert_array_equal(b["label"], (i % 2).astype(np.float32))
 
 
+def _mapping(array):
+    """The file mapping an array is a view of, if any."""
+    while isinstance(array, np.ndarray) and not isinstance(array, np.memmap):
+        array = array.base
+    return array
+
+
 def run(loader) -> list:
     """One epoch, then wait for a disk cache written in the background to be published."""
     batches = list(loader)
@@ -65,10 +73,10 @@ def temporary(root: Path) -> list[Path]:
 def memory(request, monkeypatch) -> str:
     """With scarce memory, a disk cache is filled and read through file mappings."""
     if request.param == "scarce":
-        import tabloader.cache
+        import tabloader.cache.policy
 
         # Room for a memory cache of the test data (~10 kB), not for a disk cache's copy.
-        monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+        monkeypatch.setattr(tabloader.cache.policy, "_available_memory", lambda: 30_000)
     return str(request.param)
 
 
@@ -300,8 +308,9 @@ def test_shuffled_cached_epochs_gather_each_batch_whole(files, within):
     expected = ids(run(loader))
     cache, plan = loader.cache, loader.plan(1)
     assert plan.num_chunks > 1 and any(plan.chunk_rows(c) % 24 for c in range(plan.num_chunks))
-    chunks = [(c, cache.delivery_rows(plan, c)) for c in range(plan.num_chunks)]
-    parts = [p for task in cache.batch_tasks(cache.arrays, plan, chunks, np) for p in task()]
+    chunks = [(c, cache.rows.delivery_rows(plan, c)) for c in range(plan.num_chunks)]
+    served = cache.served()
+    parts = [p for task in cache.rows.batch_tasks(lambda: served, plan, chunks, np) for p in task()]
     assert [segment_rows(segment) for segment, _ in parts] == [24] * (ROWS // 24) + [ROWS % 24]
     np.testing.assert_array_equal(np.concatenate([s["id"][:, 0] for s, _ in parts]), expected)
 
@@ -356,7 +365,7 @@ def test_a_second_loader_reads_only_the_cache(files, tmp_path, memory):
         for x, y in zip(expected[epoch], batches, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
     # The files are mapped (shared with other processes, reclaimable), not copied.
-    assert all(isinstance(a.base, np.memmap) for a in second.cache.arrays.values())
+    assert all(isinstance(_mapping(a), np.memmap) for a in second.cache.arrays.values())
     # 412 rows of int64 id and cat, float32 x and label
     assert second.stats().cache_bytes == ROWS * (8 + 8 + 4 + 4)
 
@@ -382,6 +391,7 @@ def test_a_published_cache_that_fits_in_memory_is_read_in_when_opened(files, tmp
     run(first)
     first.cache.wait()
     del first
+    gc.collect()  # the first loader's own mappings of the files it wrote
     second = tabloader.Loader(files, **options, cache_dir=tmp_path / "c")
     assert second.cache.lookup()
     resident = _resident_bytes(tmp_path / "c")
@@ -489,7 +499,9 @@ def test_a_manifest_describes_the_cache(files, tmp_path):
     assert manifest["rows"] == ROWS
     assert [b["columns"] for b in manifest["blocks"]] == [["id"], ["cat"], ["x"], ["label"]]
     assert [f["path"] for f in manifest["key"]["files"]] == [os.path.abspath(f) for f in files]
-    ids_block = np.load(directory / manifest["blocks"][0]["file"])
+    assert [f["file"] for f in manifest["files"]] == [f"block{i}.npy" for i in range(4)]
+    assert all(len(f["sha256"]) == 1 for f in manifest["files"])  # one segment each, here
+    ids_block = np.load(directory / manifest["blocks"][0]["files"][0])
     assert ids_block[:, 0].tolist() == list(range(ROWS))
 
 
@@ -853,18 +865,17 @@ def test_cache_files_are_valid_npy_whatever_the_size_width_dtype_and_pieces(
 ):
     """Rows written piece by piece, in any order, cast on the way, make a valid ``.npy``
     file whose mapping, read back before and after syncing, holds every row."""
-    from tabloader.batches import Block
-    from tabloader.cache import CacheFiles
+    from tabloader.cache import CacheFiles, FileSpec
 
     values = np.arange(rows * width, dtype=np.int64).reshape(rows, width) * 7 - 5
-    block = Block("b", tuple(f"c{j}" for j in range(width)), np.dtype(dtype))
+    spec = FileSpec("block0.npy", (rows, width), np.dtype(dtype))
     with tempfile.TemporaryDirectory() as directory:
-        files = CacheFiles(Path(directory), [block], rows)
+        files = CacheFiles(Path(directory), [spec])
         bounds = sorted({0, rows, *(int(c * rows) for c in cuts)})
         for lo, hi in reversed(list(itertools.pairwise(bounds))):
-            files.write_rows("b", lo, [values[lo:hi, j] for j in range(width)])
+            files.write_rows("block0.npy", lo, [values[lo:hi, j] for j in range(width)])
         expected = values.astype(dtype)
-        np.testing.assert_array_equal(files.mapped()["b"], expected)
+        np.testing.assert_array_equal(files.mapped()["block0.npy"], expected)
         files.sync_and_close()
         loaded = np.load(Path(directory) / "block0.npy")
         assert loaded.dtype == np.dtype(dtype) and loaded.shape == (rows, width)
@@ -874,7 +885,7 @@ def test_cache_files_are_valid_npy_whatever_the_size_width_dtype_and_pieces(
 def test_a_disk_cache_too_large_for_memory_is_written_into_its_files(files, tmp_path, monkeypatch):
     """A disk cache that does not fit in memory is written straight into its files in
     epoch 0 (read back through a mapping of them), and served from them after."""
-    monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+    monkeypatch.setattr(tabloader.cache.policy, "_available_memory", lambda: 30_000)
     options = dict(**COLS, batch_size=8, shuffle=True, seed=2)
     streamed = tabloader.Loader(files, **options)
     cached = tabloader.Loader(files, **options, cache="disk", cache_dir=tmp_path)
@@ -885,7 +896,7 @@ def test_a_disk_cache_too_large_for_memory_is_written_into_its_files(files, tmp_
         check_rows_intact(b)
     (directory,) = published(tmp_path)
     arrays = cached.cache.arrays
-    assert arrays and all(isinstance(a.base, np.memmap) for a in arrays.values())
+    assert arrays and all(isinstance(_mapping(a), np.memmap) for a in arrays.values())
     if sys.platform.startswith("linux"):  # the mappings are of the published files
         maps = Path("/proc/self/maps").read_text().split()
         assert {Path(m).name for m in maps if m.startswith(str(directory))} == {
@@ -901,7 +912,7 @@ def test_a_disk_that_fills_up_before_the_cache_is_created_warns_once_and_streams
     is found there, said once, and the loader streams."""
     import errno
 
-    monkeypatch.setattr(tabloader.cache, "_available_memory", lambda: 30_000)
+    monkeypatch.setattr(tabloader.cache.policy, "_available_memory", lambda: 30_000)
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

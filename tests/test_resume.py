@@ -198,6 +198,7 @@ def test_state_is_small_json_and_says_where_the_epoch_stands(paths):
     assert (state["epoch"], state["batches"], state["seed"]) == (0, 3, 5)
     assert set(state) == {
         "format",
+        "tabloader",
         "epoch",
         "seed",
         "batches",
@@ -266,7 +267,7 @@ def test_something_else_than_a_state_is_refused(paths):
     with pytest.raises(tabloader.InvalidArgumentError, match="not a tabloader loader state"):
         loader.load_state_dict({"epoch": 1})
     state = loader.state_dict()
-    with pytest.raises(tabloader.InvalidArgumentError, match="reads format 1"):
+    with pytest.raises(tabloader.InvalidArgumentError, match="reads format 2"):
         loader.load_state_dict({**state, "format": 99})
     with pytest.raises(tabloader.InvalidArgumentError, match="an epoch has 11 here"):
         loader.load_state_dict({**state, "batches": 12})

@@ -58,6 +58,9 @@ class Block:
     column_major: bool = False
     """Each column contiguous (a Fortran-ordered ``[rows, k]`` array): a delivered column
     of a wide block is then a contiguous array, and one gather serves all ``k``."""
+    checked: tuple[str, ...] = ()
+    """Columns whose values must be checked to fit ``dtype`` when read (the footers'
+    statistics could not tell): see :mod:`tabloader.casting`."""
 
 
 @dataclass(frozen=True)

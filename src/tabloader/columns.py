@@ -271,6 +271,9 @@ def _footer_ranges(source: _ParquetSource, name: str) -> tuple[list[_Span], list
         metadata = source.metadata(f)
         if f not in leaf:
             leaf[f] = _leaf_index(metadata.schema, name)
+        if leaf[f] < 0:  # not stored in the file (a partition key): read to find its ids
+            unread.append(p)
+            continue
         chunk = metadata.row_group(g).column(leaf[f])
         stats = chunk.statistics
         if stats is not None and stats.has_min_max:

@@ -10,6 +10,7 @@ columns it needs.
 from __future__ import annotations
 
 import glob as globlib
+import hashlib
 import io
 import multiprocessing
 import os
@@ -23,8 +24,10 @@ from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tabloader.casting import footer_leaf, footer_range
 from tabloader.columns import closest_name, common_type
 from tabloader.errors import (
     ColumnNotFoundError,
@@ -104,7 +107,8 @@ class Dataset:
             - a path to a parquet file, a directory (searched recursively for
               ``*.parquet``, ``*.parq`` and ``*.pq``), or a glob such as
               ``"data/train/*.parquet"``; directories and globs skip names that start
-              with ``_`` or ``.`` (``_SUCCESS``, ``_metadata``, checksum files);
+              with ``_`` or ``.`` (``_SUCCESS``, ``_metadata``, checksum files); a path
+              that exists is itself, even with glob characters (``"a[1].parquet"``);
             - an fsspec URL of any of those (``"s3://bucket/train/*.parquet"``,
               ``"memory://..."``); install the fsspec implementation for the protocol;
             - a list of any of the above (files are listed in sorted order per entry,
@@ -116,7 +120,8 @@ class Dataset:
               Row counts are computed once at construction.
         engine: Only ``"parquet"``; accepted for NVTabular compatibility.
         storage_options: Passed to the fsspec filesystem for URLs (credentials,
-            endpoints); see docs/remote.md for S3, GCS and Azure.
+            endpoints); see docs/remote.md for S3, GCS and Azure. Refused for local
+            paths and tables, which have no filesystem to pass them to.
         rows_per_partition: Partition size for in-memory tables.
 
     Args: Partitions (see docs/tables.md)
@@ -203,6 +208,11 @@ class Dataset:
         self._listed_epoch: int | None = None
         checked_filters = normalize_filters(filters)
         self._source: _Source
+        if storage_options and not _names_urls(source):
+            raise InvalidArgumentError(
+                f"storage_options are for URLs (s3://, gs://, ...), and this dataset is "
+                f"{_describe_source(source)}: leave storage_options out, or give URLs"
+            )
         if isinstance(source, pa.Table):
             self._source = _TableSource(source, int(rows_per_partition))
         elif _is_polars_frame(source):
@@ -470,9 +480,40 @@ class Dataset:
         if epoch is not None and epoch == self._listed_epoch:
             return False
         self._listed_epoch = epoch
-        before = (source.listing(), source.rows.copy())
+        before = (source.listing(), source.rows.copy(), source.identities())
         _list_on_rank_zero(source)
-        return before[0] != source.listing() or not np.array_equal(before[1], source.rows)
+        # A file rewritten in place (same name, same rows) is a change too: its rows are new.
+        return (
+            before[0] != source.listing()
+            or not np.array_equal(before[1], source.rows)
+            or before[2] != source.identities()
+        )
+
+    def file_identities(self) -> list[dict[str, Any]]:
+        """What each file's content was when it was listed, as JSON-ready dicts: its
+        path, size and footer digest, and for objects the ETag, version id or generation
+        the store reports. The footer holds every row group's and column chunk's sizes,
+        offsets and statistics, so a file rewritten with other data has another
+        identity, even with its size and modification time kept. Empty for in-memory
+        sources.
+
+        Examples:
+            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
+            >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
+            >>> pq.write_table(pa.table({"a": [1, 2]}), path)
+            >>> sorted(tabloader.Dataset(path).file_identities()[0])
+            ['footer', 'path', 'size']
+        """
+        source = self._source
+        return source.identities() if isinstance(source, _ParquetSource) else []
+
+    def changed_files(self) -> list[str]:
+        """The files deleted or rewritten since they were listed (one ``stat`` or metadata
+        request each)."""
+        source = self._source
+        if not isinstance(source, _ParquetSource):
+            return []
+        return [source._display(f) for i, f in enumerate(source.files) if source.changed(i)]
 
     def describe_partition(self, index: int) -> str:
         """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
@@ -713,6 +754,13 @@ class Dataset:
         for k, schema in enumerate(self._source.schemas):
             for name in columns:
                 index = schema.get_field_index(name)
+                found = len(schema.get_all_field_indices(name))
+                if found > 1:
+                    raise InvalidFileError(
+                        f"{self._source.schema_owner(k)} has {found} columns named {name!r}; "
+                        "tabloader reads columns by name. Rewrite the file with unique "
+                        "column names"
+                    )
                 if index < 0:
                     where = self._source.schema_owner(k)
                     close = closest_name(name, schema.names)
@@ -820,6 +868,11 @@ class Dataset:
     def null_partitions(self, column: str) -> NDArray[np.int8]:
         """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
         return self._source.null_flags(column)
+
+    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
+        """Per partition: the smallest and largest value of ``column`` (of its values, for
+        a list column) as the footers' statistics say, or None where they do not."""
+        return self._source.value_ranges(column)
 
     def __repr__(self) -> str:
         kind = type(self._source).__name__.strip("_").replace("Source", "").lower()
@@ -977,6 +1030,9 @@ class _Source:
     def null_flags(self, column: str) -> NDArray[np.int8]:
         return np.full(len(self.rows), -1, dtype=np.int8)
 
+    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
+        return [None] * len(self.rows)
+
 
 class _ParquetSource(_Source):
     columns: ColumnSources
@@ -1002,6 +1058,7 @@ class _ParquetSource(_Source):
         self.files: list[str] = []
         self._sizes: list[int] = []
         self._stamps: list[Any] = []
+        self._digests: list[str] = []  # of each file's footer: what its content decides
         self._footers: list[bytes] | None = None  # remote only: pickled instead of re-read
         self._metadata: list[pq.FileMetaData] | None = []
         self.build(self.list_files())
@@ -1066,7 +1123,9 @@ class _ParquetSource(_Source):
         if self._metadata:
             for f, path in enumerate(self.files):
                 footer = self._footers[f] if self._footers is not None else None
-                known[path] = (self._stamps[f], self._sizes[f], self._metadata[f], footer)
+                known[path] = (
+                    self._stamps[f], self._sizes[f], self._metadata[f], footer, self._digests[f]
+                )  # fmt: skip
         stamps = self._file_stamps(files) if known else [None] * len(files)
         fresh = [
             path
@@ -1091,8 +1150,8 @@ class _ParquetSource(_Source):
                 self._warned.discard(path)
                 entries.append((path, *result))
             else:
-                _, size, md, footer = known[path]
-                entries.append((path, stamp, size, md, footer))
+                _, size, md, footer, digest = known[path]
+                entries.append((path, stamp, size, md, footer, digest))
         if not entries:
             raise SourceNotFoundError(
                 f"no readable parquet file in {', '.join(map(repr, self.specs))} yet"
@@ -1103,6 +1162,7 @@ class _ParquetSource(_Source):
         metadata = [e[3] for e in entries]
         self._metadata = metadata
         self._footers = [e[4] for e in entries] if self.remote is not None else None
+        self._digests = [e[5] for e in entries]
 
         schema_ids: dict[pa.Schema, int] = {}
         self.schemas = []
@@ -1130,28 +1190,61 @@ class _ParquetSource(_Source):
         self._set_columns(metadata, [value_of[path] for path in self.files])
 
     def _file_stamps(self, files: list[str]) -> list[Any]:
-        """What tells a changed file from an unchanged one: (size, mtime), or None."""
+        """What tells a changed file from an unchanged one without reading it, or None
+        (gone): for local files the size, modification and change times and inode (a
+        rewrite changes the change time even when the modification time is put back, as
+        ``cp -p`` and ``rsync -t`` do); for objects the size and the ETag, version or
+        generation the store reports."""
         stamps: list[Any] = []
         for path in files:
             try:
                 if self.remote is None:
-                    st = os.stat(path)
-                    stamps.append((st.st_size, st.st_mtime_ns))
+                    stamps.append(_local_stamp(os.stat(path)))
                 else:
-                    stamps.append((self.remote.size(path),))
+                    stamps.append(self.remote.stamp(path))
             except (OSError, TabloaderError):
                 stamps.append(None)
         return stamps
 
     def changed(self, index: int) -> bool:
-        """Whether a file was deleted, truncated or rewritten since it was listed."""
+        """Whether a file was deleted, truncated or rewritten since it was listed: its
+        stamp is the fast path, and a file whose stamp changed (touched, copied back)
+        has its footer read again, which its content decides."""
         path = self.files[index]
         stamp = self._file_stamps([path])[0]
         if stamp is None:
             return True
+        if stamp == self._stamps[index]:
+            return False
+        try:
+            if self.remote is None:
+                stamp, footer = _local_footer(path)
+            else:
+                footer = self.remote.read_footer(path, stamp[0])
+        except (OSError, ValueError, pa.ArrowException, TabloaderError):
+            return True
+        identity = self._identity(path, stamp, footer_digest(footer))
+        return identity != self._identity(path, self._stamps[index], self._digests[index])
+
+    def _identity(self, path: str, stamp: Any, digest: str) -> dict[str, Any]:
+        """What a file's content decides: its size and footer digest, and for objects
+        the ETag, version or generation the store keeps (the stamp's other parts, such
+        as local modification times, only say when to look again)."""
         if self.remote is None:
-            return bool(stamp != self._stamps[index])
-        return bool(stamp[0] != self._sizes[index])
+            return {"path": os.path.abspath(path), "size": stamp[0], "footer": digest}
+        return {
+            "path": self.remote.display(path),
+            "size": stamp[0],
+            "version": list(stamp[1:]),
+            "footer": digest,
+        }
+
+    def identities(self) -> list[dict[str, Any]]:
+        """Each file's identity when it was listed (see :meth:`_identity`)."""
+        return [
+            self._identity(path, stamp, digest)
+            for path, stamp, digest in zip(self.files, self._stamps, self._digests, strict=True)
+        ]
 
     @property
     def filesystem(self) -> Any:
@@ -1166,7 +1259,8 @@ class _ParquetSource(_Source):
     def _expand(self, spec: str) -> list[str]:
         if self.remote is None:
             path = os.path.expanduser(spec)
-            if globlib.has_magic(path):
+            # A path that exists is itself, even with glob characters: "a[1].parquet".
+            if globlib.has_magic(path) and not os.path.exists(path):
                 found = sorted(
                     p
                     for p in globlib.glob(path, recursive=True)
@@ -1195,7 +1289,8 @@ class _ParquetSource(_Source):
             except FileNotFoundError:
                 return None
 
-        if globlib.has_magic(path):
+        literal = call("info", path) if globlib.has_magic(path) else None
+        if globlib.has_magic(path) and literal is None:
             listing = call("glob", path, detail=True) or {}
             found = sorted(
                 p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
@@ -1207,7 +1302,7 @@ class _ParquetSource(_Source):
                 )
             self._roots[spec] = _glob_root(path)
             return found
-        info = call("info", path)
+        info = literal if literal is not None else call("info", path)
         if info is not None and info.get("type") == "directory":
             listing = sorted(call("find", path) or [])
             root = path.rstrip("/") + "/"
@@ -1241,30 +1336,20 @@ class _ParquetSource(_Source):
     def _display(self, path: str) -> str:
         return path if self.remote is None else self.remote.display(path)
 
-    def _read_footer(self, path: str) -> tuple[Any, int, pq.FileMetaData, bytes | None]:
+    def _read_footer(self, path: str) -> tuple[Any, int, pq.FileMetaData, bytes | None, str]:
+        """A file's stamp (see :meth:`_file_stamps`), size, metadata, footer bytes (kept
+        for remote files only) and footer digest, the stamp and the footer from the same
+        opened file."""
         shown = self._display(path)
-        stamp: tuple[int, ...]
+        stamp: tuple[Any, ...]
         try:
             if self.remote is None:
-                st = os.stat(path)
-                size, stamp = st.st_size, (st.st_size, st.st_mtime_ns)
+                stamp, footer = _local_footer(path)
+                size = stamp[0]
             else:
-                size = self.remote.size(path)
-                stamp = (size,)
-        except OSError as err:
-            if isinstance(err, ReadError):
-                raise
-            raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
-        if size == 0:
-            raise InvalidFileError(
-                f"{shown} is empty (0 bytes): remove it, or re-write it as parquet"
-            )
-        footer = None
-        try:
-            if self.remote is None:
-                return stamp, size, pq.read_metadata(path), None
-            footer = self.remote.read_footer(path, size)
-            return stamp, size, footer_metadata(footer), footer
+                stamp = self.remote.stamp(path)
+                size = stamp[0]
+                footer = self.remote.read_footer(path, size) if size else b""
         except (pa.ArrowException, ValueError) as err:
             if isinstance(err, InvalidFileError):
                 raise
@@ -1275,10 +1360,20 @@ class _ParquetSource(_Source):
         except OSError as err:
             if isinstance(err, ReadError):
                 raise
+            raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
+        if size == 0:
+            raise InvalidFileError(
+                f"{shown} is empty (0 bytes): remove it, or re-write it as parquet"
+            )
+        try:
+            metadata = footer_metadata(footer)
+        except (pa.ArrowException, ValueError, OSError) as err:
             raise InvalidFileError(
                 f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
                 "being written, or in another format"
             ) from err
+        kept = footer if self.remote is not None else None
+        return stamp, size, metadata, kept, footer_digest(footer)
 
     def _read_footers(self, files: list[str], *, skip_unreadable: bool) -> list[Any]:
         """Each file's (stamp, size, metadata, footer bytes), or, with
@@ -1388,6 +1483,53 @@ class _ParquetSource(_Source):
                 flags[p] = 1 if nulls > 0 else 0
         return flags
 
+    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
+        leaves: dict[int, int | None] = {}
+        ranges = []
+        for f, g in zip(self.part_file.tolist(), self.part_row_group.tolist(), strict=True):
+            md = self.metadata(f)
+            if f not in leaves:
+                leaves[f] = footer_leaf(md, column)
+            ranges.append(footer_range(md, g, leaves[f]))
+        return ranges
+
+
+def _local_stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _local_footer(path: str) -> tuple[tuple[int, int, int, int], bytes]:
+    """A local file's stamp and its footer (metadata, length, magic), read from one
+    opened file, so the two belong to the same version of it."""
+    with open(path, "rb") as f:
+        stamp = _local_stamp(os.fstat(f.fileno()))
+        size = stamp[0]
+        if size == 0:
+            return stamp, b""
+        if size < 12:
+            raise pa.ArrowInvalid(f"{size} bytes are too few for a parquet file")
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            raise pa.ArrowInvalid("Parquet magic bytes not found in footer")
+        length = int.from_bytes(tail[:4], "little")
+        if length + 12 > size:
+            raise pa.ArrowInvalid("the footer is longer than the file")
+        f.seek(size - 8 - length)
+        return stamp, f.read(length + 8)
+
+
+def footer_digest(footer: bytes) -> str:
+    """A short hash of a parquet footer: what a file's content decides, at no read cost
+    (the footer is read to plan anyway). It holds every row group's and column chunk's
+    sizes, offsets and statistics, so rewritten data changes it.
+
+    Examples:
+        >>> footer_digest(b"PAR1") == footer_digest(b"PAR1"), len(footer_digest(b""))
+        (True, 32)
+    """
+    return hashlib.sha256(footer).hexdigest()[:32]
+
 
 TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
 
@@ -1455,6 +1597,22 @@ def _walk_local(root: str) -> list[str]:
     return sorted(found)
 
 
+def _names_urls(source: object) -> bool:
+    """Whether ``source`` is a URL or a list holding one."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else source
+    if not isinstance(items, (list, tuple)):
+        return False
+    return any(isinstance(s, (str, os.PathLike)) and _is_url(os.fspath(s)) for s in items)
+
+
+def _describe_source(source: object) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return f"the local path {os.fspath(source)!r}"
+    if isinstance(source, (list, tuple)):
+        return "local paths"
+    return f"a {type(source).__name__}"
+
+
 def _is_url(spec: str) -> bool:
     return "://" in spec
 
@@ -1491,6 +1649,20 @@ class _TableSource(_Source):
             part = chunk.slice(int(self.starts[p]), int(self.rows[p]))
             flags[p] = 1 if part.null_count else 0
         return flags
+
+    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
+        if column not in self.table.column_names:
+            return super().value_ranges(column)
+        whole: Any = self.table.column(column).combine_chunks()
+        listed = pa.types.is_list(whole.type) or pa.types.is_large_list(whole.type)
+        ranges: list[tuple[Any, Any] | None] = []
+        for p in range(len(self.rows)):
+            part = whole.slice(int(self.starts[p]), int(self.rows[p]))
+            values = part.flatten() if listed else part
+            extremes = pc.min_max(values)
+            low, high = extremes["min"].as_py(), extremes["max"].as_py()
+            ranges.append(None if low is None else (low, high))
+        return ranges
 
 
 class _DaskSource(_Source):

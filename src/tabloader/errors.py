@@ -32,6 +32,7 @@ __all__ = [
     "SourceNotFoundError",
     "TabloaderError",
     "UnsupportedTableError",
+    "ValueRangeError",
 ]
 
 
@@ -75,6 +76,12 @@ class UnsupportedTableError(TabloaderError, ValueError):
     column mapping, delete files): its files do not hold exactly the table's rows."""
 
 
+class ValueRangeError(TabloaderError, ValueError):
+    """A value does not fit the dtype its column is delivered as (it would wrap around,
+    lose its fraction or become infinite); the message names the column, the value and
+    the dtype."""
+
+
 class EmptyDatasetError(TabloaderError, ValueError):
     """The loader would yield no batch at all."""
 
@@ -101,7 +108,9 @@ class PerformanceWarning(UserWarning):
 
 
 class CacheWarning(PerformanceWarning):
-    """The decoded cache cannot be used (too big for ``cache_max_bytes``, the disk or memory).
+    """The decoded cache cannot be used (too big for ``cache_max_bytes``, the disk or
+    memory; its directory is another user's or writable by others; writing it failed),
+    or a published cache was found damaged and is rebuilt.
 
-    The loader then streams from the files every epoch, which is correct but slower.
+    The loader then streams from the files, which is correct but slower.
     """

@@ -26,7 +26,16 @@ from tabloader.batches import (
     drop_leading_rows,
     lists_as_output,
 )
-from tabloader.cache import CacheMode, DecodedCache
+from tabloader.cache import CacheMode, DecodedCache, cache_directory
+from tabloader.casting import (
+    bounded,
+    checked_layout,
+    describe_range,
+    fits,
+    lossless,
+    misfit_message,
+    stored_dtype,
+)
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device, resolve_device
 from tabloader.errors import (
@@ -37,6 +46,7 @@ from tabloader.errors import (
     NullValuesError,
     PerformanceWarning,
     TabloaderError,
+    ValueRangeError,
 )
 from tabloader.memory import release_arrow_memory
 from tabloader.options import (
@@ -115,10 +125,13 @@ class LoaderOptions(TypedDict, total=False):
 LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
 """The names of [`LoaderOptions`][tabloader.LoaderOptions], for checking an adapter's keywords."""
 
-STATE_FORMAT = 1
-"""Version of the dict [`Loader.state_dict`][tabloader.Loader.state_dict] returns."""
+STATE_FORMAT = 2
+"""Version of the dict [`Loader.state_dict`][tabloader.Loader.state_dict] returns. 2: the
+dataset fingerprint covers the files' contents (their footers), and the state names the
+tabloader version."""
 # The keys of a saved state: where the epoch stands, and what must match to resume it.
 STATE_FORMAT_KEY = "format"
+STATE_VERSION = "tabloader"
 STATE_EPOCH = "epoch"
 STATE_SEED = "seed"
 STATE_BATCHES = "batches"
@@ -160,8 +173,13 @@ class Loader:
             ``TypeError`` naming the closest known one.
         fill_null: Value replacing nulls: one number for every column, or a mapping from
             column name to number. Without it, a null in a requested column raises
-            [`NullValuesError`][tabloader.errors.NullValuesError] (at construction when the parquet
-            footers tell).
+            :class:`NullValuesError` (at construction when the parquet footers tell).
+        cat_dtype, cont_dtype, label_dtype: The delivered dtypes. Nothing is converted
+            silently: a value that does not fit its column's dtype (uint64 ids at or
+            above 2**63 as int64, 0.5 as an integer, 1e300 as float32) raises
+            :class:`ValueRangeError` naming the column, the value and the dtype, at
+            construction when the footers' statistics tell, else when it is read.
+            ``fill_null`` and ``sparse_pad`` must fit too.
 
     Args: How to batch
         batch_size: Rows per batch.
@@ -220,7 +238,11 @@ class Loader:
             several times faster than decoding, with the same batches (see docs/cache.md).
             The CPU backend only (``device="cpu"``).
         cache_dir: Directory of disk caches. Default ``$TABLOADER_CACHE_DIR``, else
-            ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``.
+            ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``. Created ``0700``
+            (its caches' files ``0600``) when the loader is; one that another user owns
+            or others can write is not used (a :class:`CacheWarning`, and every epoch
+            streams). A published cache is verified against its checksums when opened
+            (see docs/cache.md, "Safety").
         cache_max_bytes: Largest cache to write. A cache that would be bigger, or would
             not fit in the free disk space (or half the available memory), is not
             written: a [`CacheWarning`][tabloader.errors.CacheWarning] says so once and
@@ -376,24 +398,16 @@ class Loader:
                 "PyTorch adapter still copies batches to its CUDA device), or leave cache out"
             )
 
+        self._check_pad()
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         types = self.dataset.column_types(columns)
         self._check_types(types)
         self.fill_null = self._fill_values(fill_null, types)
         self._check_nulls()
-
-        scalar = {
-            kind: tuple(c for c in names if c not in self.sparse_names)
-            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
-        }
-        self.layout_plan = Layout.build(
-            scalar,
-            self.dtypes,
-            stacked=layout == "stacked",
-            grouped=self.backend.groups_columns,
-        )
-        if self.sparse_names:
-            self.layout_plan = self.layout_plan.with_lists(self.sparse_names, self.dtypes)
+        self._range_checks = self._check_ranges(types)
+        """Columns whose values are checked to fit their dtype when read (see
+        :mod:`tabloader.casting`): the footers could not vouch for them."""
+        self.layout_plan = self._layout(stacked=layout == "stacked")
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
         if self.parts_per_chunk is None and chunk_rows is None:
             chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
@@ -405,28 +419,100 @@ class Loader:
         self._check_size()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
+        self._cache_stacked = self.shuffle or layout == "stacked"
+        """Whether a cache stores a block per kind (shuffled rows are gathered: stored
+        row-major per kind, a row is a few cache lines rather than one random access per
+        column), or one per column."""
+        if cache_dir is not None:
+            cache_directory(cache_dir)  # a path, or a clear error whatever ``cache``
         if cache is not None:
-            # Shuffled rows are gathered: stored row-major per kind, a row is a few cache
-            # lines rather than one random access per column.
-            stored = Layout.build(
-                {"cats": self.cats, "conts": self.conts, "labels": self.labels},
-                self.dtypes,
-                stacked=self.shuffle or layout == "stacked",
-            )
             self._new_cache = partial(
                 DecodedCache,
                 cache,
-                blocks=stored.blocks,
-                layout=self.layout_plan,
                 fill_null=self.fill_null,
                 global_rank=self.global_rank,
                 global_size=self.global_size,
                 cache_dir=cache_dir,
                 max_bytes=cache_max_bytes,
             )
-            self.cache = self._new_cache(dataset=self.dataset)
+            self.cache = self._cache_for(self.dataset)
+
+    def _layout(self, *, stacked: bool) -> Layout:
+        """How columns are grouped into blocks (``stacked``: one per kind), list columns
+        each a ragged block of its own, each block told which columns to check."""
+        scalar = {
+            kind: tuple(c for c in names if c not in self.sparse_names)
+            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
+        }
+        built = Layout.build(
+            scalar, self.dtypes, stacked=stacked, grouped=self.backend.groups_columns
+        )
+        if self.sparse_names:
+            built = built.with_lists(self.sparse_names, self.dtypes)
+        return checked_layout(built, self._range_checks)
+
+    def _cache_for(self, dataset: Dataset) -> DecodedCache:
+        return self._new_cache(
+            dataset=dataset,
+            blocks=self._layout(stacked=self._cache_stacked).blocks,
+            layout=self.layout_plan,
+        )
 
     # -- validation ---------------------------------------------------------------
+
+    def _dtype_option(self, name: str) -> str:
+        """The option that chose column ``name``'s delivered dtype."""
+        return (
+            "cat_dtype"
+            if name in self.cats
+            else "cont_dtype"
+            if name in self.conts
+            else "label_dtype"
+        )
+
+    def _check_pad(self) -> None:
+        """``sparse_pad`` must fit every dense list column's dtype (it is delivered)."""
+        if not self.sparse_as_dense:
+            return
+        for name in self.sparse_names:
+            dtype = self.dtypes[name]
+            if not fits(self.sparse_pad, dtype):
+                raise InvalidArgumentError(
+                    f"sparse_pad is {self.sparse_pad!r}, which does not fit "
+                    f"{self._dtype_option(name)}={dtype} of the list column {name!r} "
+                    f"({describe_range(dtype)}). Pass a sparse_pad that fits, such as 0"
+                )
+
+    def _check_ranges(self, types: Mapping[str, pa.DataType]) -> frozenset[str]:
+        """The columns to check when read; raises :class:`ValueRangeError` when a footer's
+        statistics show a value that does not fit the column's delivered dtype.
+
+        A column whose stored type fits its dtype needs no check; otherwise every row
+        group's statistics must fit it, and the column is checked as it is read where
+        they are missing or cannot tell (an infinite bound, a float delivered as an
+        integer).
+        """
+        checks = set()
+        for name, kind in types.items():
+            target, source = self.dtypes[name], stored_dtype(kind)
+            if lossless(source, target):
+                continue
+            ranges = self.dataset.value_ranges(name)
+            for partition, extremes in enumerate(ranges):
+                for value in extremes or ():
+                    if not fits(value, target):
+                        raise ValueRangeError(
+                            misfit_message(
+                                name,
+                                value,
+                                target,
+                                where=self.dataset.describe_partition(partition),
+                                option=self._dtype_option(name),
+                            )
+                        )
+            if (source.kind == "f" and target.kind in "iu") or not all(map(bounded, ranges)):
+                checks.add(name)
+        return frozenset(checks)
 
     def _list_options(
         self,
@@ -525,13 +611,20 @@ class Loader:
                 raise InvalidArgumentError(
                     f"fill_null for {name!r} must be a number, got {value!r}"
                 )
-            kind = types[name]
-            if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-                kind = kind.value_type
-            integral_column = pa.types.is_integer(kind) or pa.types.is_boolean(kind)
-            if integral_column and float(value) != int(value):
+            # Nulls are filled in the stored type, then delivered: the value must fit both.
+            stored, delivered = stored_dtype(types[name]), self.dtypes[name]
+            if not fits(value, stored):
+                whole = "a whole number" if stored.kind in "iub" else "a number"
                 raise InvalidArgumentError(
-                    f"fill_null for {name!r} must be a whole number: the column is {types[name]}"
+                    f"fill_null for {name!r} must be {whole} that fits {stored}, the "
+                    f"type the column is stored as ({describe_range(stored)}), got {value!r}"
+                )
+            if not fits(value, delivered):
+                option = self._dtype_option(name)
+                raise InvalidArgumentError(
+                    f"fill_null for {name!r} is {value!r}, which does not fit {option}="
+                    f"{delivered} ({describe_range(delivered)}). Pass a fill value that fits, "
+                    f"or another {option}"
                 )
         return values
 
@@ -773,6 +866,7 @@ class Loader:
         adapters' ``state_dict``."""
         return {
             STATE_FORMAT_KEY: STATE_FORMAT,
+            STATE_VERSION: _version(),
             STATE_EPOCH: int(epoch),
             STATE_SEED: int(self.seed if seed is None else seed),
             STATE_BATCHES: int(batches),
@@ -798,17 +892,7 @@ class Loader:
         """
         if adopt_seed is None:
             adopt_seed = not self._seed_given
-        keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
-        if not isinstance(state, Mapping) or any(k not in state for k in keys):
-            raise InvalidArgumentError(
-                f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
-                f"{', '.join(keys)}, ...), got {_short(state)}"
-            )
-        if state[STATE_FORMAT_KEY] != STATE_FORMAT:
-            raise InvalidArgumentError(
-                f"the state has format {state[STATE_FORMAT_KEY]!r}; this version of "
-                f"tabloader reads format {STATE_FORMAT}"
-            )
+        _check_state_shape(state)
         differences = []
         saved_dataset, dataset = state[STATE_DATASET], self._dataset_fingerprint()
         if saved_dataset != dataset:
@@ -816,7 +900,7 @@ class Loader:
                 f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
                 f"{_describe_fingerprint(dataset)})"
             )
-        saved_options = state.get(STATE_OPTIONS, {})
+        saved_options = state[STATE_OPTIONS]
         for name, value in self._order_options().items():
             if saved_options.get(name) != value:
                 differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
@@ -843,14 +927,20 @@ class Loader:
         return epoch, batches, int_at_least(seed, 0, "the state's seed")
 
     def _dataset_fingerprint(self) -> dict[str, Any]:
+        """What must match to resume: the files' names (not where they are, so a run
+        resumes on a copy of the data), row counts and footer digests (which their
+        contents decide), or for an in-memory source its row counts and schema."""
         rows = self.dataset.partition_rows.tolist()
         names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in self.dataset.files]
-        digest = hashlib.sha256(json.dumps([names, rows]).encode()).hexdigest()[:16]
+        contents = [f["footer"] for f in self.dataset.file_identities()]
+        if not names:
+            contents = [str(self.dataset.schema)]
+        text = json.dumps([names, rows, contents])
         return {
             "files": len(names),
             "partitions": len(rows),
             "rows": int(sum(rows)),
-            "digest": digest,
+            "digest": hashlib.sha256(text.encode()).hexdigest()[:16],
         }
 
     def _plan_options(self) -> dict[str, Any]:
@@ -891,14 +981,17 @@ class Loader:
         rank: under torch.distributed, rank 0's listing is broadcast).
         """
         if self.dataset.refresh(epoch=epoch):
-            self._check_types(self.dataset.column_types(self.columns))
+            types = self.dataset.column_types(self.columns)
+            self._check_types(types)
             self._check_nulls()
+            self._range_checks = self._check_ranges(types)
+            self.layout_plan = checked_layout(self.layout_plan, self._range_checks)
             self._check_size()
             if self.cache is not None:
-                # Another file list: a cache keyed by it, filled by this epoch's reads
-                # (the files are decoded again); the old one's directory goes.
+                # Other files, or other contents: a cache keyed by them, filled by this
+                # epoch's reads (the files are decoded again); the old one's directory goes.
                 self.cache.discard()
-                self.cache = self._new_cache(dataset=self.dataset)
+                self.cache = self._cache_for(self.dataset)
 
     def __repr__(self) -> str:
         return (
@@ -1064,6 +1157,52 @@ def _batch_stream(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
             "please report this with the dataset's partition sizes"
         )
+
+
+def _version() -> str:
+    import tabloader
+
+    return str(getattr(tabloader, "__version__", "unknown"))
+
+
+def _check_state_shape(state: object) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``state`` is a state dict this version
+    of tabloader reads, saying what it is instead."""
+    keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
+    if not isinstance(state, Mapping) or any(k not in state for k in keys):
+        raise InvalidArgumentError(
+            f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
+            f"{', '.join(keys)}, ...), got {_short(state)}"
+        )
+    found, version = state[STATE_FORMAT_KEY], state.get(STATE_VERSION)
+    if found != STATE_FORMAT:
+        by = f"tabloader {version}" if isinstance(version, str) else "another tabloader version"
+        if isinstance(found, int) and not isinstance(found, bool) and found < STATE_FORMAT:
+            why = (
+                f"it was saved by {by} (state format {found}), whose dataset fingerprint "
+                "did not cover the files' contents, so it cannot tell whether the data is "
+                "the same"
+            )
+        else:
+            why = f"it has state format {found!r} (saved by {by})"
+        raise InvalidArgumentError(
+            f"cannot resume from this state: {why}; this version of tabloader "
+            f"({_version()}) reads format {STATE_FORMAT}. Resume from a state saved by this "
+            f"version, or start over at its epoch (loader.set_epoch({state.get(STATE_EPOCH)!r}))"
+        )
+    for name in (STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_WORKER, STATE_NUM_WORKERS):
+        value = state.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgumentError(
+                f"not a tabloader loader state: its {name!r} must be an integer, got "
+                f"{_short(value)}"
+            )
+    for name in (STATE_DATASET, STATE_OPTIONS):
+        if not isinstance(state.get(name), Mapping):
+            raise InvalidArgumentError(
+                f"not a tabloader loader state: its {name!r} must be a dict (as "
+                f"Loader.state_dict() makes it), got {_short(state.get(name))}"
+            )
 
 
 def _short(value: object, limit: int = 80) -> str:

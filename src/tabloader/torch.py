@@ -46,6 +46,27 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(x_cat, x_cont, y)``."""
 
 _KINDS = (("cats", torch.int64), ("conts", torch.float32), ("labels", torch.float32))
+_DTYPE_OPTIONS = {"cats": "cat_dtype", "conts": "cont_dtype", "labels": "label_dtype"}
+
+
+def numpy_dtype(value: Any, what: str) -> Any:
+    """``value`` as the core takes a dtype: a ``torch.dtype`` as its numpy equivalent,
+    anything else unchanged (the core checks it).
+
+    Examples:
+        >>> numpy_dtype(torch.int32, "cat_dtype"), numpy_dtype("float16", "cont_dtype")
+        (dtype('int32'), 'float16')
+    """
+    if not isinstance(value, torch.dtype):
+        return value
+    try:
+        return torch.empty(0, dtype=value).numpy().dtype
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{what}={value} has no numpy equivalent, and batches are built from numpy or "
+            "cupy arrays: pass a dtype numpy has (torch.float32, torch.float16, torch.int64, "
+            "...) and convert the tensor in the model"
+        ) from None
 
 
 def _staging_target(device: object, index: int | None) -> torch.device:
@@ -111,6 +132,8 @@ class _BatchBuilder:
         self.device = torch.device("cpu")
         self.stager: _CudaStager | None = None
         self.lists: tuple[str, ...] = ()
+        self.dtypes: dict[str, torch.dtype] = {}
+        """Kind -> the dtype of its tensor (for a kind without columns)."""
 
     def set_device(
         self, device: torch.device, stager: _CudaStager | None, lists: Sequence[str]
@@ -121,10 +144,12 @@ class _BatchBuilder:
     def __call__(self, batch: dict[str, Any]) -> Any:
         rows = int(next(iter(batch.values())).shape[0])
         made = {kind: _as_tensor(batch[kind]) for kind, _ in _KINDS if kind in batch}
-        # A kind with no columns is an empty tensor where the others are.
+        # A kind with no columns is an empty tensor (of its dtype) where the others are.
         where = next(iter(made.values())).device if made else self.device
         tensors = [
-            made[kind] if kind in made else torch.empty((rows, 0), dtype=dtype, device=where)
+            made[kind]
+            if kind in made
+            else torch.empty((rows, 0), dtype=self.dtypes.get(kind, dtype), device=where)
             for kind, dtype in _KINDS
         ]
         x_cat, x_cont, y = tensors
@@ -206,6 +231,9 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         # the two: the core reads on the host and batches are staged to the GPU.
         self._core_device, staging = split_backend(device, backend)
         self._stage_to = None if staging is False else _staging_target(device, staging)
+        for option in _DTYPE_OPTIONS.values():  # PyTorch users write torch dtypes
+            if option in options:
+                options[option] = numpy_dtype(options[option], option)  # type: ignore[literal-required]
         ranks = _resolve_ranks(options.pop("global_rank", None), options.pop("global_size", None))
         rank_options = {"global_rank": ranks[0], "global_size": ranks[1]}
         self._start_epochs(dataset, {**options, **rank_options, "batch_size": batch_size}, seed_fn)
@@ -227,6 +255,10 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
                 "in the training loop (tensor.to('cuda', non_blocking=True))"
             )
         self._builder.set_device(self.device, stager, loader.sparse_names)
+        for kind, option in _DTYPE_OPTIONS.items():  # checked by the loader by now
+            if self._options.get(option) is not None:
+                empty = torch.from_numpy(np.empty(0, dtype=self._options[option]))
+                self._builder.dtypes[kind] = empty.dtype
         return loader
 
     def _worker(self) -> tuple[int, int]:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabloader.batches import Ragged, empty_segment
+from tabloader.casting import check_block
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
 from tabloader.reader import Prefetcher, SplitWork, usable_cores
@@ -610,4 +611,6 @@ def decode_pieces(
             for c in columns
         }
         del table
+        for block in request.blocks:  # values that would not fit their dtype: an error
+            check_block(arrays, block, where=where)
         yield arrays

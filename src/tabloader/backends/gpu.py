@@ -66,6 +66,7 @@ import numpy as np
 
 from tabloader.backends.cpu import drawn_ahead, null_message
 from tabloader.batches import Ragged, host_int
+from tabloader.casting import check_block
 from tabloader.dataset import read_error
 from tabloader.errors import (
     GPUMemoryError,
@@ -718,6 +719,9 @@ def assemble_frames(
         ([[0, 0], [1, 10], [7, 70]], True)
     """
     rows = sum(len(next(iter(f.values()))) for f in frames)
+    for frame in frames:  # a value that does not fit its block's dtype is an error
+        for b in blocks:
+            check_block(frame, b)
     segment: Segment = {}
     for b in blocks:
         if b.ragged:

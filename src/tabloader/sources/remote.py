@@ -62,6 +62,11 @@ _CREDENTIAL_ERRORS = frozenset(
 )
 
 
+_VERSION_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash")
+"""Keys of an fsspec ``info()`` that change with every write of an object."""
+_TIME_KEYS = ("LastModified", "last_modified", "mtime", "updated", "created")
+
+
 class _Stopped(Exception):
     """The consumer went away; pending requests give up quietly."""
 
@@ -251,6 +256,20 @@ class RemoteStore:
             raise SourceNotFoundError(f"{self.display(path)} does not exist ({err})") from err
         except PermissionError as err:
             raise access_denied_error(self.display(path), err) from err
+
+    def stamp(self, path: str) -> tuple[Any, ...]:
+        """``(size, *versions)``: the object's size, and what the store says changes with
+        every write of it (ETag, version id, generation; else its modification time)."""
+        try:
+            info = self.call("info", path, what=f"the metadata of {self.display(path)}")
+        except FileNotFoundError as err:
+            raise SourceNotFoundError(f"{self.display(path)} does not exist ({err})") from err
+        except PermissionError as err:
+            raise access_denied_error(self.display(path), err) from err
+        versions = [str(info[k]) for k in _VERSION_KEYS if info.get(k) not in (None, "")]
+        if not versions:
+            versions = [str(info[k]) for k in _TIME_KEYS if info.get(k) not in (None, "")]
+        return (int(info.get("size") or 0), *versions)
 
     def read_footer(self, path: str, size: int) -> bytes:
         """The tail of a parquet object holding its footer (metadata, length, magic)."""

@@ -1,0 +1,405 @@
+"""Serving a cache: an epoch's batches gathered from the cached rows, in plan order.
+
+Every epoch follows an :class:`~tabloader.plan.EpochPlan`; :class:`CachedRows` turns
+its chunks into tasks that gather each batch's rows from the cached blocks (or, without
+shuffling, views of them), and :func:`run_ahead` runs those tasks on a few threads
+ahead of the consumer. :class:`CacheBackend` is the loader's backend for one epoch:
+served from a complete cache, or filled from the files while serving them (see
+:class:`~tabloader.cache.policy.Fill`), or, when writing fails, streamed from where the
+cache left off.
+
+The code takes the array module ``xp`` (numpy here; cupy for a cache in GPU memory)
+and the cached arrays as values, so the same gathers can serve from either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tabloader.backends.cpu import decode_ahead, decode_pieces, drawn_ahead
+from tabloader.batches import Ragged, drop_leading_rows, empty_segment, host_int, segment_rows
+from tabloader.plan import resume_point
+from tabloader.reader import SplitWork, usable_cores
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from tabloader.backends import Backend, ReadRequest
+    from tabloader.batches import Block, Layout, Part, Segment
+    from tabloader.cache.policy import DecodedCache
+    from tabloader.plan import EpochPlan
+
+__all__ = [
+    "CacheBackend",
+    "CachedList",
+    "CachedRows",
+    "FillFailed",
+    "gather_list",
+    "rest_of_plan",
+    "run_ahead",
+    "take_transposed",
+]
+
+GATHER_THREADS = 4
+"""Most threads gathering a cached epoch's batches at once."""
+WRITE_THREADS = 2
+"""Threads writing a decoded piece into a cache being filled, the reader's included."""
+TILE_ROWS = 2048
+"""Rows gathered at a time by :func:`take_transposed`: a tile of a wide block (26
+int64 columns: 416 KiB) stays in a core's L2 cache."""
+
+
+class FillFailed(Exception):
+    """Writing a cache being filled failed (the cause is ``__cause__``): the epoch goes on
+    streaming from the files."""
+
+
+@dataclass(frozen=True)
+class CachedList:
+    """A cached list column: row ``i`` is ``values[spans[i, 0]:spans[i, 1]]``.
+
+    The values are stored in the order they were decoded (the first epoch's), each row's
+    span pointing at its own, so a cache is filled piece by piece in any order.
+    """
+
+    values: Any
+    spans: Any
+    """``[rows, 2]`` int64: where each row's values start and stop."""
+
+    def __len__(self) -> int:
+        return int(self.spans.shape[0])
+
+
+def gather_list(cached: CachedList, rows: Any) -> Ragged:
+    """The lists of ``rows`` (an index array) of a cached list column, in that order, as
+    compact values and offsets from 0.
+
+    Examples:
+        >>> cached = CachedList(np.array([7, 8, 9, 5]), np.array([[3, 4], [0, 2], [2, 2]]))
+        >>> r = gather_list(cached, np.array([1, 2, 0]))
+        >>> r.values.tolist(), r.offsets.tolist()
+        ([7, 8, 5], [0, 2, 2, 3])
+    """
+    xp = _module(cached.spans)
+    spans = cached.spans[rows]
+    starts = spans[:, 0]
+    offsets = xp.zeros(len(rows) + 1, dtype=np.int64)
+    xp.cumsum(spans[:, 1] - starts, out=offsets[1:])
+    total = host_int(offsets[-1])
+    if total == 0:
+        return Ragged(cached.values[:0], offsets)
+    row = xp.searchsorted(offsets[1:], xp.arange(total, dtype=np.int64), side="right")
+    source = starts[row] + (xp.arange(total, dtype=np.int64) - offsets[:-1][row])
+    return Ragged(cached.values[source], offsets)
+
+
+def _module(array: Any) -> Any:
+    import sys
+
+    return sys.modules[type(array).__module__.split(".")[0]]
+
+
+class CachedRows:
+    """Where each cached row lives, and how an epoch's batches are gathered from them.
+
+    Args:
+        blocks: The stored blocks (one per kind, or one per column; list columns each
+            a :class:`CachedList`).
+        layout: How batches are delivered.
+        base: Per partition, the cache row of its row 0 (-1 outside the rank's share):
+            row ``j`` of partition ``p`` is cache row ``base[p] + j``.
+    """
+
+    def __init__(self, blocks: tuple[Block, ...], layout: Layout, base: NDArray[np.int64]) -> None:
+        self.blocks = blocks
+        self.layout = layout
+        self.base = base
+
+    def delivery_rows(self, plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:
+        """The cache rows of chunk ``chunk`` of ``plan`` in delivery order; None when
+        the chunk is served as views of the cache (stored order, stored layout)."""
+        order = plan.batch_order(chunk)
+        if order is None and self.blocks == self.layout.blocks:
+            return None
+        pieces = plan.pieces(chunk)
+        rows = np.concatenate(
+            [np.arange(self.base[p] + s, self.base[p] + e, dtype=np.int64) for p, s, e in pieces]
+        )
+        return rows if order is None else rows[order]
+
+    def batch_tasks(
+        self,
+        arrays: Callable[[], Mapping[str, Any]],
+        plan: EpochPlan,
+        chunks: Iterable[tuple[int, NDArray[np.int64] | None]],
+        xp: Any,
+    ) -> Iterator[Callable[[], list[Part]]]:
+        """The parts of ``plan``'s chunks over the cached arrays, as tasks that gather
+        them (run in order by :func:`run_ahead`, several at once); ``chunks`` gives each
+        chunk's :meth:`delivery_rows`, in order, and ``arrays()`` the cached arrays as
+        they stand once the chunk's rows are in them (a cache being filled grows).
+
+        Without shuffling, a chunk's pieces are zero-copy views of the cache. With
+        shuffling, rows are gathered from the cache in the plan's order one whole batch
+        at a time (so memory holds a few batches, not a chunk): a batch that begins at
+        the end of one chunk and ends in the next is gathered once, from both, rather
+        than in two parts copied together again. Rows are stored row-major per kind, so
+        a gathered row is a few contiguous cache lines, not one random access per column.
+        """
+        carried: list[NDArray[np.int64]] = []  # the rows of a batch begun in a chunk before
+        for chunk, rows in chunks:
+            now = arrays()
+            if rows is None:
+                pieces = plan.pieces(chunk)
+                first = [int(self.base[p]) + s for p, s, _ in pieces]
+                views: list[Part] = [
+                    (self._view(now, lo, lo + e - s), None)
+                    for lo, (_, s, e) in zip(first, pieces, strict=True)
+                ]
+                yield partial(list, views)
+                continue
+            before = plan.rows_before(chunk)
+            last = chunk == plan.num_chunks - 1
+            for lo, hi in pairwise(plan.batch_bounds(chunk).tolist()):
+                carried.append(rows[lo:hi])
+                if (before + hi) % plan.batch_size and not (last and hi == len(rows)):
+                    continue  # the batch goes on in the next chunk
+                window = carried[0] if len(carried) == 1 else np.concatenate(carried)
+                carried = []
+                yield partial(self.gather, now, window, xp)
+        if carried:  # the plan's last chunk was empty
+            yield partial(self.gather, arrays(), np.concatenate(carried), xp)
+
+    @staticmethod
+    def _view(arrays: Mapping[str, Any], lo: int, hi: int) -> Segment:
+        """Rows ``lo:hi`` of the cache: views, and each list column's rows gathered."""
+        return {
+            name: gather_list(a, np.arange(lo, hi, dtype=np.int64))
+            if isinstance(a, CachedList)
+            else a[lo:hi]
+            for name, a in arrays.items()
+        }
+
+    def gather(self, arrays: Mapping[str, Any], rows: NDArray[np.int64], xp: Any) -> list[Part]:
+        """The ``rows`` of the cache, in that order, as the layout's blocks."""
+        lists = {
+            name: gather_list(a, rows) for name, a in arrays.items() if isinstance(a, CachedList)
+        }
+        if self.blocks == self.layout.blocks:
+            dense = {
+                name: xp.take(a, rows, axis=0) for name, a in arrays.items() if name not in lists
+            }
+            return [({**dense, **lists}, None)]
+        # Stored row-major per kind, delivered one contiguous column each: gathered and
+        # transposed in one pass into column-major blocks of one allocation.
+        scalar = [b for b in self.blocks if not b.ragged]
+        shapes = [(b.name, len(b.columns), b.dtype) for b in scalar]
+        blocks = empty_segment(len(rows), shapes, xp, column_major=True)
+        segment: Segment = {}
+        for b in scalar:
+            take_transposed(arrays[b.name], rows, blocks[b.name])
+            segment.update((c, blocks[b.name][:, j : j + 1]) for j, c in enumerate(b.columns))
+        segment.update(lists)
+        return [(segment, None)]
+
+
+def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[Any]) -> None:
+    """``out[i] = stored[rows[i]]`` for a row-major ``stored`` and a column-major ``out``.
+
+    A tile of :data:`TILE_ROWS` rows at a time is gathered into a small row-major
+    scratch, which stays in the CPU's cache while it is transposed into ``out``: about
+    twice as fast as gathering the whole batch and then transposing it from memory.
+
+    Examples:
+        >>> stored = np.arange(12).reshape(6, 2)
+        >>> out = np.empty((3, 2), order="F", dtype=stored.dtype)
+        >>> take_transposed(stored, np.array([5, 0, 2]), out)
+        >>> out.tolist(), out.flags.f_contiguous
+        ([[10, 11], [0, 1], [4, 5]], True)
+    """
+    tile = np.empty((min(TILE_ROWS, len(rows)), stored.shape[1]), stored.dtype)
+    for lo in range(0, len(rows), TILE_ROWS):
+        part = rows[lo : lo + TILE_ROWS]
+        # The rows come from the plan, so they are in range: "clip" skips the bounds
+        # checks of the default mode (a sixth of the gather).
+        np.take(stored, part, axis=0, out=tile[: len(part)], mode="clip")
+        out[lo : lo + len(part)] = tile[: len(part)]
+
+
+def run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
+    """The tasks' results in order, computed by a few threads ahead of the consumer.
+
+    Gathers release the GIL, so windows are gathered on several cores at once; at most
+    two per thread are done or in progress, which bounds the memory they hold.
+    """
+    threads = max(1, min(GATHER_THREADS, usable_cores()))
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
+    pending: deque[Future[list[Part]]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(task))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def rest_of_plan(plan: EpochPlan, rows: int) -> tuple[EpochPlan, int]:
+    """The part of ``plan`` after the first ``rows`` rows of its delivery order: the
+    chunks from the one holding row ``rows`` on (same permutations), and how many rows
+    of that chunk's delivery order to drop.
+
+    Examples:
+        >>> from tabloader.plan import plan_epoch
+        >>> plan = plan_epoch(np.array([5, 5, 5]), batch_size=4, shuffle=True, seed=0,
+        ...                   epoch=0, parts_per_chunk=1)
+        >>> rest, drop = rest_of_plan(plan, 7)
+        >>> rest.num_chunks, rest.first_chunk, drop
+        (2, 1, 2)
+    """
+    chunk_rows = np.array([plan.chunk_rows(c) for c in range(plan.num_chunks)], np.int64)
+    chunk, drop = resume_point(chunk_rows, batches_done=rows, batch_size=1)
+    first = int(plan.chunk_bounds[chunk]) if chunk < plan.num_chunks else len(plan.partitions)
+    rest = replace(
+        plan,
+        partitions=plan.partitions[first:],
+        starts=plan.starts[first:],
+        stops=plan.stops[first:],
+        chunk_bounds=plan.chunk_bounds[chunk:] - first,
+        first_chunk=plan.first_chunk + chunk,
+        rows_skipped=(
+            plan.rows_before(chunk) if chunk < plan.num_chunks else plan.rows_skipped + rows
+        ),
+        drop_rows=0,
+    )
+    return rest, drop
+
+
+def read_only(arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """Read-only views: a batch that is a view of the cache cannot change it."""
+    views: dict[str, Any] = {}
+    for name, array in arrays.items():
+        if isinstance(array, CachedList):
+            views[name] = CachedList(_read_only(array.values), _read_only(array.spans))
+        else:
+            views[name] = _read_only(array)
+    return views
+
+
+def _read_only(array: Any) -> Any:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class CacheBackend:
+    """The loader's backend for one epoch, reading chunks through the cache.
+
+    ``write=False``: every batch is gathered from the complete cache. ``write=True``:
+    the epoch's pieces are decoded, written into a new :class:`~tabloader.cache.policy.Fill`
+    and each chunk's batches gathered from it once written; the rows the epoch leaves
+    out are written at its end and the fill completed. If writing fails, a
+    :class:`~tabloader.CacheWarning` says so, the cache is given up and the rest of the
+    epoch is streamed from the files, from the first row not delivered yet.
+    """
+
+    def __init__(self, cache: DecodedCache, backend: Backend, *, write: bool) -> None:
+        self.cache = cache
+        self.backend = backend
+        self.name = backend.name
+        self.xp = backend.xp
+        self.groups_columns = backend.groups_columns
+        self.scope = backend.scope
+        self.write = write
+
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        cache, plan, stats = self.cache, request.plan, request.stats
+        rows = cache.rows
+        # Each chunk's delivery rows, the next chunk's drawn while this one is gathered.
+        rows_ahead = partial(drawn_ahead, plan, partial(rows.delivery_rows, plan))
+        if not self.write:
+            served = cache.served()
+            with contextlib.closing(rows_ahead()) as orders:
+                tasks = rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
+                yield from run_ahead(tasks)
+            return
+        made = cache.start_fill(request)
+        if made is None:  # its files could not be made (said once): stream
+            yield from self.backend.read_chunks(request)
+            return
+        fill = made
+        columns = [c for b in cache.blocks for c in b.columns]
+        pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
+        decoded = decode_ahead(request, columns)
+        work = SplitWork(min(WRITE_THREADS, usable_cores()), name="tabloader-cache-fill")
+        delivered = 0  # rows of the plan's delivery order handed on
+
+        def written(
+            orders: Iterator[NDArray[np.int64] | None],
+        ) -> Iterator[tuple[int, NDArray[np.int64] | None]]:
+            # A chunk's batches are gathered once its rows are written; meanwhile the
+            # gather threads still work on the previous chunk's.
+            for chunk, chunk_rows in enumerate(orders):
+                s = plan.chunk_pieces(chunk)
+                for p, a, _ in pieces[s]:
+                    piece = next(decoded)
+                    started = time.perf_counter()
+                    fill.write(int(rows.base[p]) + a, piece, work)
+                    stats.assemble_seconds += time.perf_counter() - started
+                yield chunk, chunk_rows
+
+        failure: FillFailed | None = None
+        try:
+            with contextlib.closing(rows_ahead()) as orders:
+                tasks = rows.batch_tasks(fill.served, plan, written(orders), self.xp)
+                for parts in run_ahead(tasks):
+                    delivered += sum(segment_rows(segment) for segment, _ in parts)
+                    yield parts
+            missing = cache.missing_pieces(pieces)
+            for (p, a, _), piece in zip(
+                missing, decode_pieces(request, missing, columns), strict=True
+            ):
+                fill.write(int(rows.base[p]) + a, piece, work)
+            fill.complete(request.dataset)
+            stats.cache_bytes = cache.nbytes
+        except FillFailed as error:
+            failure = error
+        finally:
+            work.close()
+            decoded.close()
+            fill.close()
+        if failure is not None:
+            cause = failure.__cause__
+            cache.refuse(
+                f"writing it failed ({type(cause).__name__}: {cause}); this epoch goes on "
+                "from the files",
+                stacklevel=1,
+            )
+            yield from stream_rest(self.backend, request, delivered)
+
+
+def stream_rest(backend: Backend, request: ReadRequest, rows: int) -> Iterator[list[Part]]:
+    """The chunks of ``request``'s plan from row ``rows`` of its delivery order on, read
+    from the files by ``backend``: exactly what the cache would have delivered."""
+    plan = request.plan
+    if rows >= sum(plan.chunk_rows(c) for c in range(plan.num_chunks)):
+        return
+    rest, drop = rest_of_plan(plan, rows)
+    chunks = backend.read_chunks(replace(request, plan=rest))
+    first = next(chunks, None)
+    if first is None:
+        return
+    yield list(drop_leading_rows(first, drop))
+    yield from chunks

@@ -1,0 +1,339 @@
+"""Never convert silently: whether a value fits the dtype it is delivered as.
+
+The loader delivers every column in one dtype (``cat_dtype``, ``cont_dtype``,
+``label_dtype``) whatever the files store. A cast that cannot lose anything (int32 to
+int64, any integer to float32, float32 to float64) needs no check. Any other cast is
+checked, so that nothing wraps around or is cut off in silence:
+
+- an integer target takes whole numbers in its range only: uint64 ids at or above 2**63
+  do not fit int64, 0.3 does not fit int8, NaN and infinities fit no integer;
+- a floating-point target takes any number within its range (rounded to its precision,
+  which is what a float is), and NaN and infinities as stored.
+
+The checks come first from the parquet footers' statistics (the smallest and largest
+value of every row group, read at construction): a row group whose statistics fit is
+not checked again, and one whose statistics do not fit is an error before any data is
+read. Columns without statistics, and float columns delivered as integers (statistics
+cannot tell 2.5 from 2), are checked when their data is read, on both backends, by
+:func:`check_values`. Option values that end up in the data (``fill_null``,
+``sparse_pad``) follow the same rule, checked by :func:`fits`.
+
+Every function here is pure and works on numpy or cupy arrays alike (the array module
+is taken from the array); only a verdict (one value) is copied to the host.
+
+Examples:
+    >>> import numpy as np
+    >>> [fits(v, np.dtype("int64")) for v in (2**64 - 1, 300, 2.5)]
+    [False, True, False]
+    >>> fits(float("nan"), np.dtype("float32")), fits(1e39, np.dtype("float32"))
+    (True, False)
+    >>> [lossless(np.dtype(a), np.dtype("int64")) for a in ("int32", "uint64")]
+    [True, False]
+    >>> try:
+    ...     check_values(np.array([1, 2**40]), np.dtype("int32"), column="id")
+    ... except ValueRangeError as err:
+    ...     print(err)  # doctest: +NORMALIZE_WHITESPACE
+    column 'id' holds 1099511627776, which does not fit int32, the dtype it is delivered
+    as (whole numbers from -2147483648 to 2147483647): it would wrap around. Deliver it as
+    a dtype that holds every value (cat_dtype=, cont_dtype= or label_dtype=), or change
+    the data
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tabloader.errors import ValueRangeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tabloader.batches import Block, Layout
+
+__all__ = [
+    "bounded",
+    "checked_layout",
+    "check_block",
+    "check_values",
+    "describe_range",
+    "fits",
+    "footer_leaf",
+    "footer_range",
+    "lossless",
+    "misfit_message",
+    "stored_dtype",
+]
+
+Range = tuple[Any, Any]
+"""The smallest and the largest value of a column in one partition."""
+
+
+def _bounds(dtype: np.dtype[Any]) -> tuple[float | int, float | int]:
+    """The smallest and largest finite value of a numeric ``dtype`` (exact, as Python
+    numbers)."""
+    if dtype.kind == "b":
+        return 0, 1
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return int(info.min), int(info.max)
+    finfo = np.finfo(dtype)
+    return float(finfo.min), float(finfo.max)
+
+
+def lossless(source: np.dtype[Any], target: np.dtype[Any]) -> bool:
+    """Whether every value of ``source`` fits ``target``, so a cast needs no check.
+
+    Examples:
+        >>> [lossless(np.dtype(a), np.dtype(b)) for a, b in
+        ...  [("int8", "uint8"), ("bool", "int8"), ("int64", "float32"), ("float64", "float32")]]
+        [False, True, True, False]
+    """
+    source, target = np.dtype(source), np.dtype(target)
+    if source == target or source.kind == "b":
+        return True
+    if target.kind in "iu":
+        if source.kind not in "iu":
+            return False
+        lo, hi = _bounds(source)
+        tlo, thi = _bounds(target)
+        return tlo <= lo and hi <= thi
+    # A float target: every finite value of the source within its range.
+    return float(_bounds(source)[1]) <= float(_bounds(target)[1])
+
+
+def fits(value: object, target: np.dtype[Any]) -> bool:
+    """Whether the number ``value`` is delivered as ``target`` unchanged (for an integer
+    target) or within range (for a float target: rounded to its precision; NaN and
+    infinities fit as themselves).
+
+    Examples:
+        >>> [fits(v, np.dtype("int8")) for v in (127, 128, -128.0, 2.5, float("inf"), True)]
+        [True, False, True, False, False, True]
+    """
+    target = np.dtype(target)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not isinstance(value, Real):
+        return False
+    if target.kind in "iub":
+        lo, hi = _bounds(target)
+        if isinstance(value, Integral):
+            return lo <= int(value) <= hi
+        number = float(value)
+        return math.isfinite(number) and number.is_integer() and lo <= int(number) <= hi
+    if isinstance(value, Integral):
+        return abs(int(value)) <= int(_bounds(target)[1])
+    number = float(value)
+    return not math.isfinite(number) or abs(number) <= float(_bounds(target)[1])
+
+
+def describe_range(target: np.dtype[Any]) -> str:
+    """What ``target`` holds, for messages.
+
+    Examples:
+        >>> describe_range(np.dtype("uint8")), describe_range(np.dtype("float16"))
+        ('whole numbers from 0 to 255', 'numbers from -65504.0 to 65504.0')
+    """
+    target = np.dtype(target)
+    lo, hi = _bounds(target)
+    kind = "whole numbers" if target.kind in "iub" else "numbers"
+    return f"{kind} from {lo} to {hi}"
+
+
+def misfit_message(
+    column: str, value: object, target: np.dtype[Any], *, where: str = "", option: str = ""
+) -> str:
+    """The message of a value of ``column`` that does not fit ``target``."""
+    target = np.dtype(target)
+    if isinstance(value, np.generic):
+        value = value.item()
+    integral = isinstance(value, Integral) or (
+        isinstance(value, float) and math.isfinite(value) and value.is_integer()
+    )
+    effect = (
+        "it would wrap around"
+        if target.kind in "iu" and integral
+        else "it would lose its fraction"
+        if target.kind in "iu" and isinstance(value, float) and math.isfinite(value)
+        else "no integer is NaN or infinite"
+        if target.kind in "iu"
+        else "it would become infinite"
+    )
+    place = f" ({where})" if where else ""
+    named = f"{option}={target}" if option else f"{target}, the dtype it is delivered as"
+    remedy = (
+        f"Pass a {option} that holds every value"
+        if option
+        else "Deliver it as a dtype that holds every value (cat_dtype=, cont_dtype= or "
+        "label_dtype=)"
+    )
+    return (
+        f"column {column!r} holds {value!r}{place}, which does not fit {named} "
+        f"({describe_range(target)}): {effect}. {remedy}, or change the data"
+    )
+
+
+def bounded(extremes: Range | None) -> bool:
+    """Whether a row group's statistics bound its values: both ends known and finite
+    (a maximum of infinity says nothing of the finite values below it).
+
+    Examples:
+        >>> bounded((1, 5)), bounded((0.5, float("inf"))), bounded(None)
+        (True, False, False)
+    """
+    if extremes is None:
+        return False
+    return all(isinstance(v, Real) and math.isfinite(v) for v in extremes)
+
+
+def _module(array: Any) -> Any:
+    """numpy or cupy, whichever ``array`` belongs to."""
+    return sys.modules[type(array).__module__.split(".")[0]]
+
+
+def _host(value: Any) -> Any:
+    """A device scalar or small array on the host (an explicit copy)."""
+    get = getattr(value, "get", None)
+    return np.asarray(get() if callable(get) else value)
+
+
+def _misfits(values: Any, target: np.dtype[Any], xp: Any) -> Any:
+    """A boolean array: where ``values`` do not fit ``target``."""
+    lo, hi = _bounds(target)
+    if target.kind in "iu":
+        if values.dtype.kind in "iu":
+            # (numbers compared as Python ints, so uint64 against int64 bounds is exact)
+            below = values < lo if _bounds(values.dtype)[0] < lo else None
+            above = values > hi if _bounds(values.dtype)[1] > hi else None
+            if below is None:
+                return above
+            return below if above is None else below | above
+        # Floats: finite, whole, and in [lo, hi + 1), whose ends are powers of two
+        # (exact in any float), where ``hi`` itself may round up to ``hi + 1``. A bound
+        # beyond the float type's own range needs no comparison.
+        good = xp.isfinite(values) & (values % 1 == 0)
+        largest = float(np.finfo(values.dtype).max)
+        if hi + 1 <= largest:
+            good = good & (values < float(hi + 1))
+        if -largest <= lo:
+            good = good & (values >= float(lo))
+        return ~good
+    limit = float(hi)
+    if values.dtype.kind == "f":
+        return xp.isfinite(values) & (abs(values) > limit)
+    return abs(values.astype(np.float64)) > limit
+
+
+def check_values(
+    values: Any,
+    target: np.dtype[Any],
+    *,
+    column: str,
+    where: str = "",
+    option: str = "",
+) -> None:
+    """Raise :class:`~tabloader.ValueRangeError` if a value of the 1-D array ``values``
+    (numpy or cupy) does not fit ``target``, naming the column, the first such value and
+    the dtype. Casts that cannot lose anything return at once.
+
+    Examples:
+        >>> check_values(np.array([0.0, 1.0, -3.0]), np.dtype("int8"), column="x")
+        >>> try:
+        ...     check_values(np.array([0.0, 0.3]), np.dtype("int8"), column="x", where="a.pq")
+        ... except ValueRangeError as err:
+        ...     print(err)  # doctest: +NORMALIZE_WHITESPACE
+        column 'x' holds 0.3 (a.pq), which does not fit int8, the dtype it is delivered as
+        (whole numbers from -128 to 127): it would lose its fraction. Deliver it as a dtype
+        that holds every value (cat_dtype=, cont_dtype= or label_dtype=), or change the data
+    """
+    target = np.dtype(target)
+    if len(values) == 0 or lossless(values.dtype, target):
+        return
+    xp = _module(values)
+    with np.errstate(invalid="ignore"):  # (numpy: infinity % 1 is NaN, which is no fit)
+        bad = _misfits(values, target, xp)
+    if bad is None or not bool(_host(bad.any())):
+        return
+    first = xp.where(bad)[0][:1]
+    value = _host(values[first])[0].item()
+    raise ValueRangeError(misfit_message(column, value, target, where=where, option=option))
+
+
+def check_block(piece: Mapping[str, Any], block: Block, *, where: str = "") -> None:
+    """Check the columns of ``block`` that need it (:attr:`Block.checked
+    <tabloader.batches.Block.checked>`) in one decoded ``piece`` (``{column: values}``,
+    a list column as :class:`~tabloader.batches.Ragged`), before they are cast to the
+    block's dtype. Both backends call it where they cast."""
+    for column in block.checked:
+        values = piece[column]
+        values = getattr(values, "values", values)  # a list column: its values
+        check_values(values, block.dtype, column=column, where=where)
+
+
+def checked_layout(layout: Layout, columns: Sequence[str] | frozenset[str]) -> Layout:
+    """``layout`` with each block told which of its columns to check when read."""
+    from tabloader.batches import Layout
+
+    blocks = tuple(
+        replace(b, checked=tuple(c for c in b.columns if c in columns)) for b in layout.blocks
+    )
+    return Layout(blocks, layout.outputs)
+
+
+def stored_dtype(arrow_type: pa.DataType) -> np.dtype[Any]:
+    """The numpy dtype of a numeric (or boolean) Arrow type, or of a list's values."""
+    import pyarrow as pa
+
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        arrow_type = arrow_type.value_type
+    return np.dtype(arrow_type.to_pandas_dtype())
+
+
+def _leaves(arrow_type: pa.DataType) -> int:
+    """How many parquet leaf columns an Arrow type is stored as."""
+    count = getattr(arrow_type, "num_fields", 0)
+    if not count:
+        return 1
+    return sum(_leaves(arrow_type.field(i).type) for i in range(count))
+
+
+def footer_leaf(metadata: pq.FileMetaData, column: str) -> int | None:
+    """Index of the parquet leaf column that stores ``column`` (a list column: its
+    values), or None when it is not one leaf."""
+    schema = metadata.schema.to_arrow_schema()
+    index = schema.get_field_index(column)
+    if index < 0 or _leaves(schema.field(index).type) != 1:
+        return None
+    return sum(_leaves(schema.field(i).type) for i in range(index))
+
+
+def footer_range(metadata: pq.FileMetaData, row_group: int, leaf: int | None) -> Range | None:
+    """The smallest and largest value of leaf column ``leaf`` (see :func:`footer_leaf`)
+    in one row group, from the footer's statistics; None where the footer does not say.
+
+    Examples:
+        >>> import pyarrow as pa, pyarrow.parquet as pq, io
+        >>> sink = io.BytesIO()
+        >>> pq.write_table(pa.table({"a": [3, 1], "b": [[5], [2, 9]]}), sink)
+        >>> md = pq.read_metadata(io.BytesIO(sink.getvalue()))
+        >>> footer_range(md, 0, footer_leaf(md, "a")), footer_range(md, 0, footer_leaf(md, "b"))
+        ((1, 3), (2, 9))
+    """
+    if leaf is None:
+        return None
+    stats = metadata.row_group(row_group).column(leaf).statistics
+    if stats is None or not stats.has_min_max:
+        return None
+    low, high = stats.min, stats.max
+    # numbers only: a 16-bit float's statistics are its raw bytes, which say nothing here
+    if not all(isinstance(v, (int, float)) for v in (low, high)):
+        return None
+    return low, high
