@@ -65,6 +65,7 @@ if BACKEND == "tensorflow":
     from tabloader.keras_tensorflow import apply_memory_allocation, device_batches_installed
 
     apply_memory_allocation()
+    device_batches_installed()
 else:
 
     def apply_memory_allocation(value: str | None = None) -> bool:
@@ -213,6 +214,7 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
                 stacklevel=2,
             )
         self.buffer_size = buffer_size
+        self._tensor_maker = make_tensors
         IndexedEpochs.__init__(self, loader)  # self.loader: the core loader
 
     @property

@@ -126,7 +126,8 @@ def device_batches_installed() -> bool:
     def get_tf_dataset(self: Any) -> Any:
         strategy = _STRATEGY.get()
         own = getattr(self.py_dataset, "_device_batches", False)
-        if own and strategy is not _OUTSIDE and _single_replica(strategy):
+        # (an empty loader goes the usual way, for Keras' own "PyDataset has length 0")
+        if own and self.py_dataset.num_batches and _single_replica(strategy):
             return DeviceBatches(self)
         return original_dataset(self)
 
