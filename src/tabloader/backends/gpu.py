@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from tabloader.backends.cpu import null_message
+from tabloader.backends.gpu_dask import compute_partition
 from tabloader.batches import Ragged, host_int
 from tabloader.dataset import _DaskSource, _ParquetSource, read_error
 from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
@@ -743,7 +744,8 @@ class GPUBackend:
         if isinstance(source, _DaskSource):
             for partition, first, last in pieces:
                 try:
-                    frame = source.compute_partition(partition, columns).iloc[first:last]
+                    frame = compute_partition(source, partition, columns, self.device, self._cupy)
+                    frame = frame.iloc[first:last]
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise
