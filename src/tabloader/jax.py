@@ -108,16 +108,17 @@ class JaxLoader(IterableEpochs):
         self.pad_last = flag(pad_last, "pad_last")
         self._device = device
         self._tensors = JaxTensors()
-        self._delivered = delivered_dtypes(self._tensors, options)
-        options.update(core_dtypes(self._tensors, self._delivered))  # type: ignore[typeddict-item]
-        self._widths = _list_widths(options)
+        settings: dict[str, Any] = dict(options)
+        self._delivered = delivered_dtypes(self._tensors, settings)
+        settings.update(core_dtypes(self._tensors, self._delivered))
+        self._widths = _list_widths(settings)
         group = (jax.process_index(), jax.process_count())
         rank, size = ranks(
-            options.pop("global_rank", None), options.pop("global_size", None), group,
+            settings.pop("global_rank", None), settings.pop("global_size", None), group,
             "jax.distributed",
         )  # fmt: skip
-        options.update(global_rank=rank, global_size=size, batch_size=batch_size)
-        self._start_epochs(dataset, options, seed_fn)
+        settings.update(global_rank=rank, global_size=size, batch_size=batch_size)
+        self._start_epochs(dataset, settings, seed_fn)
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._maker = _BatchMaker(self._tensors, self._widths, pad_last=self.pad_last)

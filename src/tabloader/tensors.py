@@ -521,7 +521,7 @@ class BatchConverter:
         with self.xp.cuda.Device(self.device.index):
             yield
 
-    def arrays(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+    def arrays(self, batch: Mapping[str, Any]) -> dict[Any, Any]:
         """The batch's arrays, aligned and narrowed: each scalar column; each list column
         as ``name`` (padded) or ``(name, "values")`` and ``(name, "offsets")``."""
         arrays: dict[Any, Any] = aligned_columns(batch, self.groups, self.xp)
