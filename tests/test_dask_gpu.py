@@ -26,7 +26,7 @@ OPTIONS: dict[str, Any] = {
     "shuffle": True,
     "seed": 11,
 }
-LAYOUT = [[100, 57, 130], [64], [33, 200]]
+LAYOUT = [[287], [64], [233]]  # one row group per file: the files' partitions are the frame's
 TOTAL = sum(map(sum, LAYOUT))
 
 
@@ -43,7 +43,7 @@ def files(dataset_dir):
 def _frame(files: list[str]) -> Any:
     import dask_cudf
 
-    return dask_cudf.read_parquet(files, split_row_groups=True)
+    return dask_cudf.read_parquet(files, blocksize=None)  # one partition per file
 
 
 def _host(batch: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -59,7 +59,7 @@ def test_partitions_are_cudf_frames_that_stay_on_the_device(files, monkeypatch):
     frame = _frame(files)
     assert type(frame._meta).__module__.startswith("cudf")
     dataset = tabloader.Dataset(frame)
-    assert dataset.num_partitions == 6
+    assert dataset.num_partitions == 3
     loader = tabloader.Loader(dataset, device="cuda", **OPTIONS)
 
     def host_round_trip(*args: Any, **kwargs: Any) -> Any:
@@ -96,6 +96,8 @@ def test_a_frame_made_from_a_cudf_frame_loads_too(files):
     import cudf
     import dask_cudf
 
+    if not hasattr(dask_cudf, "from_cudf"):
+        pytest.skip("this dask_cudf has no from_cudf")
     frame = dask_cudf.from_cudf(cudf.read_parquet(files), npartitions=4)
     loader = tabloader.Loader(tabloader.Dataset(frame), device="cuda", **OPTIONS)
     ids = np.concatenate([_host(b)["id"] for b in loader])
@@ -125,5 +127,5 @@ def test_on_the_second_gpu_dasks_threads_compute_the_partitions_there(files):
         assert {a.device.id for a in batch.values()} == {1}
         ids.append(cupy.asnumpy(batch["id"]))
     np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(TOTAL))
-    assert len(computed) == 6
+    assert len(computed) == 3
     assert set(computed) == {(1, 1)}  # current device, and where the partition's memory is

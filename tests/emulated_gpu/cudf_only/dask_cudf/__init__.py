@@ -16,10 +16,10 @@ Rules that decide correctness, as in the real library:
 - A partition is a cudf DataFrame made by the task that computes it, in whichever thread
   dask runs it: its memory is on that thread's current CUDA device (cudf allocates
   through rmm on the current device). Dask's worker threads start on device 0.
-- ``read_parquet`` reads each file's row groups in a task of its own (dask's
-  ``read_parquet`` with the cudf backend: one partition per file by default,
-  ``split_row_groups`` splits files); ``from_cudf`` cuts a cudf DataFrame into
-  ``npartitions`` contiguous slices (``dask_cudf.from_cudf`` is ``dd.from_pandas``).
+- ``read_parquet`` reads a partition's files in a task of its own (one file per
+  partition with ``blocksize=None``; small files aggregated by default), and
+  ``from_cudf`` cuts a cudf DataFrame into ``npartitions`` contiguous slices
+  (``dask_cudf.from_cudf`` is ``dd.from_pandas`` of a cudf frame).
 - ``frame._meta`` is an empty cudf DataFrame; ``to_backend("pandas")`` is not emulated.
 """
 
@@ -125,27 +125,39 @@ def from_cudf(
 def read_parquet(
     path: str | Sequence[str],
     columns: Sequence[str] | None = None,
-    split_row_groups: bool = False,
+    blocksize: int | str | None = "default",
     **kwargs: Any,
 ) -> DataFrame:
-    """Parquet files as a collection: one partition per file, or per row group with
-    ``split_row_groups=True``, each read by cudf in the task that computes it."""
-    paths = [path] if isinstance(path, str) else list(path)
-    pieces: list[tuple[str, list[int] | None]] = []
+    """Parquet files as a collection of partitions each read by cudf in the task that
+    computes it. ``blocksize=None``: one partition per file; otherwise consecutive files
+    share a partition up to ``blocksize`` bytes of uncompressed data (``"default"``: 1/32
+    of device 0's memory), as ``dask_cudf.read_parquet`` aggregates small files
+    (``dask_cudf/io/parquet.py``, ``read_parquet_expr``). Unlike dask-cudf, a file larger
+    than ``blocksize`` is not split."""
+    paths = [path] if isinstance(path, str) else [str(p) for p in path]
+    if blocksize == "default":
+        import cupy
+
+        blocksize = int(cupy.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"]) // 32
+    groups: list[list[str]] = []
+    size = 0
     for file in paths:
-        groups = pq.ParquetFile(file).num_row_groups
-        pieces += [(file, [g]) for g in range(groups)] if split_row_groups else [(file, None)]
+        nbytes = sum(
+            pq.ParquetFile(file).metadata.row_group(g).total_byte_size
+            for g in range(pq.ParquetFile(file).num_row_groups)
+        )
+        if blocksize is None or not groups or size + nbytes > int(blocksize):
+            groups.append([])
+            size = 0
+        groups[-1].append(file)
+        size += nbytes
     names = list(columns) if columns is not None else None
 
-    def read(piece: tuple[str, list[int] | None]) -> Any:
-        file, groups = piece
-        return cudf.read_parquet(
-            file, columns=names, row_groups=None if groups is None else [groups]
-        )
+    def read(files: list[str]) -> Any:
+        return cudf.read_parquet(files, columns=names)
 
-    schema = pq.read_schema(paths[0])
-    meta = cudf.DataFrame.from_arrow(schema.empty_table())
+    meta = cudf.DataFrame.from_arrow(pq.read_schema(paths[0]).empty_table())
     if names is not None:
         meta = meta[names]
-    result: DataFrame = dd.from_map(read, pieces, meta=meta, enforce_metadata=False)
+    result: DataFrame = dd.from_map(read, groups, meta=meta, enforce_metadata=False)
     return result
