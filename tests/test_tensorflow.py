@@ -5,7 +5,6 @@ TensorFlow's queued work is done."""
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -501,11 +500,10 @@ def test_memory_tensorflow_let_go_of_is_reused_only_after_its_queued_work(datase
     monkeypatch.setattr(tensors.LentMemory, "lend", lend)
     monkeypatch.setattr(tensors.LentMemory, "_release", release)
     monkeypatch.setattr(tensors.TensorflowTensors, "fence", fence_for)
-    loader = make_loader(dataset_dir([[300] * 4]), device="cuda", batch_size=20, parts_per_chunk=1)
+    loader = make_loader(dataset_dir([[100] * 4]), device="cuda", batch_size=10, parts_per_chunk=1)
     for _ in range(2):
         for features, labels in loader:
-            del features, labels
-            gc.collect()
+            del features, labels  # TensorFlow lets go of the batch here
     lender = loader._tensor_maker.convert.lender
     assert lender.fences >= len(loader) // tensors.FENCE_BATCHES  # (2 epochs)
     assert lender.held <= tensors.FENCE_BATCHES + 8  # bounded: the queue and those waiting
@@ -547,10 +545,9 @@ def test_without_the_fence_memory_would_be_reused_under_tensorflow(dataset_dir, 
 
     monkeypatch.setattr(tensors.BatchConverter, "tensors_of", tensors_of)
     monkeypatch.setattr(tensors.TensorflowTensors, "fence", lambda self, device: None)
-    loader = make_loader(dataset_dir([[300] * 4]), device="cuda", batch_size=20, parts_per_chunk=1)
+    loader = make_loader(dataset_dir([[100] * 4]), device="cuda", batch_size=10, parts_per_chunk=1)
     for features, labels in loader:
         del features, labels
-        gc.collect()
     assert loader._tensor_maker.convert.lender is None
     assert any(a & b for i, a in enumerate(addresses) for b in addresses[i + 1 :])
 
