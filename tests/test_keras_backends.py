@@ -63,3 +63,51 @@ def test_the_keras_suite_passes_on_the_backend(backend):
     gpu = re.search(r"GPU-marked tests ran on the emulated device", output)
     assert (gpu is not None) == emulated, output[-5000:]
     assert passed >= 45 + (20 if emulated else 0), output[-5000:]
+
+
+def _python(
+    code: str, backend: str, missing: str, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` under ``KERAS_BACKEND=backend``, with ``missing`` not importable."""
+    (tmp_path / f"{missing}.py").write_text(
+        f'raise ImportError("No module named {missing}", name={missing!r})\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
+        KERAS_BACKEND=backend,
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_nvtabular_import_works_without_tensorflow(tmp_path):
+    """A machine without TensorFlow (such as the GPU host) imports tabloader.tensorflow."""
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("needs jax")
+    done = _python(
+        "import pyarrow as pa\n"
+        "from tabloader.tensorflow import KerasSequenceLoader\n"
+        "loader = KerasSequenceLoader(pa.table({'u': [1, 2], 'y': [0.0, 1.0]}), batch_size=2,\n"
+        "                             cat_names=['u'], label_names=['y'], device='cpu')\n"
+        "print(type(loader[0][0]['u']).__module__.split('.')[0])\n",
+        "jax",
+        "tensorflow",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "jaxlib"
+
+
+def test_a_backend_whose_framework_is_missing_says_what_to_install(tmp_path):
+    done = _python("import tabloader.keras", "jax", "jax", tmp_path)
+    assert done.returncode != 0
+    assert "its backend, 'jax' (KERAS_BACKEND), needs that framework: pip install " in done.stderr
+    assert "'tabloader[jax]'" in done.stderr

@@ -45,8 +45,15 @@ if TYPE_CHECKING:
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 try:
     import keras
-except ImportError:
-    raise ImportError("tabloader.keras needs Keras 3: pip install 'tabloader[keras]'") from None
+except ImportError as err:
+    if err.name == "keras":
+        raise ImportError("tabloader.keras needs Keras 3: pip install 'tabloader[keras]'") from None
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    raise ImportError(
+        f"Keras could not be imported ({err}): its backend, {backend!r} (KERAS_BACKEND), "
+        f"needs that framework: pip install 'tabloader[{backend}]', or set KERAS_BACKEND to "
+        "an installed one (tensorflow, jax or torch)"
+    ) from None
 if int(keras.__version__.split(".")[0]) < 3:
     raise ImportError(
         f"tabloader.keras needs Keras 3, found Keras {keras.__version__}: pip install 'keras>=3'"
