@@ -124,7 +124,7 @@ def test_feature_columns_without_tf_feature_column_say_what_to_pass(monkeypatch)
 
 
 def test_memory_allocation_values():
-    from tabloader.tensorflow import memory_limit_mb
+    from tabloader.memory import memory_limit_mb
 
     assert memory_limit_mb("0.25", total_mb=80_000) == 20_000
     assert memory_limit_mb("8192", total_mb=None) == 8192

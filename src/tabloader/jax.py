@@ -1,4 +1,4 @@
-"""JAX adapter: :class:`JaxLoader` yields ``(features, labels)`` batches of ``jax.Array``
+"""JAX adapter: `JaxLoader` yields ``(features, labels)`` batches of ``jax.Array``
 on the JAX device of the loader's device, ready for a jit-compiled training step.
 
 Features are a dict of column name to array; list columns come padded to a fixed width,
@@ -61,25 +61,25 @@ class JaxLoader(IterableEpochs):
     (``cat_dtype``, ``cont_dtype``, ``label_dtype`` choose others JAX can hold).
 
     Args:
-        dataset: A :class:`tabloader.Dataset` or anything it accepts.
+        dataset: A [`tabloader.Dataset`][tabloader.Dataset] or anything it accepts.
         batch_size: Rows per batch.
         pad_last: Pad the epoch's short last batch to ``batch_size`` rows (zeros, lists
             empty) and add ``mask``: every batch then has the same shapes, so a jitted
             step never compiles again for the last one.
         device: ``None``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or an int, resolved once
-            by the core (:attr:`tabloader.Loader.device`); the arrays are on the JAX
-            device of that device (JAX's GPU ``N`` for ``cuda:N``).
+            by the core ([`Loader.device`][tabloader.Loader.device]); the arrays are on
+            the JAX device of that device (JAX's GPU ``N`` for ``cuda:N``).
         seed_fn: Alternatively to ``seed``, returns the seed, called once per epoch; it
             must agree on all processes.
         global_rank, global_size: Left out, ``jax.process_index()`` and
             ``jax.process_count()`` (one process and rank 0 without ``jax.distributed``).
-        **options: Every other :class:`tabloader.Loader` keyword, as documented there
-            (:class:`tabloader.LoaderOptions`). List columns need ``sparse_max`` (JAX's
-            shapes are static). An unknown keyword raises ``TypeError`` naming the
-            closest known one.
+        **options: Every other [`tabloader.Loader`][tabloader.Loader] keyword, as
+            documented there ([`tabloader.LoaderOptions`][tabloader.LoaderOptions]). List
+            columns need ``sparse_max`` (JAX's shapes are static). An unknown keyword
+            raises ``TypeError`` naming the closest known one.
 
     ``len()`` is the exact number of batches per epoch on this process;
-    :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` resume exactly.
+    `set_epoch`, `state_dict` and `load_state_dict` resume exactly.
 
     Examples:
         >>> import pyarrow as pa
@@ -132,7 +132,7 @@ class JaxLoader(IterableEpochs):
         return self._maker.jax_device
 
     def __iter__(self) -> EpochRun:
-        """Start the next epoch (a resumed one after :meth:`load_state_dict`)."""
+        """Start the next epoch (a resumed one after `load_state_dict`)."""
         return self._epochs.start()
 
     def __repr__(self) -> str:

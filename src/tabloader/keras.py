@@ -1,6 +1,6 @@
-"""Keras 3 adapter, on every Keras backend: :class:`KerasSequenceLoader`, a
+"""Keras 3 adapter, on every Keras backend: `KerasSequenceLoader`, a
 ``keras.utils.PyDataset`` of ready batches for ``model.fit``, ``evaluate`` and
-``predict``, built in the loader's background thread; :class:`KerasSequenceValidater`,
+``predict``, built in the loader's background thread; `KerasSequenceValidater`,
 a callback adding ``val_*`` figures to each epoch.
 
 Keras' backend (``KERAS_BACKEND``: ``tensorflow``, ``jax`` or ``torch``) decides what a
@@ -10,7 +10,7 @@ without a copy, never through the host (see docs/keras.md). The dtypes follow th
 backend: JAX in its default 32-bit mode gets int32 ids, checked to fit.
 
 This module imports TensorFlow only when Keras' backend is TensorFlow; it then also
-applies TensorFlow's GPU memory setting (:func:`apply_memory_allocation`) and sets
+applies TensorFlow's GPU memory setting (`apply_memory_allocation`) and sets
 ``TF_CPP_MIN_LOG_LEVEL=2`` unless set. ``import tabloader`` alone never imports Keras.
 """
 
@@ -103,7 +103,7 @@ _NVTABULAR_ONLY = {  # NVTabular's keywords that mean nothing here, and what to 
 
 def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
     """``(cat_names, cont_names)`` named by ``tf.feature_column`` columns (needs
-    TensorFlow; see :func:`tabloader.tensorflow_columns.feature_column_names`)."""
+    TensorFlow; see `tabloader.tensorflow_columns.feature_column_names`)."""
     from tabloader.tensorflow_columns import feature_column_names as names
 
     return names(columns)
@@ -126,7 +126,7 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
     ``[B, sparse_max[name]]`` tensor (every backend).
 
     Args:
-        paths_or_dataset: A :class:`tabloader.Dataset`, or anything it accepts.
+        paths_or_dataset: A [`tabloader.Dataset`][tabloader.Dataset], or anything it accepts.
         batch_size: Rows per batch; only an epoch's last batch may be shorter.
         label_names: Target columns. Required (``model.fit`` cannot train without them):
             pass ``[]`` to predict on data without labels.
@@ -134,20 +134,21 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
             columns naming them (needs TensorFlow; categorical ones, also inside
             embedding or indicator columns, as cats; numeric and bucketized sources as
             conts).
-        shuffle: Default True (NVTabular's), as in :class:`tabloader.Loader`.
+        shuffle: Default True (NVTabular's), as in [`tabloader.Loader`][tabloader.Loader].
         seed_fn: Alternatively to ``seed``, a function returning it, called once here.
         buffer_size: Rows read and shuffled together (a chunk): an int is rows, a float in
             (0, 1) a fraction of the device's total memory. Default: about 128 MiB.
-        device: As in :class:`tabloader.Loader`; the tensors are built there.
+        device: As in [`tabloader.Loader`][tabloader.Loader]; the tensors are built there.
         engine: ``"parquet"`` (or None), for NVTabular compatibility.
-        **options: Every other :class:`tabloader.Loader` keyword, as documented there
-            (:class:`tabloader.LoaderOptions`; ``cat_names``, ``cont_names``; ranks,
-            ``drop_last``, ``fill_null``, ``cache``, list columns). An unknown keyword
-            raises ``TypeError`` naming the closest known one.
+        **options: Every other [`tabloader.Loader`][tabloader.Loader] keyword, as
+            documented there ([`tabloader.LoaderOptions`][tabloader.LoaderOptions];
+            ``cat_names``, ``cont_names``; ranks, ``drop_last``, ``fill_null``, ``cache``,
+            list columns). An unknown keyword raises ``TypeError`` naming the closest
+            known one.
 
     Each index of ``range(len(loader))`` is served once per epoch, the epoch's batches in
     stream order whatever the order of the indices; then the next epoch starts, reshuffled
-    (:class:`tabloader.indexed.IndexedEpochs`: unfinished epochs, repeated indices).
+    (`tabloader.indexed.IndexedEpochs`: unfinished epochs, repeated indices).
 
     Examples:
         >>> import pyarrow as pa
@@ -162,7 +163,7 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
     """
 
     _device_batches = True
-    """Handed to Keras' TensorFlow trainer as they are (see :mod:`tabloader.keras_tensorflow`)."""
+    """Handed to Keras' TensorFlow trainer as they are (see `tabloader.keras_tensorflow`)."""
 
     def __init__(
         self,
@@ -236,7 +237,7 @@ class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
     """Evaluate on ``dataloader`` after every epoch and log ``val_*`` figures.
 
     At each epoch's end ``model.evaluate`` runs over the whole ``dataloader`` (a
-    :class:`KerasSequenceLoader`, typically unshuffled, or anything ``evaluate`` takes)
+    `KerasSequenceLoader`, typically unshuffled, or anything ``evaluate`` takes)
     and each result ``name`` goes into the epoch's logs as ``val_<name>``: put this
     callback before those that watch them (``EarlyStopping(monitor="val_auc")``).
 
@@ -269,7 +270,7 @@ class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]
 
 class _TensorMaker:
     """The core loader's ``transform``: a batch of arrays in, ``(features, labels)`` out,
-    made by a :class:`~tabloader.tensors.BatchConverter` (aligned, narrowed, through
+    made by a `BatchConverter` (aligned, narrowed, through
     DLPack); a ragged list column becomes a ``tf.RaggedTensor`` from its row splits."""
 
     def __init__(self, tensors: Tensors) -> None:

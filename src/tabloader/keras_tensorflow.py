@@ -1,12 +1,12 @@
 """What the Keras adapter does only when Keras runs on TensorFlow: GPU memory, and batches
 handed to Keras' train step as they are, on the device.
 
-Imported by :mod:`tabloader.keras` when Keras' backend is TensorFlow; it imports
+Imported by `tabloader.keras` when Keras' backend is TensorFlow; it imports
 TensorFlow, so nothing else imports it.
 
 GPU memory
     TensorFlow takes nearly all of a GPU's memory when it first uses it, leaving none
-    for a GPU-backed loader. :func:`apply_memory_allocation` caps it at
+    for a GPU-backed loader. `apply_memory_allocation` caps it at
     ``TF_MEMORY_ALLOCATION`` (NVTabular's variable) or, when that is unset, turns on
     memory growth, so TensorFlow takes what it uses and no more.
 
@@ -15,9 +15,9 @@ Batches on the device
     whose ``numpy_function`` turns every tensor into a numpy array: a batch on the GPU
     would go to the host and back each step. Keras' TensorFlow trainer also takes a
     plain iterable (its train function runs one step per item it yields), so a loader of
-    this package is handed over as that, :class:`DeviceBatches`, and each batch reaches
+    this package is handed over as that, `DeviceBatches`, and each batch reaches
     the train step as the tensors the loader made. This needs two small hooks into
-    Keras (:func:`install_device_batches`): the data adapter of a ``PyDataset`` and
+    Keras (`device_batches_installed`): the data adapter of a ``PyDataset`` and
     TensorFlow's epoch iterator, which knows the distribution strategy. Under a
     strategy of several replicas, which splits batches itself, ``tf.data`` is used as
     before.
@@ -53,7 +53,7 @@ def apply_memory_allocation(value: str | None = None) -> bool:
     GPU's total memory (``"0.5"``), else megabytes (``"8192"``). Unset, memory growth
     is turned on instead (unless the GPU was configured already, or
     ``TF_FORCE_GPU_ALLOW_GROWTH`` is set): TensorFlow then takes memory as it needs it.
-    Importing :mod:`tabloader.keras` calls this. TensorFlow accepts either only before
+    Importing `tabloader.keras` calls this. TensorFlow accepts either only before
     it initialises its GPUs; afterwards a ``RuntimeWarning`` says so. Returns whether a
     setting was applied.
     """

@@ -3,7 +3,7 @@
 64-byte aligned buffers, and handing Arrow's cached memory back when an epoch ends.
 
 Rows per chunk from a fraction of *free* GPU memory (the GPU backend's sizing) are
-:func:`tabloader.backends.gpu.chunk_rows_for_fraction`; :func:`chunk_rows_for` sizes
+`tabloader.backends.gpu.chunk_rows_for_fraction`; `chunk_rows_for` sizes
 chunks from a fraction of *total* memory, as NVTabular's ``buffer_size`` does.
 """
 
@@ -207,7 +207,7 @@ def aligned_columns(
     shuffled batch (gathered into pooled aligned memory on the host, into fresh device
     memory on a GPU, which rmm aligns to 256 bytes), and an unshuffled device column
     that starts on a 64-byte boundary. The others (read-only views of Arrow memory,
-    views off a 64-byte boundary) are copied into the rows of one :func:`aligned_rows`
+    views off a 64-byte boundary) are copied into the rows of one `aligned_rows`
     block per dtype, allocated by ``xp``.
 
     Examples:

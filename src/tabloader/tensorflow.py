@@ -1,5 +1,5 @@
 """The Keras adapter under NVTabular's import path: ``from tabloader.tensorflow import
-KerasSequenceLoader, KerasSequenceValidater`` gives the classes of :mod:`tabloader.keras`,
+KerasSequenceLoader, KerasSequenceValidater`` gives the classes of `tabloader.keras`,
 on whichever backend Keras runs (TensorFlow, JAX or PyTorch). TensorFlow itself is
 imported only when it is Keras' backend, or for ``feature_columns``.
 """
@@ -13,7 +13,6 @@ from tabloader.keras import (
     apply_memory_allocation,
     feature_column_names,
 )
-from tabloader.memory import memory_limit_mb
 
 __all__ = [
     "BACKEND",
@@ -21,5 +20,4 @@ __all__ = [
     "KerasSequenceValidater",
     "apply_memory_allocation",
     "feature_column_names",
-    "memory_limit_mb",
 ]

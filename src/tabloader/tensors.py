@@ -1,17 +1,17 @@
 """Arrays to framework tensors, through DLPack: TensorFlow, JAX and PyTorch.
 
-One place decides, for each framework, what the adapters (:mod:`tabloader.keras`,
-:mod:`tabloader.jax`) need to hand it a batch:
+One place decides, for each framework, what the adapters (`tabloader.keras`,
+`tabloader.jax`) need to hand it a batch:
 
-- the dtypes it takes (:meth:`Tensors.dtypes`): JAX in its default 32-bit mode holds no
+- the dtypes it takes (`Tensors.dtypes`): JAX in its default 32-bit mode holds no
   64-bit numbers, so int64 ids are delivered as int32, checked to fit
-  (:func:`narrowed`), never wrapped around;
-- how an array becomes one of its tensors without a copy (:meth:`Tensors.tensor`):
+  (`narrowed`), never wrapped around;
+- how an array becomes one of its tensors without a copy (`Tensors.tensor`):
   through DLPack, from host memory or from the GPU;
-- whether it can see the memory of the loader's device (:meth:`Tensors.check_device`),
+- whether it can see the memory of the loader's device (`Tensors.check_device`),
   checked when the adapter is built rather than deep inside the framework later;
 - whether memory it was lent may be used again as soon as it lets go of it, or only
-  after the work it queued on the GPU is done (:class:`LentMemory`).
+  after the work it queued on the GPU is done (`LentMemory`).
 
 Examples:
     >>> import numpy as np
@@ -65,7 +65,7 @@ Framework = Literal["tensorflow", "jax", "torch"]
 _KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
 
 FENCE_BATCHES = 4
-"""Batches a framework let go of that :class:`LentMemory` keeps before waiting, once, for
+"""Batches a framework let go of that `LentMemory` keeps before waiting, once, for
 the framework's queued work: the memory held back is bounded by this many batches."""
 
 
@@ -155,11 +155,11 @@ class LentMemory:
     as soon as the last tensor referring to it is dropped on the host, while kernels
     that read it may still be queued on their streams. Given back to the memory pool
     then, the memory could take the loader's next batch while a kernel still reads the
-    old one. So :meth:`lend` exports views of a batch's arrays and keeps the arrays
+    old one. So `lend` exports views of a batch's arrays and keeps the arrays
     themselves; when the framework has dropped every view of a batch, the batch waits
-    in a queue, and once :data:`FENCE_BATCHES` batches wait, :meth:`collect` calls
+    in a queue, and once `FENCE_BATCHES` batches wait, `collect` calls
     ``fence`` (which returns when the framework's queued work is done, work that read
-    them included) and lets them go. The producer calls :meth:`collect` before making
+    them included) and lets them go. The producer calls `collect` before making
     each batch, in its own thread: the training thread never waits.
 
     Args:
@@ -176,7 +176,7 @@ class LentMemory:
         self._released: list[int] = []  # batches let go of, not yet fenced
         self._count = 0
         self.fences = 0
-        """How many times :meth:`collect` waited for the framework (for tests)."""
+        """How many times `collect` waited for the framework (for tests)."""
 
     @property
     def held(self) -> int:
@@ -211,7 +211,7 @@ class LentMemory:
             self._released.append(batch)
 
     def collect(self, *, force: bool = False) -> None:
-        """Fence and let go of the batches waiting, if :data:`FENCE_BATCHES` wait
+        """Fence and let go of the batches waiting, if `FENCE_BATCHES` wait
         (``force``: if any)."""
         with self._lock:
             waiting = len(self._released)
@@ -376,7 +376,7 @@ class TorchTensors(Tensors):
 
 
 def tensors_for(framework: str) -> Tensors:
-    """The :class:`Tensors` of ``framework`` (``"tensorflow"``, ``"jax"`` or ``"torch"``)."""
+    """The `Tensors` of ``framework`` (``"tensorflow"``, ``"jax"`` or ``"torch"``)."""
     makers: dict[str, Callable[[], Tensors]] = {
         "tensorflow": TensorflowTensors,
         "jax": JaxTensors,
@@ -455,7 +455,7 @@ def delivered_dtypes(tensors: Tensors, options: Mapping[str, Any]) -> dict[str, 
 def core_dtypes(tensors: Tensors, delivered: Mapping[str, np.dtype[Any]]) -> dict[str, Any]:
     """The core loader's ``cat_dtype``/``cont_dtype``/``label_dtype`` for ``delivered``:
     ids the framework gets narrower than int64 because it holds no int64 are read as
-    int64 and narrowed, checked, by :class:`BatchConverter`."""
+    int64 and narrowed, checked, by `BatchConverter`."""
     out: dict[str, Any] = {DTYPE_KEYWORDS[k]: d for k, d in delivered.items()}
     if delivered["cat"] != np.dtype("int64") and not tensors.holds(np.dtype("int64")):
         out["cat_dtype"] = np.dtype("int64")
@@ -469,13 +469,13 @@ class BatchConverter:
     """A batch of the core loader's arrays to the framework's tensors, in the loader's
     background thread (the adapters' ``transform`` calls it).
 
-    Columns become tensors through DLPack as :func:`~tabloader.memory.aligned_columns`
+    Columns become tensors through DLPack as `aligned_columns`
     hands them over: shuffled columns and aligned device columns as they are, the
     others copied to 64-byte aligned memory (TensorFlow aborts on unaligned memory, JAX
     copies it, and a tensor must not write into Arrow's buffers). Ids are narrowed
     where the framework holds no int64. On a GPU, the batch's writes are complete
     before the framework reads, and memory lent to a framework that frees it before its
-    queued work is done is held until that work is (:class:`LentMemory`).
+    queued work is done is held until that work is (`LentMemory`).
     """
 
     def __init__(self, tensors: Tensors) -> None:
@@ -539,7 +539,7 @@ class BatchConverter:
         return arrays
 
     def tensors_of(self, arrays: Mapping[Any, Any]) -> dict[Any, Any]:
-        """The framework's tensors of ``arrays`` (from :meth:`arrays`), sharing their memory."""
+        """The framework's tensors of ``arrays`` (from `arrays`), sharing their memory."""
         if self.device.is_cuda:
             # Our copies, like the batch's own writes, complete before the framework reads
             # (TensorFlow's streams are not ordered with ours).

@@ -6,7 +6,7 @@ in a pool of its own threads (one pool per calling thread), and a new thread sta
 GPU 0: for a loader on ``cuda:1``, every partition would be read into GPU 0's memory,
 and the GPU backend, working on GPU 1, would then meet arrays of another device. So the
 GPU backend computes a partition with a pool whose threads make the loader's GPU
-current when they start (:func:`compute_partition`), one pool per GPU, kept for the
+current when they start (`compute_partition`), one pool per GPU, kept for the
 process like dask's own.
 
 Only the local threaded scheduler is given that pool: a ``dask.distributed`` client
