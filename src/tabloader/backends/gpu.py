@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from tabloader.backends.cpu import null_message
-from tabloader.backends.gpu_dask import compute_partition
+from tabloader.backends.gpu_dask import dask_threads_on
 from tabloader.batches import Ragged, host_int
 from tabloader.dataset import _DaskSource, _ParquetSource, read_error
 from tabloader.errors import InvalidArgumentError, NullValuesError, ReadError, TabloaderError
@@ -744,8 +744,8 @@ class GPUBackend:
         if isinstance(source, _DaskSource):
             for partition, first, last in pieces:
                 try:
-                    frame = compute_partition(source, partition, columns, self.device, self._cupy)
-                    frame = frame.iloc[first:last]
+                    with dask_threads_on(self.device, self._cupy):  # not on GPU 0
+                        frame = source.compute_partition(partition, columns).iloc[first:last]
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise

@@ -6,8 +6,8 @@ in a pool of its own threads (one pool per calling thread), and a new thread sta
 GPU 0: for a loader on ``cuda:1``, every partition would be read into GPU 0's memory,
 and the GPU backend, working on GPU 1, would then meet arrays of another device. So the
 GPU backend computes a partition with a pool whose threads make the loader's GPU
-current when they start (`compute_partition`), one pool per GPU, kept for the
-process like dask's own.
+current when they start (`dask_threads_on`), one pool per GPU, kept for the process
+like dask's own.
 
 Only the local threaded scheduler is given that pool: a ``dask.distributed`` client
 computes on its workers (with dask-cuda, one GPU per worker), and a scheduler the user
@@ -16,12 +16,15 @@ configured (``dask.config.set(scheduler=...)``) is left as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["compute_partition", "device_pool"]
+__all__ = ["dask_threads_on", "device_pool"]
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
@@ -45,17 +48,22 @@ def device_pool(device: int, cupy: Any) -> ThreadPoolExecutor:
         return pool
 
 
-def compute_partition(
-    source: Any, partition: int, columns: list[str], device: int, cupy: Any
-) -> Any:
-    """Partition ``partition`` of a Dask source (``tabloader.dataset``'s), its tasks run by
-    threads on CUDA device ``device`` when dask's threaded scheduler computes it."""
+@contextlib.contextmanager
+def dask_threads_on(device: int, cupy: Any) -> Iterator[None]:
+    """Within the block, dask's threaded scheduler runs tasks in threads that have CUDA
+    device ``device`` current (:func:`device_pool`). Nothing changes when dask is not
+    imported, when a ``dask.distributed`` client computes, or when the user configured
+    another scheduler."""
+    if "dask" not in sys.modules:  # no Dask frame anywhere: nothing to compute
+        yield
+        return
     import dask
 
     from tabloader.dataset import _distributed_client
 
     scheduler = dask.config.get("scheduler", None)
     if scheduler not in (None, "threads", "threading") or _distributed_client() is not None:
-        return source.compute_partition(partition, columns)
+        yield
+        return
     with dask.config.set(scheduler="threads", pool=device_pool(device, cupy)):
-        return source.compute_partition(partition, columns)
+        yield
