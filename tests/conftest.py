@@ -49,12 +49,26 @@ def _gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
+def _keras_available() -> tuple[bool, str]:
+    """Keras 3 and the framework of its backend (``KERAS_BACKEND``, TensorFlow by default)."""
+    if not _importable("keras"):
+        return False, "needs Keras 3: pip install 'tabloader[keras]'"
+    import keras
+
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax", "torch") or not _importable(backend):
+        return False, f"needs {backend}, Keras' backend (KERAS_BACKEND)"
+    return True, ""
+
+
 _REQUIREMENTS: dict[str, Callable[[], tuple[bool, str]]] = {
     "torch": lambda: (_importable("torch"), "needs PyTorch: pip install 'tabloader[torch]'"),
     "tensorflow": lambda: (
         _importable("tensorflow"),
         "needs TensorFlow: pip install 'tabloader[tensorflow]'",
     ),
+    "keras": _keras_available,
+    "jax": lambda: (_importable("jax"), "needs JAX: pip install 'tabloader[jax]'"),
     "dask": lambda: (
         _importable("dask.dataframe"),
         "needs dask: pip install 'tabloader[dask]'",
@@ -69,13 +83,15 @@ def _emulated_gpu() -> bool:
     return bool(getattr(cudf, "__emulated__", False))
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    # Keras reads KERAS_BACKEND when first imported (test_keras_backends.py runs the others)
+    lines = [f"keras backend: {os.environ.get('KERAS_BACKEND', 'tensorflow')}"]
     if _importable("cudf") and _emulated_gpu():
-        return (
+        lines.append(
             "GPU tests run on the emulated device (tests/emulated_gpu): they check the GPU "
             "code paths, and nothing measured here is a GPU result"
         )
-    return None
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

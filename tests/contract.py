@@ -47,6 +47,11 @@ class Adapter:
     length: Callable[[Any], int] = len
     marks: Sequence[Any] = field(default_factory=tuple)
     ordered: bool = True
+    dtypes: Callable[[], dict[str, Any]] | None = None
+    """The dtypes delivered, when the framework's differ from ``EXPECTED_DTYPES``."""
+
+    def expected_dtypes(self) -> dict[str, Any]:
+        return EXPECTED_DTYPES if self.dtypes is None else self.dtypes()
 
     def hold(self, loader: Any) -> list[Any]:
         """The next epoch's batches as delivered (tensors, device arrays), not yet copied."""
@@ -138,9 +143,9 @@ def check_rows_intact(batches: list[Batch]) -> None:
         np.testing.assert_array_equal(np.asarray(batch["label"]), (ids % 2).astype(np.float32))
 
 
-def check_dtypes(batches: list[Batch]) -> None:
+def check_dtypes(batches: list[Batch], expected: dict[str, Any] | None = None) -> None:
     for batch in batches:
-        for name, dtype in EXPECTED_DTYPES.items():
+        for name, dtype in (EXPECTED_DTYPES if expected is None else expected).items():
             assert np.asarray(batch[name]).dtype == dtype, (name, np.asarray(batch[name]).dtype)
             assert np.asarray(batch[name]).ndim == 1
 

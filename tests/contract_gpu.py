@@ -136,12 +136,14 @@ ADAPTERS = [
         "gpu-keras",
         _on_gpu(contract_tensorflow.make, "cuda"),
         contract_tensorflow.ordered_epoch,
-        marks=(*_GPU, pytest.mark.tensorflow),
+        marks=(*_GPU, pytest.mark.keras),
+        dtypes=contract_tensorflow.dtypes,
     ),
     Adapter(
         "gpu-keras-default-device",
         _on_gpu(contract_tensorflow.make, None),
         contract_tensorflow.fit_order_epoch,
-        marks=(*_GPU, pytest.mark.tensorflow),
+        marks=(*_GPU, pytest.mark.keras),
+        dtypes=contract_tensorflow.dtypes,
     ),
 ]

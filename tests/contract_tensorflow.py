@@ -1,10 +1,12 @@
-"""The Keras adapter in the contract suite: epochs are run the way Keras runs them.
+"""The Keras adapter in the contract suite, on whichever backend Keras runs (TensorFlow in
+the main session; JAX and PyTorch in the sessions of ``test_keras_backends.py``): epochs
+are run the way Keras runs them.
 
 Two adapters: ``keras`` asks for the batch indices in order (as ``evaluate`` and
 ``predict`` do), ``keras-fit-order`` in a random order per epoch (as ``fit`` does by
 default). Both call ``on_epoch_begin`` / ``__getitem__`` / ``on_epoch_end`` and turn the
-tensors back into per-column numpy arrays. Keras' look at the first two batches before
-``fit`` starts is exercised in ``test_tensorflow.py``.
+backend's tensors back into per-column numpy arrays. Keras' look at the first two
+batches before ``fit`` starts is exercised in ``test_keras.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from contract import Adapter, Batch
+from contract import EXPECTED_DTYPES, Adapter, Batch
 
 _RENAMED = {
     "cats": "cat_names",
@@ -25,18 +27,24 @@ _RENAMED = {
 
 
 def make(source: Any, **options: Any) -> Any:
-    from tabloader.tensorflow import KerasSequenceLoader
+    from tabloader.keras import KerasSequenceLoader
 
     return KerasSequenceLoader(source, **{_RENAMED.get(k, k): v for k, v in options.items()})
 
 
+def _host(tensor: Any) -> np.ndarray:
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(tensor))
+
+
 def _as_numpy(item: Any) -> Batch:
     features, labels = item
-    batch = {name: tensor.numpy() for name, tensor in features.items()}
+    batch = {name: _host(tensor) for name, tensor in features.items()}
     if isinstance(labels, dict):
-        batch.update({name: tensor.numpy() for name, tensor in labels.items()})
+        batch.update({name: _host(tensor) for name, tensor in labels.items()})
     else:
-        batch["label"] = labels.numpy()
+        batch["label"] = _host(labels)
     return batch
 
 
@@ -58,7 +66,15 @@ def fit_order_epoch(loader: Any) -> list[Batch]:
     return _epoch(loader, order)
 
 
+def dtypes() -> dict[str, Any]:
+    """What the backend gets: ids as int32 on JAX in its default 32-bit mode."""
+    from tabloader.keras import _TENSORS
+
+    ids = _TENSORS.dtypes()["cat"].type
+    return {**EXPECTED_DTYPES, "id": ids, "cat": ids}
+
+
 ADAPTERS = [
-    Adapter("keras", make, ordered_epoch, marks=(pytest.mark.tensorflow,)),
-    Adapter("keras-fit-order", make, fit_order_epoch, marks=(pytest.mark.tensorflow,)),
+    Adapter("keras", make, ordered_epoch, marks=(pytest.mark.keras,), dtypes=dtypes),
+    Adapter("keras-fit-order", make, fit_order_epoch, marks=(pytest.mark.keras,), dtypes=dtypes),
 ]

@@ -89,7 +89,7 @@ def test_every_row_exactly_once_per_epoch(adapter, dataset_dir, layout, shuffle)
         assert len(batches) == adapter.length(loader)
         np.testing.assert_array_equal(np.sort(ids_of(batches)), np.arange(total))
         check_rows_intact(batches)
-        check_dtypes(batches)
+        check_dtypes(batches, adapter.expected_dtypes())
         check_batch_sizes(batches, 32, drop_last=False)
     if not shuffle and adapter.ordered:
         np.testing.assert_array_equal(ids_of(batches), np.arange(total))

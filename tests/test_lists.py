@@ -486,18 +486,26 @@ def test_ragged_slices_gathers_and_concatenations_keep_every_row(rows, data):
 
 @pytest.mark.gpu
 @pytest.mark.tensorflow
-def test_keras_refuses_list_columns_on_the_gpu_with_the_remedy(paths):
+def test_keras_lists_from_the_gpu_backend_match_the_cpu(paths):
     from tabloader.tensorflow import KerasSequenceLoader
 
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"CPU only for now.*device='cpu'"):
-        KerasSequenceLoader(
-            paths,
-            batch_size=8,
-            cat_names=["id"],
-            sparse_names=["genres"],
-            label_names=["label"],
-            device="cuda",
-        )
+    options: dict[str, Any] = {
+        "batch_size": 16,
+        "cat_names": ["id"],
+        "sparse_names": ["genres"],
+        "label_names": ["label"],
+        "seed": 5,
+    }
+    for dense in ({}, {"sparse_as_dense": True, "sparse_max": {"genres": 6}}):
+        cpu = KerasSequenceLoader(paths, device="cpu", **options, **dense)
+        gpu = KerasSequenceLoader(paths, device="cuda", **options, **dense)
+        assert gpu.loader.device.is_cuda
+        for (c, _), (g, _) in zip(cpu, gpu, strict=True):
+            np.testing.assert_array_equal(c["id"].numpy(), g["id"].numpy())
+            if dense:
+                np.testing.assert_array_equal(c["genres"].numpy(), g["genres"].numpy())
+            else:
+                assert c["genres"].to_list() == g["genres"].to_list()
 
 
 @pytest.mark.gpu

@@ -221,12 +221,13 @@ def test_keras_tensors_share_aligned_batch_memory_and_keep_it_lent():
     tf = pytest.importorskip("tensorflow")
     import tabloader
     from tabloader.backends.cpu import BufferPool
-    from tabloader.tensorflow import _TensorMaker
+    from tabloader.keras import _TENSORS, _TensorMaker
 
-    maker = _TensorMaker()
+    maker = _TensorMaker(_TENSORS)
     columns = pa.table({"id": [1], "x": [1.0]})
     maker.set_columns(
-        tabloader.Loader(columns, cats=["id"], conts=["x"], batch_size=1, device="cpu")
+        tabloader.Loader(columns, cats=["id"], conts=["x"], batch_size=1, device="cpu"),
+        _TENSORS.dtypes(),
     )
     pool = BufferPool()
     ids = pool.empty((1 << 18,), "int64")

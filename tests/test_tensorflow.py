@@ -1,4 +1,7 @@
-"""KerasSequenceLoader and KerasSequenceValidater (the contract suite runs through them too)."""
+"""The Keras adapter on TensorFlow: what only TensorFlow does (the suite every backend
+runs is ``test_keras.py``): feature columns, GPU memory, batches handed to the train step
+on the device, 64-byte alignment, the GPU TensorFlow sees, and memory held until
+TensorFlow's queued work is done."""
 
 from __future__ import annotations
 
@@ -6,8 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,14 @@ def _quiet(quiet_loader_warnings: None) -> None:
     """Every test here runs with the loader's advice silenced (see conftest)."""
 
 
+@pytest.fixture(autouse=True)
+def _tensorflow_backend() -> None:
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("Keras runs on another backend in this session")
+
+
 def make_loader(paths, **options):
     from tabloader.tensorflow import KerasSequenceLoader
 
@@ -43,35 +52,6 @@ def make_loader(paths, **options):
     return KerasSequenceLoader(paths, **kwargs)
 
 
-def ids(item):
-    return item[0]["id"].numpy()
-
-
-def run_epoch(loader, order=None):
-    loader.on_epoch_begin()
-    items = [loader[i] for i in (range(len(loader)) if order is None else order)]
-    loader.on_epoch_end()
-    return items
-
-
-def core_batches(loader, epoch):
-    """The ids of each batch the core loader, set up alike, delivers in ``epoch``."""
-    inner = loader.loader
-    core = tabloader.Loader(
-        inner.dataset,
-        batch_size=inner.batch_size,
-        cats=inner.cats,
-        conts=inner.conts,
-        labels=inner.labels,
-        shuffle=inner.shuffle,
-        seed=inner.seed,
-        parts_per_chunk=inner.parts_per_chunk,
-        chunk_rows=inner.chunk_rows,
-        drop_last=inner.drop_last,
-    )
-    return [batch["id"].copy() for batch in core.iter_epoch(epoch)]
-
-
 def run_python(code, env=None, timeout=120):
     full_env = {**os.environ, "PYTHONPATH": SRC, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     return subprocess.run(
@@ -83,221 +63,15 @@ def run_python(code, env=None, timeout=120):
     )
 
 
-# -- items --------------------------------------------------------------------------
+def test_the_nvtabular_import_gives_the_keras_classes():
+    import tabloader.keras
+    import tabloader.tensorflow
+
+    assert tabloader.tensorflow.KerasSequenceLoader is tabloader.keras.KerasSequenceLoader
+    assert tabloader.tensorflow.KerasSequenceValidater is tabloader.keras.KerasSequenceValidater
 
 
-def test_items_are_named_tensors_of_the_delivered_dtypes(dataset_dir):
-    import tensorflow as tf
-
-    loader = make_loader(dataset_dir([[100, 60]]), shuffle=False)
-    features, labels = loader[0]
-    assert sorted(features) == ["cat", "id", "x"]
-    assert all(isinstance(t, tf.Tensor) for t in [*features.values(), labels])
-    assert features["id"].dtype == features["cat"].dtype == tf.int64
-    assert features["x"].dtype == labels.dtype == tf.float32
-    assert features["id"].shape == features["x"].shape == labels.shape == (32,)
-    np.testing.assert_array_equal(features["id"].numpy(), np.arange(32))
-    np.testing.assert_array_equal(features["cat"].numpy(), np.arange(32) % 1000)
-    np.testing.assert_array_equal(features["x"].numpy(), np.arange(32) / 4)
-    np.testing.assert_array_equal(labels.numpy(), np.arange(32) % 2)
-
-
-def test_several_labels_come_as_a_dict_and_no_label_as_features_alone(dataset_dir):
-    paths = dataset_dir([[50]])
-    features, labels = make_loader(paths, cont_names=[], label_names=["x", "label"])[0]
-    assert sorted(features) == ["cat", "id"]
-    assert sorted(labels) == ["label", "x"]
-    np.testing.assert_array_equal(labels["x"].numpy(), features["id"].numpy() / 4)
-    item = make_loader(paths, label_names=[])[0]
-    assert isinstance(item, dict)
-    assert sorted(item) == ["cat", "id", "x"]
-
-
-def test_len_is_exact_and_asking_it_never_disturbs_an_epoch(dataset_dir):
-    loader = make_loader(dataset_dir([[37, 101], [64]]), batch_size=16)
-    assert len(loader) == 202 // 16 + 1
-    loader.on_epoch_begin()
-    got = []
-    for i in range(len(loader)):
-        assert len(loader) == 13
-        got.append(ids(loader[i]))
-        assert len(loader) == 13
-    loader.on_epoch_end()
-    np.testing.assert_array_equal(np.sort(np.concatenate(got)), np.arange(202))
-    assert loader.epoch == 1
-
-
-def test_batches_are_the_core_loaders_and_a_new_epoch_reshuffles(dataset_dir):
-    loader = make_loader(dataset_dir([[40] * 5]), parts_per_chunk=2)
-    first = [ids(item) for item in run_epoch(loader)]
-    second = [ids(item) for item in run_epoch(loader)]
-    for got, expected in zip(first, core_batches(loader, 0), strict=True):
-        np.testing.assert_array_equal(got, expected)
-    for got, expected in zip(second, core_batches(loader, 1), strict=True):
-        np.testing.assert_array_equal(got, expected)
-    assert not np.array_equal(np.concatenate(first), np.concatenate(second))
-    np.testing.assert_array_equal(np.sort(np.concatenate(second)), np.arange(200))
-
-
-def test_plain_iteration_runs_one_epoch_per_loop(dataset_dir):
-    loader = make_loader(dataset_dir([[100]]))
-    a = np.concatenate([ids(item) for item in loader])
-    b = np.concatenate([ids(item) for item in loader])
-    np.testing.assert_array_equal(np.sort(a), np.arange(100))
-    np.testing.assert_array_equal(np.sort(b), np.arange(100))
-    assert not np.array_equal(a, b)
-    assert loader.epoch == 2
-
-
-def test_keras_look_at_two_batches_is_replayed_without_reading_again(dataset_dir):
-    # fit(): Keras takes items 0 and 1 to learn their structure, calls on_epoch_end,
-    # then runs the epoch asking for the indices in a random order.
-    loader = make_loader(dataset_dir([[50, 50], [60]]), batch_size=16)
-    probe = [ids(loader[0]), ids(loader[1])]
-    loader.on_epoch_end()
-    order = np.random.default_rng(0).permutation(len(loader))
-    items = run_epoch(loader, order)
-    by_index = {int(i): ids(item) for i, item in zip(order, items, strict=True)}
-    np.testing.assert_array_equal(by_index[0], probe[0])
-    np.testing.assert_array_equal(by_index[1], probe[1])
-    np.testing.assert_array_equal(np.sort(np.concatenate(list(by_index.values()))), np.arange(160))
-    assert loader.loader.stats().batches == len(loader)  # every batch was cut once
-    rest = [ids(item) for i, item in zip(order, items, strict=True) if i not in (0, 1)]
-    expected = core_batches(loader, 0)
-    np.testing.assert_array_equal(np.concatenate(rest), np.concatenate(expected[2:]))
-
-
-def test_an_unfinished_epoch_is_served_again_from_its_start(dataset_dir):
-    # evaluate(steps=3) twice, then a whole epoch: the same three batches each time,
-    # then every row once.
-    loader = make_loader(dataset_dir([[200]]), batch_size=20, parts_per_chunk=1)
-    first = [ids(item) for item in run_epoch(loader, range(3))]
-    again = [ids(item) for item in run_epoch(loader, range(3))]
-    for a, b in zip(first, again, strict=True):
-        np.testing.assert_array_equal(a, b)
-    whole = run_epoch(loader)
-    np.testing.assert_array_equal(np.sort(np.concatenate([ids(i) for i in whole])), np.arange(200))
-    assert loader.epoch == 1
-
-
-def test_steps_per_epoch_continues_the_epoch_across_keras_epochs(dataset_dir):
-    loader = make_loader(dataset_dir([[160]]), batch_size=16)
-    order = np.random.default_rng(3).permutation(len(loader))
-    seen = []
-    for part in np.array_split(order, 4):
-        seen.extend(ids(item) for item in run_epoch(loader, part.tolist()))
-    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(160))
-    assert loader.epoch == 1
-
-
-def test_an_index_asked_for_again_returns_the_same_batch(dataset_dir):
-    loader = make_loader(dataset_dir([[200]]), batch_size=20)
-    items = [ids(loader[i]) for i in range(5)]
-    np.testing.assert_array_equal(ids(loader[1]), items[1])  # kept: no reading
-    with pytest.warns(tabloader.PerformanceWarning, match="reading the epoch again"):
-        again = ids(loader[3])
-    np.testing.assert_array_equal(again, items[3])
-    np.testing.assert_array_equal(ids(loader[5]), core_batches(loader, 0)[5])
-
-
-def test_bad_indices_raise(dataset_dir):
-    loader = make_loader(dataset_dir([[100]]))
-    with pytest.raises(IndexError, match=r"batch index 4 is out of range: .* 4 batches"):
-        loader[4]
-    with pytest.raises(IndexError, match="out of range"):
-        loader[-1]
-    with pytest.raises(TypeError, match="must be an integer"):
-        loader["0"]
-
-
-def test_set_epoch_serves_that_epoch(dataset_dir):
-    loader = make_loader(dataset_dir([[30] * 4]))
-    loader[0]
-    loader.set_epoch(3)
-    got = [ids(item) for item in run_epoch(loader)]
-    for a, b in zip(got, core_batches(loader, 3), strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert loader.epoch == 4
-
-
-def test_threads_end_with_the_epoch_and_on_close(dataset_dir):
-    def tabloader_threads():
-        return [t for t in threading.enumerate() if t.name.startswith("tabloader")]
-
-    before = len(tabloader_threads())
-    loader = make_loader(dataset_dir([[100]]), batch_size=10)
-    run_epoch(loader)
-    assert len(tabloader_threads()) == before
-    loader[0]
-    assert len(tabloader_threads()) > before
-    loader.close()
-    assert len(tabloader_threads()) == before
-
-
-def test_read_errors_reach_the_caller(dataset_dir):
-    paths = dataset_dir([[100], [100]])
-    loader = make_loader(paths, shuffle=False, batch_size=50, parts_per_chunk=1)
-    Path(paths[1]).write_bytes(b"PAR1 this is no longer parquet PAR1")
-    loader.on_epoch_begin()
-    _ = (loader[0], loader[1])
-    with pytest.raises(tabloader.ReadError, match="part-001"):
-        loader[2]
-
-
-# -- options ------------------------------------------------------------------------
-
-
-def test_unknown_and_unsupported_keywords_raise(dataset_dir):
-    paths = dataset_dir([[50]])
-    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
-        make_loader(paths, colour="red")
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"workers= \(tabloader reads"):
-        make_loader(paths, workers=4)
-    with pytest.raises(tabloader.ColumnTypeError, match="list column 'x' is double"):
-        make_loader(paths, sparse_names=["x"])
-    with pytest.raises(tabloader.InvalidArgumentError, match="engine must be 'parquet'"):
-        make_loader(paths, engine="csv")
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"give seed= or seed_fn=, not both"):
-        make_loader(paths, seed_fn=lambda: 3)
-    with pytest.raises(tabloader.InvalidArgumentError, match="pass the same seed"):
-        make_loader(paths, seed=None, global_size=2, global_rank=0)
-
-
-def test_seed_fn_gives_the_seed(dataset_dir):
-    calls = []
-
-    def seed_fn():
-        calls.append(1)
-        return 11
-
-    paths = dataset_dir([[20] * 5])
-    loader = make_loader(paths, seed=None, seed_fn=seed_fn, engine="parquet")
-    assert calls == [1]
-    assert loader.loader.seed == 11
-    other = make_loader(paths, seed=11)
-    for a, b in zip(run_epoch(loader), run_epoch(other), strict=True):
-        np.testing.assert_array_equal(ids(a), ids(b))
-
-
-def test_buffer_size_sets_rows_per_chunk(dataset_dir):
-    from tabloader.memory import total_memory_bytes
-
-    paths = dataset_dir([[25] * 8])
-    small = make_loader(paths, buffer_size=50)
-    large = make_loader(paths, buffer_size=150)
-    assert (small.loader.chunk_rows, large.loader.chunk_rows) == (50, 150)
-    assert small.loader.plan(0).num_chunks == 4
-    assert large.loader.plan(0).num_chunks == 2
-    fraction = make_loader(paths, buffer_size=1e-6)
-    row_bytes = 8 + 8 + 4 + 4  # id, cat as int64; x, label as float32
-    assert fraction.loader.chunk_rows == max(int(1e-6 * total_memory_bytes()) // row_bytes, 32)
-    page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
-    assert abs(total_memory_bytes() - page * pages) <= 0.01 * page * pages
-    for bad in (0, 1.0, 2.5, -0.1, True, "0.1"):
-        with pytest.raises(tabloader.InvalidArgumentError, match="buffer_size"):
-            make_loader(paths, buffer_size=bad)
-    with pytest.raises(tabloader.InvalidArgumentError, match="not both"):
-        make_loader(paths, buffer_size=100, parts_per_chunk=2)
+# -- feature columns ---------------------------------------------------------------------
 
 
 def test_feature_columns_name_cats_and_conts(dataset_dir):
@@ -346,11 +120,11 @@ def test_feature_columns_without_tf_feature_column_say_what_to_pass(monkeypatch)
         feature_column_names([object()])
 
 
-# -- TF_MEMORY_ALLOCATION -----------------------------------------------------------
+# -- GPU memory ----------------------------------------------------------------------------
 
 
 def test_memory_allocation_values():
-    from tabloader.tensorflow import memory_limit_mb
+    from tabloader.memory import memory_limit_mb
 
     assert memory_limit_mb("0.25", total_mb=80_000) == 20_000
     assert memory_limit_mb("8192", total_mb=None) == 8192
@@ -361,35 +135,68 @@ def test_memory_allocation_values():
         memory_limit_mb("0.5", total_mb=None)
 
 
-def test_memory_allocation_caps_each_gpu_or_warns_when_too_late(monkeypatch):
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """TensorFlow's configuration calls, recorded, as if it saw two GPUs (this
+    TensorFlow has none); what is checked is which calls tabloader makes."""
     import tensorflow as tf
 
-    import tabloader.tensorflow as ktl
-
-    applied = []
+    calls = []
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: ["gpu0", "gpu1"])
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration", lambda gpu: None)
     monkeypatch.setattr(
         tf.config,
         "set_logical_device_configuration",
-        lambda gpu, configs: applied.append((gpu, configs[0].memory_limit)),
+        lambda gpu, configs: calls.append((gpu, configs[0].memory_limit)),
     )
-    assert ktl.apply_memory_allocation("4096") is True
-    assert applied == [("gpu0", 4096), ("gpu1", 4096)]
-    monkeypatch.setattr(ktl, "_gpu_total_mb", lambda index: 10_000.0)
-    applied.clear()
-    assert ktl.apply_memory_allocation("0.3") is True
-    assert applied == [("gpu0", 3000), ("gpu1", 3000)]
+    monkeypatch.setattr(
+        tf.config.experimental, "set_memory_growth", lambda gpu, on: calls.append((gpu, on))
+    )
+    monkeypatch.delenv("TF_MEMORY_ALLOCATION", raising=False)
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+    return calls
 
-    def too_late(gpu, configs):
-        raise RuntimeError("Virtual devices cannot be modified after being initialized")
+
+def test_memory_is_capped_by_tf_memory_allocation_and_grows_by_default(two_gpus, monkeypatch):
+    import tabloader.keras_tensorflow as ktf
+
+    assert ktf.apply_memory_allocation("4096") is True
+    assert two_gpus == [("gpu0", 4096), ("gpu1", 4096)]
+    monkeypatch.setattr(ktf, "gpu_total_mb", lambda index: 10_000.0)
+    two_gpus.clear()
+    monkeypatch.setenv("TF_MEMORY_ALLOCATION", "0.3")
+    assert ktf.apply_memory_allocation() is True
+    assert two_gpus == [("gpu0", 3000), ("gpu1", 3000)]
+    # unset: memory growth, so that TensorFlow does not take the loader's memory
+    monkeypatch.delenv("TF_MEMORY_ALLOCATION")
+    two_gpus.clear()
+    assert ktf.apply_memory_allocation() is True
+    assert two_gpus == [("gpu0", True), ("gpu1", True)]
+    two_gpus.clear()
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # TensorFlow's own switch
+    assert ktf.apply_memory_allocation() is False
+    assert two_gpus == []
+
+
+def test_memory_settings_too_late_say_so(two_gpus, monkeypatch):
+    import tensorflow as tf
+
+    import tabloader.keras_tensorflow as ktf
+
+    def too_late(*args):
+        raise RuntimeError("Physical devices cannot be modified after being initialized")
 
     monkeypatch.setattr(tf.config, "set_logical_device_configuration", too_late)
-    with pytest.warns(RuntimeWarning, match="already initialised its GPUs"):
-        assert ktl.apply_memory_allocation("0.3") is False
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", too_late)
+    monkeypatch.setattr(ktf, "gpu_total_mb", lambda index: 10_000.0)
+    with pytest.warns(RuntimeWarning, match=r"TF_MEMORY_ALLOCATION='0.3' was not applied"):
+        assert ktf.apply_memory_allocation("0.3") is False
+    with pytest.warns(RuntimeWarning, match="memory growth .* was not applied.*before TensorFlow"):
+        assert ktf.apply_memory_allocation() is False
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: [])
-    assert ktl.apply_memory_allocation("0.3") is False  # no GPU: nothing to do
-    monkeypatch.delenv("TF_MEMORY_ALLOCATION", raising=False)
-    assert ktl.apply_memory_allocation() is False
+    assert ktf.apply_memory_allocation("0.3") is False  # no GPU: nothing to do
+    with pytest.raises(tabloader.InvalidArgumentError, match="TF_MEMORY_ALLOCATION"):
+        ktf.apply_memory_allocation("half")
 
 
 def test_importing_tabloader_leaves_tensorflow_alone():
@@ -404,6 +211,187 @@ def test_importing_tabloader_leaves_tensorflow_alone():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "0"
+
+
+# -- the GPU TensorFlow sees -----------------------------------------------------------------
+
+
+def test_which_cuda_device_tensorflow_finds_dlpack_memory_on():
+    from tabloader.tensors import tensorflow_gpu_index
+
+    assert tensorflow_gpu_index(0, [0]) is None
+    assert tensorflow_gpu_index(2, [0, 1, 2, 3]) is None
+    assert "sees no GPU (tensorflow-cpu" in tensorflow_gpu_index(0, [])
+    # one process per GPU with set_visible_devices: TensorFlow's GPU:0 is CUDA device 3
+    assert "does not see CUDA device 1: it sees GPU(s) [3]" in tensorflow_gpu_index(1, [3])
+    assert "its 'GPU:3' is not CUDA device 3" in tensorflow_gpu_index(3, [1, 3])
+    assert "splits CUDA device 0 into 2 logical" in tensorflow_gpu_index(0, [0], {0: 2})
+    assert "its 'GPU:1' is not CUDA device 1" in tensorflow_gpu_index(1, [0, 1], {0: 2})
+
+
+def test_tensorflow_cpu_refuses_a_gpu_loader_at_construction():
+    from tabloader.device import Device
+    from tabloader.tensors import TensorflowTensors
+
+    tensors = TensorflowTensors()
+    tensors.check_device(Device("cuda", 0), ("cpu", 0))  # memory the host holds: fine
+    with pytest.raises(
+        tabloader.InvalidArgumentError,
+        match=r"reads on cuda:0, but TensorFlow sees no GPU \(tensorflow-cpu.*"
+        r"tensorflow\[and-cuda\].*CUDA_VISIBLE_DEVICES.*device='cpu'",
+    ):
+        tensors.check_device(Device("cuda", 0), ("cuda", 0))
+
+
+# -- batches reach the train step as the loader made them ---------------------------------
+
+
+def _click_loader(tmp_path, **options):
+    from tabloader.synthetic import write_criteo_like
+
+    files = write_criteo_like(tmp_path / "train", rows=3000, files=1, row_group_size=1000)
+    return make_loader(
+        files, batch_size=250, cat_names=["C1"], cont_names=["I1"], label_names=["label"],
+        **options,
+    )  # fmt: skip
+
+
+def _click_model():
+    import keras
+
+    inputs = {"C1": keras.Input(shape=(), name="C1", dtype="int64"),
+              "I1": keras.Input(shape=(), name="I1")}  # fmt: skip
+    x = keras.layers.Concatenate()(
+        [keras.layers.Embedding(2000, 2)(inputs["C1"]), keras.ops.expand_dims(inputs["I1"], -1)]
+    )
+    return inputs, keras.layers.Dense(1, activation="sigmoid")(x)
+
+
+def _host_conversions(loader, fit):
+    """How many of the loader's tensors were turned into numpy arrays (on a GPU, each a
+    device-to-host copy) while ``fit`` ran; what ``fit`` returned; the loader's tensors."""
+    from tensorflow.python.framework import ops
+    from tensorflow.python.util import numpy_compat
+
+    made: dict[int, object] = {}
+    transform = loader.loader.transform
+
+    def recording(batch):
+        item = transform(batch)
+        for tensor in [*item[0].values(), item[1]]:
+            made[id(tensor)] = tensor  # kept, so that ids stay unique
+        return item
+
+    loader.loader.transform = recording
+    converted = []
+    # Where a tensor becomes a numpy array: its own methods, and the conversion of a
+    # py-func's results (tf.data's from_generator), which uses the buffer protocol.
+    hooks = [
+        (ops._EagerTensorBase, "__array__"),
+        (ops._EagerTensorBase, "numpy"),
+        (numpy_compat, "np_asarray"),
+    ]
+    originals = [getattr(owner, name) for owner, name in hooks]
+
+    def counting(original):
+        def convert(value, *args, **kwargs):
+            if id(value) in made:
+                converted.append(id(value))
+            return original(value, *args, **kwargs)
+
+        return convert
+
+    for (owner, name), original in zip(hooks, originals, strict=True):
+        setattr(owner, name, counting(original))
+    try:
+        seen = fit(made)
+    finally:
+        for (owner, name), original in zip(hooks, originals, strict=True):
+            setattr(owner, name, original)
+        loader.loader.transform = transform
+    return len(converted), seen, list(made.values())
+
+
+def _memory(tensor):
+    """Where a (host) tensor's data is; read after the counting above."""
+    return np.asarray(tensor).ctypes.data
+
+
+def test_fit_hands_the_batches_to_the_train_step_without_a_host_copy(tmp_path):
+    import keras
+
+    inputs, output = _click_model()
+
+    class Recording(keras.Model):
+        def train_step(self, data):
+            self.seen.append(data[0]["C1"])
+            return super().train_step(data)
+
+    def fit(made):
+        model = Recording(inputs, output)
+        model.seen = []
+        model.compile("sgd", "binary_crossentropy", run_eagerly=True)
+        model.fit(loader, epochs=2, verbose=0)
+        return model.seen
+
+    loader = _click_loader(tmp_path)
+    converted, seen, made = _host_conversions(loader, fit)
+    assert converted == 0
+    lent = {_memory(t) for t in made}
+    assert [_memory(t) in lent for t in seen] == [True] * 24  # the loader's very memory
+    # Keras' own way, tf.data.Dataset.from_generator, converts every tensor to numpy:
+    # on a GPU a copy to the host and back. It is what the test above would catch.
+    loader._device_batches = False
+    converted, seen, made = _host_conversions(loader, fit)
+    assert converted >= 2 * 24
+
+
+def test_compiled_fit_evaluate_and_predict_take_the_batches_as_they_are(tmp_path):
+    import keras
+
+    inputs, output = _click_model()
+    loader = _click_loader(tmp_path, shuffle=False)
+
+    def run(made):
+        model = keras.Model(inputs, output)
+        model.compile("adam", "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+        model.fit(loader, epochs=2, verbose=0)
+        model.evaluate(loader, verbose=0)
+        assert model.predict(loader, verbose=0).shape == (3000, 1)
+        return []
+
+    converted, _, _ = _host_conversions(loader, run)
+    assert converted == 0
+    # class weights still apply (Keras computes them from the labels, on the host)
+    model = keras.Model(inputs, output)
+    model.compile("adam", "binary_crossentropy")
+    history = model.fit(loader, epochs=1, verbose=0, class_weight={0: 1.0, 1: 2.0})
+    assert len(history.history["loss"]) == 1
+
+
+def test_under_a_strategy_of_its_own_keras_distributes_through_tf_data(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        inputs, output = _click_model()
+        model = keras.Model(inputs, output)
+        model.compile("sgd", "binary_crossentropy")
+    history = model.fit(_click_loader(tmp_path), epochs=1, verbose=0)
+    assert len(history.history["loss"]) == 1
+
+
+def test_an_empty_loader_is_refused_by_keras_in_its_own_words(dataset_dir):
+    import keras
+
+    with pytest.warns(tabloader.EmptyEpochWarning):
+        loader = make_loader(dataset_dir([[10]]), batch_size=64, drop_last=True)
+    inputs = {"x": keras.Input(shape=(), name="x")}
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.ops.expand_dims(inputs["x"], -1)))
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="PyDataset has length 0"):
+        model.fit(loader, epochs=1, verbose=0)
 
 
 # -- memory handed to TensorFlow ----------------------------------------------------
@@ -424,7 +412,7 @@ def test_tensors_are_aligned_copies_in_a_subprocess(tmp_path):
         f"""
         import warnings, numpy as np, pyarrow as pa, tensorflow as tf
         import tabloader
-        from tabloader.tensorflow import KerasSequenceLoader, _TensorMaker
+        from tabloader.keras import _TENSORS, KerasSequenceLoader, _TensorMaker
         warnings.simplefilter("ignore", tabloader.PerformanceWarning)
         path = {str(tmp_path / "odd.parquet")!r}
         for batch_size in (1, 3, 7, 13, 64):
@@ -442,10 +430,10 @@ def test_tensors_are_aligned_copies_in_a_subprocess(tmp_path):
                     tf.debugging.assert_equal(label, tf.cast(ids % 2, tf.float32))
                 assert total == 300 * 301 // 2, (batch_size, shuffle, total)
         # views that must not reach TensorFlow as they are: misaligned, strided, read-only
-        maker = _TensorMaker()
+        maker = _TensorMaker(_TENSORS)
         columns = pa.table({{"id": [1], "x": [1.0], "label": [1.0]}})
         maker.set_columns(tabloader.Loader(columns, cats=["id"], conts=["x"], labels=["label"],
-                                           batch_size=1, device="cpu"))
+                                           batch_size=1, device="cpu"), _TENSORS.dtypes())
         raw = np.arange(4000, dtype=np.int64)
         block = np.arange(3000, dtype=np.float32).reshape(1000, 3)
         frozen = np.arange(1001, dtype=np.float32)
@@ -479,114 +467,92 @@ def test_unaligned_dlpack_memory_does_abort_tensorflow():
     assert "IsAligned" in result.stderr
 
 
-# -- training -----------------------------------------------------------------------
+@pytest.mark.gpu
+def test_memory_tensorflow_let_go_of_is_reused_only_after_its_queued_work(dataset_dir, monkeypatch):
+    """TensorFlow frees a DLPack tensor's memory when its last tensor is dropped, while
+    kernels reading it may still be queued on its streams; the loader's next batch must
+    not be written there before those kernels ran. Recorded: when each batch's memory
+    was lent, when TensorFlow let go of it, when the loader waited for TensorFlow (the
+    fence); a batch laid out where an earlier one was needs a fence in between."""
+    from tabloader import tensors
+
+    events: list[tuple[str, int, frozenset[int]]] = []
+    original_lend, original_release = tensors.LentMemory.lend, tensors.LentMemory._release
+
+    def lend(self, arrays):
+        views = original_lend(self, arrays)
+        number = self._count - 1
+        spans = frozenset(int(a.__cuda_array_interface__["data"][0]) for a in arrays.values())
+        events.append(("lend", number, spans))
+        return views
+
+    def release(self, batch, **kwargs):
+        original_release(self, batch, **kwargs)
+        if batch in self._released:
+            events.append(("release", batch, frozenset()))
+
+    def fence_for(self, device):
+        def fence():
+            events.append(("fence", -1, frozenset()))
+
+        return fence
+
+    monkeypatch.setattr(tensors.LentMemory, "lend", lend)
+    monkeypatch.setattr(tensors.LentMemory, "_release", release)
+    monkeypatch.setattr(tensors.TensorflowTensors, "fence", fence_for)
+    loader = make_loader(dataset_dir([[100] * 4]), device="cuda", batch_size=10, parts_per_chunk=1)
+    for _ in range(2):
+        for features, labels in loader:
+            del features, labels  # TensorFlow lets go of the batch here
+    lender = loader._tensor_maker.convert.lender
+    assert lender.fences >= len(loader) // tensors.FENCE_BATCHES  # (2 epochs)
+    assert lender.held <= tensors.FENCE_BATCHES + 8  # bounded: the queue and those waiting
+    assert _reused_without_fence(events) == []
+    assert any(_reuses(events)), "no memory was reused: the check above checked nothing"
 
 
-@pytest.fixture
-def click_data(tmp_path):
-    from tabloader.synthetic import write_criteo_like
-
-    train = write_criteo_like(tmp_path / "train", rows=6000, files=2, row_group_size=1000, seed=1)
-    valid = write_criteo_like(tmp_path / "valid", rows=1500, files=1, row_group_size=500, seed=2)
-    return train, valid
+def _reuses(events):
+    """(earlier batch, later batch) pairs whose exported arrays start at the same address."""
+    lent = {number: spans for kind, number, spans in events if kind == "lend"}
+    return [(a, b) for a in lent for b in lent if a < b and lent[a] & lent[b]]
 
 
-def click_model(cats=("C1", "C9"), conts=("I1", "I2")):
-    import keras
-
-    inputs = {n: keras.Input(shape=(), name=n, dtype="int64") for n in cats}
-    inputs.update({n: keras.Input(shape=(1,), name=n) for n in conts})
-    parts = [keras.layers.Embedding(2000, 4)(inputs[n]) for n in cats]
-    parts += [inputs[n] for n in conts]
-    x = keras.layers.Concatenate()(parts)
-    x = keras.layers.Dense(16, activation="relu")(x)
-    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
-    model.compile(
-        keras.optimizers.Adam(0.01),
-        "binary_crossentropy",
-        metrics=[keras.metrics.AUC(name="auc"), keras.metrics.BinaryAccuracy(name="acc")],
-    )
-    return model
+def _reused_without_fence(events):
+    position = {(kind, number): i for i, (kind, number, _) in enumerate(events) if number >= 0}
+    fences = [i for i, (kind, _, _) in enumerate(events) if kind == "fence"]
+    bad = []
+    for earlier, later in _reuses(events):
+        released = position.get(("release", earlier))
+        lent = position[("lend", later)]
+        if released is None or not any(released < f < lent for f in fences):
+            bad.append((earlier, later))
+    return bad
 
 
-def click_loader(files, shuffle, batch_size=256):
-    from tabloader.tensorflow import KerasSequenceLoader
+@pytest.mark.gpu
+def test_without_the_fence_memory_would_be_reused_under_tensorflow(dataset_dir, monkeypatch):
+    """The previous test can fail: with no fence, a batch TensorFlow let go of is written
+    over by a later one with nothing waiting for TensorFlow in between."""
+    from tabloader import tensors
 
-    return KerasSequenceLoader(
-        files,
-        batch_size=batch_size,
-        cat_names=["C1", "C9"],
-        cont_names=["I1", "I2"],
-        label_names=["label"],
-        shuffle=shuffle,
-        seed=0,
-    )
+    addresses: list[frozenset[int]] = []
+    original = tensors.BatchConverter.tensors_of
 
+    def tensors_of(self, arrays):
+        addresses.append(frozenset(int(a.__cuda_array_interface__["data"][0])
+                                   for a in arrays.values()))  # fmt: skip
+        return original(self, arrays)
 
-def test_fit_with_the_validater_logs_val_metrics_for_history_and_callbacks(click_data):
-    import keras
-
-    from tabloader.tensorflow import KerasSequenceValidater
-
-    keras.utils.set_random_seed(0)
-    train, valid = click_data
-    model = click_model()
-    stopper = keras.callbacks.EarlyStopping(monitor="val_auc", mode="max", patience=5)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        history = model.fit(
-            click_loader(train, True),
-            epochs=3,
-            verbose=0,
-            callbacks=[KerasSequenceValidater(click_loader(valid, False)), stopper],
-        )
-    assert not [w for w in caught if "not available" in str(w.message)]  # EarlyStopping saw it
-    logs = history.history
-    assert set(logs) == {"loss", "auc", "acc", "val_loss", "val_auc", "val_acc"}
-    assert len(logs["val_auc"]) == 3
-    assert logs["loss"][2] < logs["loss"][0]
-    assert stopper.best == max(logs["val_auc"])
-    assert logs["val_auc"][-1] > 0.6
+    monkeypatch.setattr(tensors.BatchConverter, "tensors_of", tensors_of)
+    monkeypatch.setattr(tensors.TensorflowTensors, "fence", lambda self, device: None)
+    loader = make_loader(dataset_dir([[100] * 4]), device="cuda", batch_size=10, parts_per_chunk=1)
+    for features, labels in loader:
+        del features, labels
+    assert loader._tensor_maker.convert.lender is None
+    assert any(a & b for i, a in enumerate(addresses) for b in addresses[i + 1 :])
 
 
-def test_validater_figures_equal_model_evaluate_on_the_same_rows(click_data):
-    import keras
-
-    from tabloader.tensorflow import KerasSequenceValidater
-
-    keras.utils.set_random_seed(1)
-    train, valid = click_data
-    model = click_model()
-    history = model.fit(
-        click_loader(train, True),
-        epochs=2,
-        verbose=0,
-        callbacks=[KerasSequenceValidater(click_loader(valid, False, batch_size=200))],
-    )
-    table = pq.read_table(valid[0])
-    x = {n: table[n].to_numpy().astype(np.int64) for n in ["C1", "C9"]}
-    x.update({n: table[n].to_numpy().astype(np.float32) for n in ["I1", "I2"]})
-    y = table["label"].to_numpy().astype(np.float32)
-    expected = model.evaluate(x, y, batch_size=200, verbose=0, return_dict=True)
-    for name, value in expected.items():
-        np.testing.assert_allclose(history.history[f"val_{name}"][-1], value, rtol=1e-5)
-
-
-def test_predict_with_a_loader_without_labels(click_data):
-    train, _ = click_data
-    from tabloader.tensorflow import KerasSequenceLoader
-
-    model = click_model()
-    loader = KerasSequenceLoader(
-        train,
-        batch_size=1000,
-        cat_names=["C1", "C9"],
-        cont_names=["I1", "I2"],
-        label_names=[],
-        shuffle=False,
-    )
-    predictions = model.predict(loader, verbose=0)
-    assert predictions.shape == (6000, 1)
+# -- examples and docs --------------------------------------------------------------
 
 
 def test_the_criteo_example_trains(tmp_path, capsys):
@@ -601,9 +567,6 @@ def test_the_criteo_example_trains(tmp_path, capsys):
     assert set(history.history) == {"loss", "auc", "val_loss", "val_auc"}
     assert len(list((tmp_path / "train").glob("*.parquet"))) == 4
     assert capsys.readouterr().out.count("val_auc") == 2
-
-
-# -- documentation ------------------------------------------------------------------
 
 
 def test_the_keras_page_runs(tmp_path, monkeypatch):

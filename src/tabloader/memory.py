@@ -203,10 +203,12 @@ def aligned_columns(
     """Every column ``groups`` names (``(dtype, names)`` pairs) as a writable, contiguous,
     64-byte aligned 1-D array of that dtype, for frameworks that wrap memory as it is.
 
-    With ``share`` a host column that already is one (every column of a shuffled batch,
-    gathered into pooled aligned memory) is returned as it is; the others (read-only
-    views of Arrow memory, views off a 64-byte boundary, device arrays) are copied into
-    the rows of one `aligned_rows` block per dtype, allocated by ``xp``.
+    With ``share`` a column that already is one is returned as it is: every column of a
+    shuffled batch (gathered into pooled aligned memory on the host, into fresh device
+    memory on a GPU, which rmm aligns to 256 bytes), and an unshuffled device column
+    that starts on a 64-byte boundary. The others (read-only views of Arrow memory,
+    views off a 64-byte boundary) are copied into the rows of one `aligned_rows`
+    block per dtype, allocated by ``xp``.
 
     Examples:
         >>> batch = {"a": np.arange(3), "b": np.arange(4.0)[1:]}
@@ -217,15 +219,17 @@ def aligned_columns(
     """
 
     def shareable(array: Any, dtype: np.dtype[Any]) -> bool:
-        return (
+        if not (
             share
-            and isinstance(array, np.ndarray)
             and array.dtype == dtype
             and array.ndim == 1
             and array.flags.c_contiguous
-            and array.flags.writeable
             and address(array) % ALIGN == 0
-        )
+        ):
+            return False
+        if isinstance(array, np.ndarray):
+            return bool(array.flags.writeable)  # else Arrow's memory
+        return hasattr(array, "__cuda_array_interface__")  # device memory (rmm: 256-aligned)
 
     rows = int(next(iter(batch.values())).shape[0]) if batch else 0
     out: dict[str, Any] = {}

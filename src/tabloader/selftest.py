@@ -197,11 +197,12 @@ def _check_torch(paths: list[str], device: Device) -> _Check:
 
 def _check_keras(paths: list[str], device: Device) -> _Check:
     try:
-        from tabloader.tensorflow import KerasSequenceLoader
+        from tabloader.keras import _TENSORS, KerasSequenceLoader
     except ImportError:
-        return _Check("Keras adapter", "SKIP", "TensorFlow is not installed")
+        return _Check("Keras adapter", "SKIP", "Keras or its backend is not installed")
     options = _options(shuffle=True)
-    cpu = _epoch(tabloader.Loader(paths, device="cpu", **options))
+    ids = _TENSORS.dtypes()["cat"]  # int32 on JAX in its 32-bit mode
+    cpu = _epoch(tabloader.Loader(paths, device="cpu", cat_dtype=ids, **options))
     keras_loader = KerasSequenceLoader(
         paths,
         batch_size=options["batch_size"],
@@ -216,11 +217,18 @@ def _check_keras(paths: list[str], device: Device) -> _Check:
     )
     got = []
     for features, labels in keras_loader:
-        batch = {name: np.asarray(t) for name, t in features.items()}
-        batch["label"] = np.asarray(labels)
+        batch = {name: _framework_host(t) for name, t in features.items()}
+        batch["label"] = _framework_host(labels)
         got.append(batch)
     expected = [{k: b[k] for k in sorted(b)} for b in cpu]
     return _verdict("Keras adapter", expected, got, "same values and dtypes as the CPU")
+
+
+def _framework_host(tensor: Any) -> np.ndarray:
+    """A Keras backend's tensor (on any device) as a numpy array."""
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(tensor))
 
 
 def _memory_in_use(device: Device, loader: tabloader.Loader) -> int:

@@ -1,6 +1,5 @@
 """Column names from ``tf.feature_column`` columns, for the Keras adapter's
-``feature_columns=`` (imported by [`tabloader.tensorflow`][tabloader.tensorflow] only; needs
-TensorFlow)."""
+``feature_columns=`` (needs TensorFlow, imported when called, on any Keras backend)."""
 
 from __future__ import annotations
 
@@ -8,13 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from tabloader.errors import InvalidArgumentError
-
-try:
-    import tensorflow as tf
-except ImportError:
-    raise ImportError(
-        "tabloader.tensorflow_columns needs TensorFlow: pip install 'tabloader[tensorflow]'"
-    ) from None
 
 __all__ = ["feature_column_names"]
 
@@ -27,6 +19,7 @@ def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
     columns name conts. Names keep their first-seen order, without repeats.
 
     Examples:
+        >>> import tensorflow as tf
         >>> fc = tf.feature_column
         >>> feature_column_names([
         ...     fc.embedding_column(fc.categorical_column_with_identity("user", 100), 8),
@@ -35,6 +28,13 @@ def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
         ... ])
         (['user', 'genre'], ['age'])
     """
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise ImportError(
+            "feature_columns needs TensorFlow: pip install 'tabloader[tensorflow]', or pass "
+            "the column names as cat_names=[...] and cont_names=[...]"
+        ) from None
     if getattr(tf, "feature_column", None) is None:
         raise InvalidArgumentError(
             f"feature_columns needs tf.feature_column, which TensorFlow {tf.__version__} "

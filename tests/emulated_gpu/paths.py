@@ -20,10 +20,12 @@ CUDF_ONLY_DIR = str(ROOT / "cudf_only")
 FULL = [CUPY_ONLY, CUDF_ONLY_DIR]
 CUDF_ONLY = [CUDF_ONLY_DIR]
 PACKAGES = ("cupy", "cudf", "rmm")
+STACK = (*PACKAGES, "dask_cudf")
+"""Every emulated package; dask imports dask_cudf by itself when it meets a cudf frame."""
 
 
 def _stack_modules() -> dict[str, ModuleType]:
-    return {name: module for name, module in sys.modules.items() if name.split(".")[0] in PACKAGES}
+    return {name: module for name, module in sys.modules.items() if name.split(".")[0] in STACK}
 
 
 @contextlib.contextmanager
@@ -36,6 +38,7 @@ def emulated_modules(
 
     Importing cudf installs rmm's allocator in cupy, as the real cudf does; modules that
     bound ``cupy`` while inside keep the emulated one, so use it only inside the block.
+    ``dask_cudf`` (imported by dask when it meets a cudf frame) is removed on exit too.
     """
     saved_path = list(sys.path)
     saved = _stack_modules()

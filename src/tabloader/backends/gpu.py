@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from tabloader.backends.cpu import drawn_ahead, null_message
+from tabloader.backends.gpu_dask import dask_threads_on
 from tabloader.batches import Ragged, host_int
 from tabloader.casting import check_block
 from tabloader.dataset import read_error
@@ -1073,7 +1074,8 @@ class GPUBackend:
         cudf = self._cudf
         if read is not None:
             return self._read_parquet(dataset, read, columns, lists)
-        partitions = dataset.computed_partitions(pieces, columns)
+        with dask_threads_on(self.device, self._cupy):  # dask's threads on this GPU, not 0
+            partitions = dataset.computed_partitions(pieces, columns)
         if partitions is not None:  # dask-cudf partitions stay on the device
             frames = [
                 frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)

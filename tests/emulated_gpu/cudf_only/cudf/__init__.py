@@ -140,6 +140,16 @@ class Series:
             self._arrow = array
 
     # -- shape, type and nulls ---------------------------------------------------------------
+    ndim = 1
+
+    def __iter__(self) -> Any:
+        # cudf refuses to iterate a Series (frame.py, Frame.__iter__): "... object is not
+        # iterable. Consider using `.to_arrow()`, `.to_pandas()` or `.values_host`"
+        raise TypeError(
+            f"{type(self).__name__} object is not iterable. Consider using `.to_arrow()`, "
+            "`.to_pandas()` or `.values_host` if you wish to iterate over the values."
+        )
+
     def __len__(self) -> int:
         if self._arrow is not None:
             return len(self._arrow)
@@ -344,12 +354,41 @@ class DataFrame:
     def __contains__(self, name: object) -> bool:
         return name in self._columns
 
+    def __iter__(self) -> Any:
+        return iter(self._columns)  # the column names, as pandas and cudf do
+
     @property
     def iloc(self) -> _ILoc:
         return _ILoc(self)
 
     def _slice(self, start: int, stop: int) -> DataFrame:
         return DataFrame({n: s._slice(start, stop) for n, s in self._columns.items()})
+
+    ndim = 2
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self), len(self._columns)
+
+    @property
+    def index(self) -> pd.RangeIndex:
+        # cudf: a cudf.RangeIndex, 0..len-1 for a frame read from parquet; the emulation
+        # keeps no index of its own, so it is that range, as a pandas one.
+        return pd.RangeIndex(len(self))
+
+    def head(self, n: int = 5) -> DataFrame:
+        return self._slice(0, min(n, len(self)))
+
+    # What makes dask take a frame for a DataFrame (dask/utils.py is_dataframe_like: the
+    # class has groupby, head, merge and mean). cudf has them; the emulation computes none.
+    def groupby(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("emulated cudf: DataFrame.groupby is not emulated")
+
+    def merge(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("emulated cudf: DataFrame.merge is not emulated")
+
+    def mean(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("emulated cudf: DataFrame.mean is not emulated")
 
     def to_arrow(self) -> pa.Table:
         return pa.table({name: s.to_arrow() for name, s in self._columns.items()})
@@ -359,6 +398,16 @@ class DataFrame:
 
     def __repr__(self) -> str:
         return f"emulated cudf {self.to_pandas()!r}"
+
+
+def concat(objs: Sequence[Any], axis: int = 0, ignore_index: bool = False) -> Any:
+    """Frames one after the other (axis 0), as new device memory."""
+    objs = list(objs)
+    if axis != 0 or not objs:
+        raise NotImplementedError("emulated cudf: concat along axis 0 of at least one frame")
+    if isinstance(objs[0], Series):
+        return Series._from_arrow(pa.chunked_array([o.to_arrow() for o in objs]), objs[0].name)
+    return DataFrame.from_arrow(pa.concat_tables([o.to_arrow() for o in objs]))
 
 
 def from_pandas(frame: pd.DataFrame | pd.Series, nan_as_null: bool = True) -> Any:

@@ -53,6 +53,14 @@ class _Window:
         }
 
 
+class _Keeper:
+    """The base of the numpy view a DLPack capsule exports: holds the device array."""
+
+    def __init__(self, array: ndarray) -> None:
+        self.array = array
+        self.__array_interface__ = array._host.__array_interface__
+
+
 class ndarray:
     """A device array: ``_host`` is a numpy view of device memory held by ``_memptr``."""
 
@@ -241,8 +249,14 @@ class ndarray:
                 write=False,
                 what=f"a DLPack consumer (stream {stream!r}, device {device})",
             )
-        # numpy's exporter takes no stream (host memory); max_version etc. pass through.
-        return self._host.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+        # The capsule holds the exported array itself until the consumer calls its deleter:
+        # cupy's toDlpack sets the managed tensor's manager_ctx to the array and
+        # Py_INCREFs it (cupy/_core/dlpack.pyx), so a consumer that frees the memory lets
+        # go of that very array. Exported through a numpy view whose base is a _Keeper of
+        # this array, the capsule here keeps it alive the same way. numpy's exporter takes
+        # no stream (host memory); max_version etc. pass through.
+        view = np.asarray(_Keeper(self))
+        return view.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

@@ -1,0 +1,567 @@
+"""Arrays to framework tensors, through DLPack: TensorFlow, JAX and PyTorch.
+
+One place decides, for each framework, what the adapters (`tabloader.keras`,
+`tabloader.jax`) need to hand it a batch:
+
+- the dtypes it takes (`Tensors.dtypes`): JAX in its default 32-bit mode holds no
+  64-bit numbers, so int64 ids are delivered as int32, checked to fit
+  (`narrowed`), never wrapped around;
+- how an array becomes one of its tensors without a copy (`Tensors.tensor`):
+  through DLPack, from host memory or from the GPU;
+- whether it can see the memory of the loader's device (`Tensors.check_device`),
+  checked when the adapter is built rather than deep inside the framework later;
+- whether memory it was lent may be used again as soon as it lets go of it, or only
+  after the work it queued on the GPU is done (`LentMemory`).
+
+Examples:
+    >>> import numpy as np
+    >>> narrowed(np.array([3, 2**31 - 1]), np.dtype("int32"), "user").dtype
+    dtype('int32')
+    >>> try:
+    ...     narrowed(np.array([2**31]), np.dtype("int32"), "user")
+    ... except ValueError as err:
+    ...     print(str(err).split(", the dtype")[0])
+    column 'user' holds 2147483648, which does not fit int32
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from tabloader.backends.cpu import BufferPool, PooledNumpy
+from tabloader.device import Device
+from tabloader.errors import InvalidArgumentError
+from tabloader.memory import ALIGN, address, aligned_columns, aligned_rows
+
+if TYPE_CHECKING:
+    from tabloader.loader import Loader
+
+__all__ = [
+    "FENCE_BATCHES",
+    "BatchConverter",
+    "JaxTensors",
+    "LentMemory",
+    "TensorflowTensors",
+    "Tensors",
+    "TorchTensors",
+    "as_numpy_dtype",
+    "core_dtypes",
+    "delivered_dtypes",
+    "dlpack_place",
+    "narrowed",
+    "tensorflow_gpu_index",
+    "tensors_for",
+]
+
+Framework = Literal["tensorflow", "jax", "torch"]
+
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
+
+FENCE_BATCHES = 4
+"""Batches a framework let go of that `LentMemory` keeps before waiting, once, for
+the framework's queued work: the memory held back is bounded by this many batches."""
+
+
+def dlpack_place(array: Any) -> tuple[Literal["cpu", "cuda"], int]:
+    """Where DLPack says ``array``'s memory is: ``("cpu", 0)`` or ``("cuda", index)``.
+
+    This, not the loader's device, is where a framework finds the memory: the emulated
+    GPU of the test suite keeps its "device" memory on the host and says so.
+
+    Examples:
+        >>> import numpy as np
+        >>> dlpack_place(np.zeros(2))
+        ('cpu', 0)
+    """
+    kind, index = array.__dlpack_device__()
+    if int(kind) in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+        return "cuda", int(index)
+    return "cpu", 0
+
+
+def narrowed(array: Any, dtype: np.dtype[Any], name: str) -> Any:
+    """``array`` (numpy or cupy) cast to the narrower integer ``dtype``, after checking
+    that every value fits: a framework that holds no 64-bit integers (JAX's 32-bit
+    mode) would otherwise wrap them around in silence. One verdict crosses to the host.
+    """
+    info = np.iinfo(dtype)
+    if len(array):
+        low, high = array.min(), array.max()
+        bad = (high > info.max) | (low < info.min)
+        get = getattr(bad, "get", None)
+        if bool(get() if callable(get) else bad):
+            lo = int(low.get() if hasattr(low, "get") else low)
+            hi = int(high.get() if hasattr(high, "get") else high)
+            value = hi if hi > info.max else lo
+            raise InvalidArgumentError(
+                f"column {name!r} holds {value}, which does not fit {dtype}, the dtype JAX "
+                f"is handed in its 32-bit mode (whole numbers from {info.min} to "
+                f"{info.max}): it would wrap around. Enable 64-bit mode "
+                "(jax.config.update('jax_enable_x64', True), or JAX_ENABLE_X64=1) and pass "
+                "cat_dtype='int64', or renumber the ids"
+            )
+    return array.astype(dtype)
+
+
+def tensorflow_gpu_index(
+    cuda_index: int, visible: list[int], logical: Mapping[int, int] | None = None
+) -> str | None:
+    """Why TensorFlow would not find CUDA device ``cuda_index``'s memory, or None if it does.
+
+    TensorFlow's DLPack import names the device of CUDA memory ``"GPU:<CUDA index>"``
+    (``DeviceNameFromDlContext`` in ``tensorflow/c/eager/dlpack.cc``), a *logical*
+    device name: it is that CUDA device only when every GPU up to it is visible to
+    TensorFlow, each as one logical device. ``visible`` lists the CUDA indices of the
+    GPUs TensorFlow sees (``tf.config.get_visible_devices("GPU")``), ``logical`` how
+    many logical devices each was split into (default one).
+
+    Examples:
+        >>> tensorflow_gpu_index(1, [0, 1]) is None
+        True
+        >>> tensorflow_gpu_index(1, [1]).split(" (")[0]
+        'TensorFlow sees only GPU(s) [1]'
+    """
+    logical = logical or {}
+    if cuda_index not in visible:
+        if not visible:
+            return "TensorFlow sees no GPU (tensorflow-cpu, or a TensorFlow built without CUDA)"
+        return (
+            f"TensorFlow does not see CUDA device {cuda_index}: it sees GPU(s) "
+            f"{sorted(visible)} (tf.config.set_visible_devices)"
+        )
+    if logical.get(cuda_index, 1) > 1:
+        parts = logical[cuda_index]
+        return f"TensorFlow splits CUDA device {cuda_index} into {parts} logical devices"
+    before = sum(max(logical.get(i, 1), 1) for i in visible if i < cuda_index)
+    if before != cuda_index:
+        return (
+            f"TensorFlow sees only GPU(s) {sorted(visible)} (tf.config.set_visible_devices), "
+            f"so its 'GPU:{cuda_index}' is not CUDA device {cuda_index}"
+        )
+    return None
+
+
+class LentMemory:
+    """Device memory lent to a framework that lets go of it before its GPU work is done.
+
+    TensorFlow and PyTorch free the memory of a DLPack tensor (they call its deleter)
+    as soon as the last tensor referring to it is dropped on the host, while kernels
+    that read it may still be queued on their streams. Given back to the memory pool
+    then, the memory could take the loader's next batch while a kernel still reads the
+    old one. So `lend` exports views of a batch's arrays and keeps the arrays
+    themselves; when the framework has dropped every view of a batch, the batch waits
+    in a queue, and once `FENCE_BATCHES` batches wait, `collect` calls
+    ``fence`` (which returns when the framework's queued work is done, work that read
+    them included) and lets them go. The producer calls `collect` before making
+    each batch, in its own thread: the training thread never waits.
+
+    Args:
+        fence: Blocks until the framework's work queued so far is done.
+        batches: Batches let go of that are kept before fencing.
+    """
+
+    def __init__(self, fence: Callable[[], None], *, batches: int = FENCE_BATCHES) -> None:
+        self._fence = fence
+        self.batches = batches
+        self._lock = threading.Lock()
+        self._held: dict[int, list[Any]] = {}  # batch number -> its arrays
+        self._lent: dict[int, int] = {}  # batch number -> views not let go of yet
+        self._released: list[int] = []  # batches let go of, not yet fenced
+        self._count = 0
+        self.fences = 0
+        """How many times `collect` waited for the framework (for tests)."""
+
+    @property
+    def held(self) -> int:
+        """Batches whose memory is held: lent out, or let go of but not yet fenced."""
+        with self._lock:
+            return len(self._held)
+
+    def lend(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        """Views of ``arrays`` to export to the framework; the arrays stay held until
+        the framework let go of every view and a fence followed."""
+        self.collect()
+        with self._lock:
+            batch = self._count
+            self._count += 1
+            self._held[batch] = list(arrays.values())
+            self._lent[batch] = len(arrays)
+        views = {name: array.view() for name, array in arrays.items()}
+        for view in views.values():
+            weakref.finalize(view, self._release, batch)
+        if not views:
+            self._release(batch, whole=True)
+        return views
+
+    def _release(self, batch: int, *, whole: bool = False) -> None:
+        """A view of ``batch`` was let go of (in whichever thread dropped it)."""
+        with self._lock:
+            left = 0 if whole else self._lent[batch] - 1
+            if left:
+                self._lent[batch] = left
+                return
+            del self._lent[batch]
+            self._released.append(batch)
+
+    def collect(self, *, force: bool = False) -> None:
+        """Fence and let go of the batches waiting, if `FENCE_BATCHES` wait
+        (``force``: if any)."""
+        with self._lock:
+            waiting = len(self._released)
+            if not waiting or (waiting < self.batches and not force):
+                return
+            ready = list(self._released)
+        self._fence()  # the framework let go of them before: its work on them is done
+        self.fences += 1
+        with self._lock:
+            for batch in ready:
+                self._released.remove(batch)
+                del self._held[batch]
+
+
+class Tensors:
+    """What an adapter needs to hand one framework its batches (see the module)."""
+
+    name: Framework
+    tensor_type: str
+    """How the framework's tensors are named in messages."""
+
+    def dtypes(self) -> dict[str, np.dtype[Any]]:
+        """The dtypes delivered when the user chooses none: ``cat``, ``cont``, ``label``."""
+        return {
+            "cat": np.dtype("int64"),
+            "cont": np.dtype("float32"),
+            "label": np.dtype("float32"),
+        }
+
+    def holds(self, dtype: np.dtype[Any]) -> bool:
+        """Whether the framework can hold arrays of ``dtype`` as they are."""
+        return True
+
+    def tensor(self, array: Any) -> Any:
+        """``array`` (contiguous, 64-byte aligned, writable) as a tensor sharing its memory."""
+        raise NotImplementedError
+
+    def check_device(self, device: Device, place: tuple[str, int]) -> None:
+        """Raise if the framework cannot find memory of ``place`` (where DLPack puts the
+        memory of the loader's ``device``)."""
+
+    def fence(self, device: Device) -> Callable[[], None] | None:
+        """How to wait for the framework's queued work on ``device``, when memory it was
+        lent must not be used again before (None: the framework waits by itself)."""
+        return None
+
+
+class TensorflowTensors(Tensors):
+    name: Framework = "tensorflow"
+    tensor_type = "tf.Tensor"
+
+    def __init__(self) -> None:
+        self.tf = _require("tensorflow", "TensorFlow", "tensorflow")
+
+    def tensor(self, array: Any) -> Any:
+        return self.tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+    def check_device(self, device: Device, place: tuple[str, int]) -> None:
+        if place[0] != "cuda":
+            return
+        tf = self.tf
+        visible = [_ordinal(d.name) for d in tf.config.get_visible_devices("GPU")]
+        logical = {
+            _ordinal(d.name): len(tf.config.get_logical_device_configuration(d) or [])
+            for d in tf.config.list_physical_devices("GPU")
+        }
+        why = tensorflow_gpu_index(place[1], visible, logical)
+        if why is not None:
+            raise InvalidArgumentError(
+                f"the loader reads on {device}, but {why}: TensorFlow would not find its "
+                "batches. Install TensorFlow with CUDA (pip install 'tensorflow[and-cuda]'); "
+                "with one process per GPU, pick the GPU with CUDA_VISIBLE_DEVICES=<rank> and "
+                "device='cuda:0' rather than tf.config.set_visible_devices; or pass "
+                "device='cpu'"
+            )
+
+    def fence(self, device: Device) -> Callable[[], None] | None:
+        return self.tf.test.experimental.sync_devices if device.is_cuda else None
+
+
+class JaxTensors(Tensors):
+    name: Framework = "jax"
+    tensor_type = "jax.Array"
+
+    def __init__(self) -> None:
+        self.jax = _require("jax", "JAX", "jax")
+        importlib.import_module("jax.dlpack")
+
+    @property
+    def x64(self) -> bool:
+        """Whether JAX runs in 64-bit mode (``jax_enable_x64``), read when asked."""
+        return bool(self.jax.config.jax_enable_x64)
+
+    def dtypes(self) -> dict[str, np.dtype[Any]]:
+        out = super().dtypes()
+        if not self.x64:
+            out["cat"] = np.dtype("int32")
+        return out
+
+    def holds(self, dtype: np.dtype[Any]) -> bool:
+        return self.x64 or dtype.itemsize < 8
+
+    def tensor(self, array: Any) -> Any:
+        # JAX passes its stream to the producer (cupy orders it after the writes) and keeps
+        # an imported buffer until the computations reading it are done.
+        return self.jax.dlpack.from_dlpack(array)
+
+    def check_device(self, device: Device, place: tuple[str, int]) -> None:
+        if place[0] != "cuda":
+            return
+        try:
+            found = [
+                d
+                for d in self.jax.local_devices(backend="gpu")
+                if getattr(d, "local_hardware_id", d.id) == place[1]
+            ]
+            why = "" if found else f"its GPUs are {self.jax.local_devices(backend='gpu')}"
+        except RuntimeError as err:  # no GPU backend: "Unknown backend: 'gpu' requested"
+            why = str(err)
+        if why:
+            raise InvalidArgumentError(
+                f"the loader reads on {device}, but JAX has no GPU device {place[1]} here "
+                f"({why}). Install JAX with CUDA (pip install 'jax[cuda13]'), check "
+                "CUDA_VISIBLE_DEVICES, or pass device='cpu'"
+            )
+
+
+class TorchTensors(Tensors):
+    name: Framework = "torch"
+    tensor_type = "torch.Tensor"
+
+    def __init__(self) -> None:
+        self.torch = _require("torch", "PyTorch", "torch")
+
+    def tensor(self, array: Any) -> Any:
+        if isinstance(array, np.ndarray):
+            return self.torch.from_numpy(array)
+        return self.torch.from_dlpack(array)
+
+    def check_device(self, device: Device, place: tuple[str, int]) -> None:
+        if place[0] != "cuda":
+            return
+        cuda = self.torch.cuda
+        if not cuda.is_available() or place[1] >= cuda.device_count():
+            raise InvalidArgumentError(
+                f"the loader reads on {device}, but PyTorch sees "
+                f"{cuda.device_count() if cuda.is_available() else 'no'} CUDA device(s) "
+                "here. Install PyTorch with CUDA, check CUDA_VISIBLE_DEVICES, or pass "
+                "device='cpu'"
+            )
+
+    def fence(self, device: Device) -> Callable[[], None] | None:
+        if not device.is_cuda:
+            return None
+        torch = self.torch
+
+        def synchronize() -> None:
+            if torch.cuda.is_available():  # the emulated device: PyTorch without CUDA
+                torch.cuda.synchronize(device.index)
+
+        return synchronize
+
+
+def tensors_for(framework: str) -> Tensors:
+    """The `Tensors` of ``framework`` (``"tensorflow"``, ``"jax"`` or ``"torch"``)."""
+    makers: dict[str, Callable[[], Tensors]] = {
+        "tensorflow": TensorflowTensors,
+        "jax": JaxTensors,
+        "torch": TorchTensors,
+    }
+    if framework not in makers:
+        raise InvalidArgumentError(
+            f"no tensors for framework {framework!r}: use one of {', '.join(makers)}"
+        )
+    return makers[framework]()
+
+
+def _require(module: str, name: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"this needs {name}: pip install 'tabloader[{extra}]'") from None
+
+
+def _ordinal(name: str) -> int:
+    """The index at the end of a TensorFlow device name (``/physical_device:GPU:1``)."""
+    return int(name.rsplit(":", 1)[-1])
+
+
+# -- dtypes --------------------------------------------------------------------------------
+
+DTYPE_KEYWORDS = {"cat": "cat_dtype", "cont": "cont_dtype", "label": "label_dtype"}
+
+
+def as_numpy_dtype(value: Any, what: str) -> np.dtype[Any]:
+    """A numpy dtype from a numpy or Keras dtype (``"int32"``) or a framework's
+    (``tf.int64``, ``torch.float32``, ``jnp.int32``).
+
+    Examples:
+        >>> as_numpy_dtype("int32", "cat_dtype"), as_numpy_dtype(np.float32, "cont_dtype")
+        (dtype('int32'), dtype('float32'))
+    """
+    candidates = (
+        value,
+        getattr(value, "as_numpy_dtype", None),  # tf.DType
+        getattr(value, "name", None),
+        str(value).rsplit(".", 1)[-1],  # torch.int64
+    )
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        try:
+            return np.dtype(candidate)
+        except (TypeError, ValueError):
+            continue
+    raise InvalidArgumentError(
+        f"{what} must be a dtype ('int32', 'float32', np.int64, tf.int64, torch.float32, ...), "
+        f"got {value!r}"
+    )
+
+
+def delivered_dtypes(tensors: Tensors, options: Mapping[str, Any]) -> dict[str, np.dtype[Any]]:
+    """The dtypes of cats, conts and labels as the framework gets them: the user's
+    ``cat_dtype``/``cont_dtype``/``label_dtype``, else the framework's defaults; a dtype
+    the framework cannot hold raises."""
+    defaults = tensors.dtypes()
+    out = {}
+    for kind, keyword in DTYPE_KEYWORDS.items():
+        value = options.get(keyword)
+        dtype = defaults[kind] if value is None else as_numpy_dtype(value, keyword)
+        if not tensors.holds(dtype):
+            raise InvalidArgumentError(
+                f"{keyword}={dtype.name!r}: JAX holds no 64-bit numbers in its default "
+                f"32-bit mode. Leave {keyword} out ({defaults[kind].name}), or enable 64-bit "
+                "mode first (jax.config.update('jax_enable_x64', True), or JAX_ENABLE_X64=1)"
+            )
+        out[kind] = dtype
+    return out
+
+
+def core_dtypes(tensors: Tensors, delivered: Mapping[str, np.dtype[Any]]) -> dict[str, Any]:
+    """The core loader's ``cat_dtype``/``cont_dtype``/``label_dtype`` for ``delivered``:
+    ids the framework gets narrower than int64 because it holds no int64 are read as
+    int64 and narrowed, checked, by `BatchConverter`."""
+    out: dict[str, Any] = {DTYPE_KEYWORDS[k]: d for k, d in delivered.items()}
+    if delivered["cat"] != np.dtype("int64") and not tensors.holds(np.dtype("int64")):
+        out["cat_dtype"] = np.dtype("int64")
+    return out
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+class BatchConverter:
+    """A batch of the core loader's arrays to the framework's tensors, in the loader's
+    background thread (the adapters' ``transform`` calls it).
+
+    Columns become tensors through DLPack as `aligned_columns`
+    hands them over: shuffled columns and aligned device columns as they are, the
+    others copied to 64-byte aligned memory (TensorFlow aborts on unaligned memory, JAX
+    copies it, and a tensor must not write into Arrow's buffers). Ids are narrowed
+    where the framework holds no int64. On a GPU, the batch's writes are complete
+    before the framework reads, and memory lent to a framework that frees it before its
+    queued work is done is held until that work is (`LentMemory`).
+    """
+
+    def __init__(self, tensors: Tensors) -> None:
+        self.tensors = tensors
+        self.device = Device("cpu")
+        self.xp: Any = None
+        self.columns: tuple[str, ...] = ()
+        self.lists: tuple[str, ...] = ()
+        self.groups: list[tuple[np.dtype[Any], list[str]]] = []
+        self.narrow: dict[str, np.dtype[Any]] = {}
+        self.lender: LentMemory | None = None
+
+    def set_loader(self, loader: Loader, delivered: Mapping[str, np.dtype[Any]]) -> None:
+        """Take the loader's columns, dtypes and device; raises if the framework cannot
+        find memory of that device."""
+        self.device = loader.device
+        cuda = self.device.is_cuda
+        self.xp = importlib.import_module("cupy") if cuda else PooledNumpy(BufferPool())
+        with self.on_device():
+            place = dlpack_place(self.xp.empty((1,), np.uint8))
+        self.tensors.check_device(self.device, place)
+        self.lists = loader.sparse_names
+        self.columns = tuple(c for c in loader.columns if c not in self.lists)
+        groups: dict[np.dtype[Any], list[str]] = {}
+        for name in self.columns:
+            groups.setdefault(loader.dtypes[name], []).append(name)
+        self.groups = list(groups.items())
+        target = {
+            **dict.fromkeys(loader.cats, delivered["cat"]),
+            **dict.fromkeys(loader.conts, delivered["cont"]),
+            **dict.fromkeys(loader.labels, delivered["label"]),
+        }
+        self.narrow = {n: t for n, t in target.items() if t != loader.dtypes[n]}
+        fence = self.tensors.fence(self.device)
+        self.lender = None if fence is None else LentMemory(fence)
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """The loader's GPU current in this thread (new threads start on GPU 0)."""
+        if not self.device.is_cuda:
+            yield
+            return
+        with self.xp.cuda.Device(self.device.index):
+            yield
+
+    def arrays(self, batch: Mapping[str, Any]) -> dict[Any, Any]:
+        """The batch's arrays, aligned and narrowed: each scalar column; each list column
+        as ``name`` (padded) or ``(name, "values")`` and ``(name, "offsets")``."""
+        arrays: dict[Any, Any] = aligned_columns(batch, self.groups, self.xp)
+        for name in self.lists:
+            value = batch[name]
+            if isinstance(value, tuple):
+                arrays[(name, "values")] = self.aligned(value[0])
+                arrays[(name, "offsets")] = self.aligned(value[1])
+            else:
+                arrays[name] = self.aligned(value)
+        for name, dtype in self.narrow.items():
+            for key in (name, (name, "values")):
+                if key in arrays:
+                    arrays[key] = self.aligned(narrowed(arrays[key], dtype, name))
+        return arrays
+
+    def tensors_of(self, arrays: Mapping[Any, Any]) -> dict[Any, Any]:
+        """The framework's tensors of ``arrays`` (from `arrays`), sharing their memory."""
+        if self.device.is_cuda:
+            # Our copies, like the batch's own writes, complete before the framework reads
+            # (TensorFlow's streams are not ordered with ours).
+            self.xp.cuda.get_current_stream().synchronize()
+            if self.lender is not None:
+                arrays = self.lender.lend(arrays)
+        return {key: self.tensors.tensor(array) for key, array in arrays.items()}
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new C-contiguous array of the loader's device, starting 64-byte aligned."""
+        size = int(np.prod(shape))
+        return aligned_rows(self.xp, 1, size, dtype)[0, :size].reshape(shape)
+
+    def aligned(self, array: Any) -> Any:
+        """``array`` itself if contiguous, writable and 64-byte aligned, else such a copy."""
+        host = isinstance(array, np.ndarray)
+        if (
+            array.flags.c_contiguous
+            and (not host or array.flags.writeable)
+            and address(array) % ALIGN == 0
+        ):
+            return array
+        out = self.empty(tuple(array.shape), array.dtype)
+        out[...] = array
+        return out
