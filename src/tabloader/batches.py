@@ -8,7 +8,7 @@ A chunk arrives as a list of *segments*. A segment maps each block name to a 2-D
 row-major array ``[rows, k]``; all arrays of a segment have the same row count. A
 segment comes with an index array (its rows' delivery order, gathered batch by batch)
 or with None (rows already in delivery order, so full batches are zero-copy slices).
-A :class:`Layout` says which columns share a block and how batches are delivered:
+A `Layout` says which columns share a block and how batches are delivered:
 
 - By default every column is its own block, and a batch is a dict of 1-D arrays.
 - The ``"stacked"`` layout keeps cats, conts and labels in three blocks and delivers
@@ -54,13 +54,13 @@ class Block:
     columns: tuple[str, ...]
     dtype: np.dtype[Any]
     ragged: bool = False
-    """A list column (one column, held as :class:`Ragged` rather than a 2-D array)."""
+    """A list column (one column, held as `Ragged` rather than a 2-D array)."""
     column_major: bool = False
     """Each column contiguous (a Fortran-ordered ``[rows, k]`` array): a delivered column
     of a wide block is then a contiguous array, and one gather serves all ``k``."""
     checked: tuple[str, ...] = ()
     """Columns whose values must be checked to fit ``dtype`` when read (the footers'
-    statistics could not tell): see :mod:`tabloader.casting`."""
+    statistics could not tell): see `tabloader.casting`."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +361,7 @@ def value_rows(offsets: Any, total: int) -> Any:
 class Ragged:
     """A list column: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
 
-    Rows are selected like a 2-D block's (slices are views, :meth:`take` gathers), so
+    Rows are selected like a 2-D block's (slices are views, `take` gathers), so
     a list column travels through chunks and batches next to the dense blocks. Works
     on numpy and cupy arrays alike. ``offsets`` need not start at 0 (a slice of rows
     shares its parent's values).
@@ -410,7 +410,7 @@ class Ragged:
         """Rows ``rows`` (an index array), gathered into fresh, compact arrays.
 
         Vectorised: each output value's source is its row's start plus its place in
-        the row (see :func:`value_rows`).
+        the row (see `value_rows`).
         """
         if self.rows is not None:
             rows = self.rows[rows]
@@ -450,7 +450,7 @@ class Ragged:
     def to_dense(self, width: int, pad: float, name: str) -> Any:
         """A ``[rows, width]`` array, each row's values then ``pad``.
 
-        Raises :class:`~tabloader.errors.InvalidArgumentError` if a row is longer
+        Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] if a row is longer
         than ``width``: values are never dropped silently.
         """
         from tabloader.errors import InvalidArgumentError

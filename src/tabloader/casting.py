@@ -15,8 +15,8 @@ value of every row group, read at construction): a row group whose statistics fi
 not checked again, and one whose statistics do not fit is an error before any data is
 read. Columns without statistics, and float columns delivered as integers (statistics
 cannot tell 2.5 from 2), are checked when their data is read, on both backends, by
-:func:`check_values`. Option values that end up in the data (``fill_null``,
-``sparse_pad``) follow the same rule, checked by :func:`fits`.
+`check_values`. Option values that end up in the data (``fill_null``,
+``sparse_pad``) follow the same rule, checked by `fits`.
 
 Every function here is pure and works on numpy or cupy arrays alike (the array module
 is taken from the array); only a verdict (one value) is copied to the host.
@@ -240,8 +240,8 @@ def check_values(
     where: str = "",
     option: str = "",
 ) -> None:
-    """Raise :class:`~tabloader.ValueRangeError` if a value of the 1-D array ``values``
-    (numpy or cupy) does not fit ``target``, naming the column, the first such value and
+    """Raise [`ValueRangeError`][tabloader.errors.ValueRangeError] if a value of the 1-D array
+    ``values`` (numpy or cupy) does not fit ``target``, naming the column, the first such value and
     the dtype. Casts that cannot lose anything return at once.
 
     Examples:
@@ -268,9 +268,8 @@ def check_values(
 
 
 def check_block(piece: Mapping[str, Any], block: Block, *, where: str = "") -> None:
-    """Check the columns of ``block`` that need it (:attr:`Block.checked
-    <tabloader.batches.Block.checked>`) in one decoded ``piece`` (``{column: values}``,
-    a list column as :class:`~tabloader.batches.Ragged`), before they are cast to the
+    """Check the columns of ``block`` that need it (`Block.checked`) in one decoded ``piece``
+    (``{column: values}``, a list column as `Ragged`), before they are cast to the
     block's dtype. Both backends call it where they cast."""
     for column in block.checked:
         values = piece[column]
@@ -316,7 +315,7 @@ def footer_leaf(metadata: pq.FileMetaData, column: str) -> int | None:
 
 
 def footer_range(metadata: pq.FileMetaData, row_group: int, leaf: int | None) -> Range | None:
-    """The smallest and largest value of leaf column ``leaf`` (see :func:`footer_leaf`)
+    """The smallest and largest value of leaf column ``leaf`` (see `footer_leaf`)
     in one row group, from the footer's statistics; None where the footer does not say.
 
     Examples:

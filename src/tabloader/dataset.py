@@ -456,7 +456,8 @@ class Dataset:
         constant columns (partition keys; null where the file predates a column).
 
         A reader of the files themselves (the GPU backend) reads ``.read`` and appends
-        ``.constants``; :meth:`read_partition` returns them completed already.
+        ``.constants``; [`read_partition`][tabloader.Dataset.read_partition] returns them completed
+        already.
         """
         source = self._source
         if not isinstance(source, _ParquetSource):
@@ -1077,7 +1078,7 @@ class _ParquetSource(_Source):
         return list(self.files)
 
     def from_listing(self, listing: Any) -> list[str]:
-        """The files of a listing made by :meth:`listing` (on rank 0)."""
+        """The files of a listing made by `listing` (on rank 0)."""
         return list(listing)
 
     def _select(self, files: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -1240,7 +1241,7 @@ class _ParquetSource(_Source):
         }
 
     def identities(self) -> list[dict[str, Any]]:
-        """Each file's identity when it was listed (see :meth:`_identity`)."""
+        """Each file's identity when it was listed (see `_identity`)."""
         return [
             self._identity(path, stamp, digest)
             for path, stamp, digest in zip(self.files, self._stamps, self._digests, strict=True)
@@ -1337,7 +1338,7 @@ class _ParquetSource(_Source):
         return path if self.remote is None else self.remote.display(path)
 
     def _read_footer(self, path: str) -> tuple[Any, int, pq.FileMetaData, bytes | None, str]:
-        """A file's stamp (see :meth:`_file_stamps`), size, metadata, footer bytes (kept
+        """A file's stamp (see `_file_stamps`), size, metadata, footer bytes (kept
         for remote files only) and footer digest, the stamp and the footer from the same
         opened file."""
         shown = self._display(path)

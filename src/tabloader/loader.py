@@ -173,12 +173,13 @@ class Loader:
             ``TypeError`` naming the closest known one.
         fill_null: Value replacing nulls: one number for every column, or a mapping from
             column name to number. Without it, a null in a requested column raises
-            :class:`NullValuesError` (at construction when the parquet footers tell).
+            [`NullValuesError`][tabloader.errors.NullValuesError] (at construction when the parquet
+            footers tell).
         cat_dtype, cont_dtype, label_dtype: The delivered dtypes. Nothing is converted
             silently: a value that does not fit its column's dtype (uint64 ids at or
             above 2**63 as int64, 0.5 as an integer, 1e300 as float32) raises
-            :class:`ValueRangeError` naming the column, the value and the dtype, at
-            construction when the footers' statistics tell, else when it is read.
+            [`ValueRangeError`][tabloader.errors.ValueRangeError] naming the column, the value and
+            the dtype, at construction when the footers' statistics tell, else when it is read.
             ``fill_null`` and ``sparse_pad`` must fit too.
 
     Args: How to batch
@@ -240,8 +241,8 @@ class Loader:
         cache_dir: Directory of disk caches. Default ``$TABLOADER_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``. Created ``0700``
             (its caches' files ``0600``) when the loader is; one that another user owns
-            or others can write is not used (a :class:`CacheWarning`, and every epoch
-            streams). A published cache is verified against its checksums when opened
+            or others can write is not used (a [`CacheWarning`][tabloader.errors.CacheWarning], and
+            every epoch streams). A published cache is verified against its checksums when opened
             (see docs/cache.md, "Safety").
         cache_max_bytes: Largest cache to write. A cache that would be bigger, or would
             not fit in the free disk space (or half the available memory), is not
@@ -406,7 +407,7 @@ class Loader:
         self._check_nulls()
         self._range_checks = self._check_ranges(types)
         """Columns whose values are checked to fit their dtype when read (see
-        :mod:`tabloader.casting`): the footers could not vouch for them."""
+        `tabloader.casting`): the footers could not vouch for them."""
         self.layout_plan = self._layout(stacked=layout == "stacked")
         row_bytes = sum(d.itemsize for d in self.dtypes.values())
         if self.parts_per_chunk is None and chunk_rows is None:
@@ -484,8 +485,9 @@ class Loader:
                 )
 
     def _check_ranges(self, types: Mapping[str, pa.DataType]) -> frozenset[str]:
-        """The columns to check when read; raises :class:`ValueRangeError` when a footer's
-        statistics show a value that does not fit the column's delivered dtype.
+        """The columns to check when read; raises
+        [`ValueRangeError`][tabloader.errors.ValueRangeError] when a footer's statistics show a
+        value that does not fit the column's delivered dtype.
 
         A column whose stored type fits its dtype needs no check; otherwise every row
         group's statistics must fit it, and the column is checked as it is read where
@@ -1166,8 +1168,8 @@ def _version() -> str:
 
 
 def _check_state_shape(state: object) -> None:
-    """Raise :class:`InvalidArgumentError` unless ``state`` is a state dict this version
-    of tabloader reads, saying what it is instead."""
+    """Raise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] unless ``state`` is a
+    state dict this version of tabloader reads, saying what it is instead."""
     keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
     if not isinstance(state, Mapping) or any(k not in state for k in keys):
         raise InvalidArgumentError(

@@ -52,7 +52,7 @@ class Backend(Protocol):
     xp: Any
     groups_columns: bool
     """Whether the ``"columns"`` layout keeps columns of one dtype in one block
-    (see :meth:`Layout.build <tabloader.batches.Layout.build>`)."""
+    (see `Layout.build`)."""
 
     def scope(self) -> AbstractContextManager[None]:
         """Set up the calling thread to work with this backend's arrays (a GPU backend's

@@ -1,7 +1,7 @@
 """GPU backend: cudf decodes row groups into GPU memory, cupy casts, gathers and slices.
 
 Selected with ``device="cuda"``, ``"cuda:N"`` or an int (and by default when cudf and
-cupy import and a GPU is visible, see :func:`tabloader.device.default_device_spec`). The
+cupy import and a GPU is visible, see `tabloader.device.default_device_spec`). The
 plan, the shuffled delivery order and the batch cutting are the CPU backend's: the
 order is drawn on the host from the plan (a chunk ahead, in a thread of its own) and
 moved to the device, so a seed gives the same rows in the same batches, in the same
@@ -21,7 +21,7 @@ the GPU; the order between the loader and its consumer is kept by events, two ru
     stream, or to any blocking stream (PyTorch's and cupy's defaults), runs after the
     batch is complete. ``torch.from_dlpack(array)`` in the loader's ``transform`` is
     ordered the same way by DLPack. A consumer on a non-blocking stream of its own makes
-    it wait for :meth:`DeviceArrays.hand_over`'s event, as the framework adapters do.
+    it wait for `DeviceArrays.hand_over`'s event, as the framework adapters do.
 
     **Memory is written only after the consumer is done with it.** Delivered arrays
     are never written again; once the consumer drops them their memory returns to the
@@ -32,12 +32,12 @@ the GPU; the order between the loader and its consumer is kept by events, two ru
     streams of its own, after dropping its references to them, must make the default
     stream wait for those streams first (see ``docs/gpu.md``).
 
-:func:`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
-:func:`device_scope` makes that GPU current in the calling thread, and
-:func:`as_contiguous` gives the C-contiguous copy TensorFlow's DLPack import needs for a
+`batch_device` tells which GPU a batch lives on (``None`` for host arrays),
+`device_scope` makes that GPU current in the calling thread, and
+`as_contiguous` gives the C-contiguous copy TensorFlow's DLPack import needs for a
 column view.
 
-Example (needs a CUDA GPU with cudf and cupy)::
+Example (needs a CUDA GPU with cudf and cupy):
 
     loader = tabloader.Loader("train/", cats=["item"], labels=["click"], batch_size=65536,
                               shuffle=True, seed=0, device="cuda:0")
@@ -269,7 +269,7 @@ def chunk_rows_for_fraction(
     Args:
         fraction: Share of the free memory one chunk may take, in (0, 1] (the Keras
             loader's ``buffer_size``).
-        free_bytes: Free device memory (:func:`free_device_memory`).
+        free_bytes: Free device memory (`free_device_memory`).
         row_bytes: Bytes per delivered row (the sum of the delivered dtypes' sizes).
         batch_size: Rows per batch.
 
@@ -325,7 +325,7 @@ def _rmm_pool_free(rmm: Any, device: int) -> int:
 def chunk_rows_for_device(
     fraction: float, *, row_bytes: int, batch_size: int, device: int | None = None
 ) -> int:
-    """:func:`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
+    """`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
     return chunk_rows_for_fraction(fraction, free_device_memory(device), row_bytes, batch_size)
 
 
@@ -352,7 +352,8 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def memory_error_message(error: BaseException, *, device: int, doing: str) -> str:
-    """The :class:`GPUMemoryError` message: what failed, and how to make chunks smaller."""
+    """The [`GPUMemoryError`][tabloader.errors.GPUMemoryError] message: what failed, and
+    how to make chunks smaller."""
     return (
         f"cuda:{device} ran out of memory {doing} ({type(error).__name__}: {error}). "
         "Make chunks smaller: pass a smaller chunk_rows= or parts_per_chunk= to the Loader "
@@ -494,7 +495,7 @@ class ChunkPlan:
 def _device_list_column(
     series: Any, name: str, fill: float | None, where: str, cupy: Any
 ) -> Ragged:
-    """A cudf list column as a :class:`Ragged` of cupy arrays, as on the CPU: null lists
+    """A cudf list column as a `Ragged` of cupy arrays, as on the CPU: null lists
     are empty lists, nulls inside lists take ``fill`` (or raise)."""
     lengths = series.list.len().fillna(0).values
     offsets = cupy.zeros(len(lengths) + 1, dtype=np.int64)
@@ -606,13 +607,13 @@ def _frame_columns(
     cupy: Any,
 ) -> dict[str, Any]:
     """A read frame's columns (``_CudfColumn``/``_PlcColumn`` by name) as device arrays,
-    list columns as :class:`Ragged`.
+    list columns as `Ragged`.
 
     Nulls are filled by ``fill_null``; a column without a fill value may hold nulls only
     in rows no piece delivers (a rank's share ending inside a row group), which are then
-    filled with 0 and never delivered. Otherwise :class:`NullValuesError` names the row
-    group of the first piece with nulls (``pieces``: ``(partition, start, stop)`` rows of
-    this frame).
+    filled with 0 and never delivered. Otherwise
+    [`NullValuesError`][tabloader.errors.NullValuesError] names the row group of the first piece
+    with nulls (``pieces``: ``(partition, start, stop)`` rows of this frame).
     """
     out: dict[str, Any] = {}
     where = dataset.describe_partition(pieces[0][0]) if pieces else "a chunk"
@@ -680,7 +681,7 @@ def _complete_columns(
     cupy: Any,
 ) -> dict[str, Any]:
     """The columns read from files (their stored names, file after file; ``how`` holds
-    each file's :class:`~tabloader.sources.partitions.FileColumns`) as the requested
+    each file's `FileColumns`) as the requested
     ``columns``: renamed, constant ones (partition keys, columns a file predates) added."""
     first = how[0]
     if all(h.plain for h in how):
@@ -749,7 +750,7 @@ def assemble_frames(
 
 @contextlib.contextmanager
 def _local_copies(handles: Sequence[Any]) -> Iterator[list[str]]:
-    """Paths of local files holding what ``handles`` (:class:`RangeFile`) fetched.
+    """Paths of local files holding what ``handles`` (`RangeFile`) fetched.
 
     cudf reads a path through its own, well-trodden file source; a Python file-like
     object it would read whole, or from several threads seeking one handle. Each copy is
@@ -782,9 +783,9 @@ class DeviceArrays:
     """The array namespace the batching code runs with on a GPU: cupy on one device and
     one stream, allocations ordered after the consumer (see the module's rules).
 
-    :meth:`scope` sets a thread up (device, stream, allocator) for the loader's work;
+    `scope` sets a thread up (device, stream, allocator) for the loader's work;
     every other method assumes it. ``take``/``concatenate`` only issue kernels;
-    :meth:`hand_over` orders the consumer after them.
+    `hand_over` orders the consumer after them.
     """
 
     def __init__(self, cupy: Any, device: int, stream: Any) -> None:
@@ -792,7 +793,7 @@ class DeviceArrays:
         self.device = device
         self.stream = stream
         self.last_event: Any = None
-        """The event :meth:`hand_over` last recorded: a consumer on a non-blocking stream
+        """The event `hand_over` last recorded: a consumer on a non-blocking stream
         of its own waits for it before reading the batch handed over."""
 
     @contextlib.contextmanager
@@ -884,7 +885,7 @@ def ensure_memory_pool(rmm: Any, device: int) -> bool:
 
     cudf points cupy at rmm when it is imported, and rmm's default resource calls
     ``cudaMalloc``/``cudaFree`` for every allocation, which synchronises the device. When
-    the device still has that default resource, a :class:`rmm.mr.PoolMemoryResource`
+    the device still has that default resource, a `rmm.mr.PoolMemoryResource`
     (initial size ``$TABLOADER_GPU_POOL_SIZE`` bytes, 256 MiB by default, growing on
     demand) wrapped in a statistics adaptor becomes its resource; any other resource
     (the user's pool, managed memory, an arena) is left as it is. Returns whether a
@@ -1021,7 +1022,7 @@ class GPUBackend:
         self, request: ReadRequest, pieces: Sequence[Piece], chunk_plan: ChunkPlan
     ) -> list[Part]:
         """Read one chunk and lay it out as the request's blocks, in the calling thread
-        (set up by :meth:`scope`)."""
+        (set up by `scope`)."""
         cupy, stats, dataset = self._cupy, request.stats, request.dataset
         blocks = request.blocks
         columns = [c for b in blocks for c in b.columns]
@@ -1069,7 +1070,7 @@ class GPUBackend:
         lists: set[str],
     ) -> tuple[list[dict[str, Any]], bool]:
         """The chunk's columns by name, frame after frame: one read of all its parquet
-        row groups (or one frame per file, see :meth:`_read_parquet`), else one frame per
+        row groups (or one frame per file, see `_read_parquet`), else one frame per
         piece; and whether they were made on the default stream (else on the loader's)."""
         cudf = self._cudf
         if read is not None:

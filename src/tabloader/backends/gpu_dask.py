@@ -51,7 +51,7 @@ def device_pool(device: int, cupy: Any) -> ThreadPoolExecutor:
 @contextlib.contextmanager
 def dask_threads_on(device: int, cupy: Any) -> Iterator[None]:
     """Within the block, dask's threaded scheduler runs tasks in threads that have CUDA
-    device ``device`` current (:func:`device_pool`). Nothing changes when dask is not
+    device ``device`` current (`device_pool`). Nothing changes when dask is not
     imported, when a ``dask.distributed`` client computes, or when the user configured
     another scheduler."""
     if "dask" not in sys.modules:  # no Dask frame anywhere: nothing to compute

@@ -8,17 +8,17 @@ conts, labels) for shuffled or stacked loaders, whose gathers then read whole ro
 per column for unshuffled ``layout="columns"`` loaders, whose batches are then
 zero-copy views; a list column as its values and each row's span. Every epoch, the
 first one included, then gathers its batches from those arrays following the same
-:class:`~tabloader.plan.EpochPlan`, so a cached epoch delivers exactly the batches a
+[`EpochPlan`][tabloader.plan.EpochPlan], so a cached epoch delivers exactly the batches a
 streamed one would. Later epochs read nothing but the cache.
 
 The parts:
 
-- :mod:`~tabloader.cache.key`: what a cache is keyed by (the files' content-decided
+- `key`: what a cache is keyed by (the files' content-decided
   identities, the blocks, the share);
-- :mod:`~tabloader.cache.store`: the files on disk (private, checksummed, published by
+- `store`: the files on disk (private, checksummed, published by
   one rename, cleaned up by owner record);
-- :mod:`~tabloader.cache.serve`: gathering an epoch's batches from the cached rows;
-- :mod:`~tabloader.cache.policy`: :class:`DecodedCache`, which decides each epoch
+- `serve`: gathering an epoch's batches from the cached rows;
+- `policy`: `DecodedCache`, which decides each epoch
   between memory, disk and streaming.
 
 Examples:

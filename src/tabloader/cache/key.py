@@ -40,10 +40,10 @@ FORMAT = 2
 
 
 def file_identities(dataset: Dataset) -> list[dict[str, Any]]:
-    """Each file of ``dataset`` as it was listed (see :meth:`Dataset.file_identities
-    <tabloader.Dataset.file_identities>`): a file rewritten in place, even with its size
-    and modification time kept, has another identity, and so the cache another key. A
-    Delta or Iceberg table is keyed by its version too."""
+    """Each file of ``dataset`` as it was listed (see
+    [`Dataset.file_identities`][tabloader.Dataset.file_identities]): a file rewritten in
+    place, even with its size and modification time kept, has another identity, and so the
+    cache another key. A Delta or Iceberg table is keyed by its version too."""
     identities = dataset.file_identities()
     if dataset.version is not None:
         return [{"path": f"{dataset.table_format} table", "version": dataset.version}, *identities]

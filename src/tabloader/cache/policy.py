@@ -1,10 +1,10 @@
 """The cache's policy: memory, disk or streaming, and filling a cache from an epoch.
 
-:class:`DecodedCache` ties the key (:mod:`~tabloader.cache.key`), the files
-(:mod:`~tabloader.cache.store`) and the serving (:mod:`~tabloader.cache.serve`)
+`DecodedCache` ties the key (`key`), the files
+(`store`) and the serving (`serve`)
 together: every epoch it decides whether to serve the complete cache, to fill one while
 streaming, or to stream alone (it does not fit, its directory is not safe, writing
-failed). :class:`Fill` is the cache being filled by one epoch.
+failed). `Fill` is the cache being filled by one epoch.
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ def _file_names(index: int, block: Block) -> list[str]:
 class DecodedCache:
     """One loader's decoded cache: its key, where it lives, and the rows once complete.
 
-    Created by :class:`~tabloader.Loader` when ``cache`` is given. Each epoch asks
-    :meth:`epoch_backend` how to read: from the cache, from the files while writing the
+    Created by [`Loader`][tabloader.Loader] when ``cache`` is given. Each epoch asks
+    `epoch_backend` how to read: from the cache, from the files while writing the
     cache, or from the files alone when the cache does not fit or may not be used.
     """
 
@@ -183,7 +183,7 @@ class DecodedCache:
         )
         self.arrays: dict[str, Any] | None = None
         """Block name -> read-only ``[rows, k]`` array (a list column: a
-        :class:`~tabloader.cache.serve.CachedList`), once the cache is complete."""
+        `CachedList`), once the cache is complete."""
         self.refused: str | None = None
         """Why the cache is not used (it does not fit, its directory may not be used,
         writing it failed), once found out; "" once found usable."""
@@ -226,7 +226,7 @@ class DecodedCache:
         return specs
 
     def blocks_of(self, files: Mapping[str, Any]) -> dict[str, Any]:
-        """Block name -> array (or :class:`CachedList`) of a cache's files by name."""
+        """Block name -> array (or `CachedList`) of a cache's files by name."""
         arrays: dict[str, Any] = {}
         for i, b in enumerate(self.blocks):
             names = _file_names(i, b)
@@ -322,7 +322,7 @@ class DecodedCache:
     def epoch_backend(self, backend: Backend, stats: StatsRecorder) -> Backend:
         """How this epoch reads: from the cache, from the files into the cache, or from
         the files alone (when the cache does not fit or may not be used: said once, by
-        a :class:`CacheWarning`).
+        a [`CacheWarning`][tabloader.errors.CacheWarning]).
         """
         if self.lookup():
             stats.from_cache = True
@@ -365,7 +365,7 @@ class DecodedCache:
     # -- filling --------------------------------------------------------------------
 
     def start_fill(self, request: ReadRequest) -> Fill | None:
-        """A new :class:`Fill` for the epoch of ``request``, or None (said once, and
+        """A new `Fill` for the epoch of ``request``, or None (said once, and
         every epoch streams) when its files cannot be made."""
         in_memory = self.store is None or self.fits_in_memory()
         try:
@@ -538,9 +538,9 @@ class Fill:
 
     A disk cache that fits in memory (a quarter of the available memory) is filled in
     memory, served from it at once and written out in the background when complete;
-    a larger one is written straight into its ``.npy`` files (:class:`CacheFiles`),
+    a larger one is written straight into its ``.npy`` files (`CacheFiles`),
     and its arrays are read-only mappings of them. A list column's values are appended
-    as they come (:class:`AppendFile` on disk) and each row's span written at its place.
+    as they come (`AppendFile` on disk) and each row's span written at its place.
     """
 
     def __init__(self, cache: DecodedCache, *, in_memory: bool, skipped: int) -> None:
@@ -552,7 +552,7 @@ class Fill:
         self.arrays: dict[str, Any] = {}
         """File name -> its array being filled (in memory)."""
         self.lists: dict[str, Any] = {}
-        """File name of a list column's values -> its :class:`_Growing` or :class:`AppendFile`."""
+        """File name of a list column's values -> its `_Growing` or `AppendFile`."""
         self.done = False
         self._served: dict[str, Any] | None = None
         store = cache.store
@@ -582,7 +582,7 @@ class Fill:
 
     def write(self, first_row: int, piece: Mapping[str, Any], work: SplitWork) -> None:
         """Cast one decoded piece's columns into their blocks' rows from ``first_row``,
-        ``work``'s threads a share of the rows each. Raises :class:`FillFailed` if
+        ``work``'s threads a share of the rows each. Raises `FillFailed` if
         writing a file fails."""
         n = len(next(iter(piece.values())))
         jobs: list[tuple[int, Callable[[], None]]] = []

@@ -1,11 +1,11 @@
 """Serving a cache: an epoch's batches gathered from the cached rows, in plan order.
 
-Every epoch follows an :class:`~tabloader.plan.EpochPlan`; :class:`CachedRows` turns
+Every epoch follows an [`EpochPlan`][tabloader.plan.EpochPlan]; `CachedRows` turns
 its chunks into tasks that gather each batch's rows from the cached blocks (or, without
-shuffling, views of them), and :func:`run_ahead` runs those tasks on a few threads
-ahead of the consumer. :class:`CacheBackend` is the loader's backend for one epoch:
+shuffling, views of them), and `run_ahead` runs those tasks on a few threads
+ahead of the consumer. `CacheBackend` is the loader's backend for one epoch:
 served from a complete cache, or filled from the files while serving them (see
-:class:`~tabloader.cache.policy.Fill`), or, when writing fails, streamed from where the
+`Fill`), or, when writing fails, streamed from where the
 cache left off.
 
 The code takes the array module ``xp`` (numpy here; cupy for a cache in GPU memory)
@@ -55,7 +55,7 @@ GATHER_THREADS = 4
 WRITE_THREADS = 2
 """Threads writing a decoded piece into a cache being filled, the reader's included."""
 TILE_ROWS = 2048
-"""Rows gathered at a time by :func:`take_transposed`: a tile of a wide block (26
+"""Rows gathered at a time by `take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
 
 
@@ -114,7 +114,7 @@ class CachedRows:
 
     Args:
         blocks: The stored blocks (one per kind, or one per column; list columns each
-            a :class:`CachedList`).
+            a `CachedList`).
         layout: How batches are delivered.
         base: Per partition, the cache row of its row 0 (-1 outside the rank's share):
             row ``j`` of partition ``p`` is cache row ``base[p] + j``.
@@ -145,8 +145,8 @@ class CachedRows:
         xp: Any,
     ) -> Iterator[Callable[[], list[Part]]]:
         """The parts of ``plan``'s chunks over the cached arrays, as tasks that gather
-        them (run in order by :func:`run_ahead`, several at once); ``chunks`` gives each
-        chunk's :meth:`delivery_rows`, in order, and ``arrays()`` the cached arrays as
+        them (run in order by `run_ahead`, several at once); ``chunks`` gives each
+        chunk's `delivery_rows`, in order, and ``arrays()`` the cached arrays as
         they stand once the chunk's rows are in them (a cache being filled grows).
 
         Without shuffling, a chunk's pieces are zero-copy views of the cache. With
@@ -216,7 +216,7 @@ class CachedRows:
 def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[Any]) -> None:
     """``out[i] = stored[rows[i]]`` for a row-major ``stored`` and a column-major ``out``.
 
-    A tile of :data:`TILE_ROWS` rows at a time is gathered into a small row-major
+    A tile of `TILE_ROWS` rows at a time is gathered into a small row-major
     scratch, which stays in the CPU's cache while it is transposed into ``out``: about
     twice as fast as gathering the whole batch and then transposing it from memory.
 
@@ -308,11 +308,11 @@ class CacheBackend:
     """The loader's backend for one epoch, reading chunks through the cache.
 
     ``write=False``: every batch is gathered from the complete cache. ``write=True``:
-    the epoch's pieces are decoded, written into a new :class:`~tabloader.cache.policy.Fill`
+    the epoch's pieces are decoded, written into a new `Fill`
     and each chunk's batches gathered from it once written; the rows the epoch leaves
     out are written at its end and the fill completed. If writing fails, a
-    :class:`~tabloader.CacheWarning` says so, the cache is given up and the rest of the
-    epoch is streamed from the files, from the first row not delivered yet.
+    [`CacheWarning`][tabloader.errors.CacheWarning] says so, the cache is given up and the rest of
+    the epoch is streamed from the files, from the first row not delivered yet.
     """
 
     def __init__(self, cache: DecodedCache, backend: Backend, *, write: bool) -> None:

@@ -5,12 +5,12 @@ directory is kept like an ssh key directory:
 
 - every directory is created ``0700`` and every file ``0600``, whatever the umask;
 - a cache directory, published cache or file that another user owns, or that others
-  can write, is refused (:class:`CacheRefused`: the loader warns and streams);
+  can write, is refused (`CacheRefused`: the loader warns and streams);
 - only regular files are read (never a link, a FIFO or a device), opened without
   following links, and a manifest names exactly the files the loader expects, so no
   entry can point out of the cache;
-- every file's data is checksummed (SHA-256 per :data:`SEGMENT_BYTES`) when the cache is
-  published and verified when it is opened: a mismatch is :class:`CacheDamaged` (the
+- every file's data is checksummed (SHA-256 per `SEGMENT_BYTES`) when the cache is
+  published and verified when it is opened: a mismatch is `CacheDamaged` (the
   loader warns, deletes it, streams and writes it again);
 - temporary directories carry an owner record (user, host, boot id, PID namespace, PID
   and process start time), and cleanup deletes only directories of this user whose
@@ -153,7 +153,7 @@ def _make_private_dir(path: Path) -> None:
 
 def _open_private(path: Path) -> int:
     """Open ``path`` for reading: a regular file of this user's that others cannot
-    write, opened without following a link; raises :class:`CacheDamaged` otherwise."""
+    write, opened without following a link; raises `CacheDamaged` otherwise."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as error:
@@ -176,7 +176,7 @@ def _open_private(path: Path) -> int:
 
 
 def _read_record(path: Path) -> dict[str, Any]:
-    """A small JSON file (a manifest or owner record), read as :func:`_open_private` says."""
+    """A small JSON file (a manifest or owner record), read as `_open_private` says."""
     fd = _open_private(path)
     with os.fdopen(fd, "rb") as f:
         data = f.read(_RECORD_LIMIT + 1)
@@ -307,8 +307,8 @@ class CacheStore:
         """Create the cache directory (``0700``, missing parents too) if needed; why it
         may not be used (another user's, or writable by others), or None.
 
-        Raises :class:`~tabloader.InvalidArgumentError` if it is not a directory or
-        cannot be created or written.
+        Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] if it is not a
+        directory or cannot be created or written.
         """
         root, missing = self.root, []
         probe = root
@@ -377,7 +377,7 @@ class CacheStore:
         """The published cache ``digest``'s files as read-only mappings, by name; None
         when there is none.
 
-        Raises :class:`CacheRefused` if it is not this user's own, :class:`CacheDamaged`
+        Raises `CacheRefused` if it is not this user's own, `CacheDamaged`
         if it is incomplete, altered (its checksums, verified here unless ``verify`` is
         false) or not the cache of ``key``.
         """
@@ -445,7 +445,7 @@ class CacheStore:
 
         If another process published the same cache first (``valid()`` says its copy
         is sound), ``temp`` is dropped; a damaged copy of this user's is replaced.
-        Raises :class:`TempVanished` if ``temp`` was deleted meanwhile.
+        Raises `TempVanished` if ``temp`` was deleted meanwhile.
         """
         if not temp.is_dir():
             raise TempVanished(errno.ENOENT, f"the temporary directory {temp} vanished")
@@ -500,7 +500,7 @@ class CacheStore:
 
     def remove_abandoned(self) -> None:
         """Delete this user's temporary directories whose writer has ended (by its owner
-        record), or which could not be checked for :data:`UNVERIFIABLE_AFTER` seconds.
+        record), or which could not be checked for `UNVERIFIABLE_AFTER` seconds.
         Other users' directories, and anything else, are left alone."""
         try:
             entries = list(os.scandir(self.root))
@@ -608,7 +608,7 @@ def checksums(arrays: Sequence[NDArray[Any]], segment: int | None = None) -> lis
 def file_checksums(
     files: Sequence[tuple[Path, int]], segment: int | None = None
 ) -> list[list[str]]:
-    """:func:`checksums` of the data of ``.npy`` files, each given with the bytes of its
+    """`checksums` of the data of ``.npy`` files, each given with the bytes of its
     data (the end of the file), read in large reads rather than through a mapping: a
     cache larger than memory is not made resident by its check."""
     segment = segment or SEGMENT_BYTES
@@ -658,7 +658,7 @@ def file_checksums(
 def read_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray[Any]:
     """The ``.npy`` file ``path`` as a read-only mapping, which must hold exactly an
     array of ``shape`` and ``dtype`` (and nothing else: no pickled objects, no trailing
-    bytes); raises :class:`CacheDamaged` otherwise."""
+    bytes); raises `CacheDamaged` otherwise."""
     fd = _open_private(path)
     with os.fdopen(fd, "rb") as f:
         try:
@@ -688,7 +688,7 @@ def read_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArra
 
 def write_npy(path: Path, array: NDArray[Any]) -> list[str]:
     """Write ``array`` (C-contiguous) to ``path`` as a ``0600`` ``.npy`` file and sync it;
-    the checksums of its data (see :func:`checksums`).
+    the checksums of its data (see `checksums`).
 
     Where the system allows (``O_DIRECT``, a page-aligned array such as the decoded
     cache's), the file is written straight from the array's memory to the disk: no copy
@@ -796,8 +796,8 @@ class CacheFiles:
     Each file is created ``0600`` at its full size (its disk space reserved at once
     where the system allows, so a disk that filled up since it was measured fails here,
     before any row is written) with its data on a page boundary. Rows are written in
-    place with :meth:`write_rows`, through the operating system's page cache, and read
-    back through :meth:`mapped`, a read-only mapping of the same files.
+    place with `write_rows`, through the operating system's page cache, and read
+    back through `mapped`, a read-only mapping of the same files.
 
     Examples:
         >>> spec = FileSpec("x.npy", (3, 2), np.dtype("int64"))
@@ -834,7 +834,7 @@ class CacheFiles:
 
     def write_rows(self, name: str, first_row: int, columns: Sequence[NDArray[Any]]) -> None:
         """Write ``columns`` (cast to the file's dtype) as rows of file ``name`` from
-        ``first_row`` on: :data:`WRITE_ROWS` rows at a time interleaved in a scratch
+        ``first_row`` on: `WRITE_ROWS` rows at a time interleaved in a scratch
         block that stays in the CPU's cache, then written with one system call."""
         fd, offset = self._files[name]
         dtype = self._specs[name].dtype

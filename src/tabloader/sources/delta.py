@@ -2,7 +2,7 @@
 
 A Delta table is a directory of parquet files and a ``_delta_log`` saying which of them
 make up each version: files added, and files removed by an overwrite, a delete or a
-compaction. :class:`DeltaLog` asks delta-rs (the ``deltalake`` package, imported only
+compaction. `DeltaLog` asks delta-rs (the ``deltalake`` package, imported only
 here) for a version's add actions: each file's path, partition values and row count.
 
 Refused, with an error naming the feature, because the files would not hold the rows
@@ -96,7 +96,7 @@ class DeltaLog(TableLog):
         uri: the table's directory: a local path or a URL (``s3://bucket/table``).
         version: the version to load (time travel); None follows the latest.
         storage_options: fsspec options for a URL's files; the log gets their delta-rs
-            equivalent (:func:`delta_storage_options`).
+            equivalent (`delta_storage_options`).
     """
 
     format = "delta"

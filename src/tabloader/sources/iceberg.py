@@ -1,7 +1,7 @@
 """Apache Iceberg: the data files a snapshot's scan plans, read with ``pyiceberg``.
 
 An Iceberg table's metadata names, per snapshot, manifests that list its data files with
-their partition tuples and record counts. :class:`IcebergLog` asks pyiceberg (imported
+their partition tuples and record counts. `IcebergLog` asks pyiceberg (imported
 only here) to plan a scan of a snapshot and keeps what tabloader needs: each parquet
 file's path, identity-partition values and row count, and the schema's field ids, by
 which a file's columns are matched (a column renamed after the file was written loads

@@ -9,10 +9,10 @@ file values for a few *partition keys*. They serve twice:
 - a key named in ``cats``/``conts``/``labels`` is delivered as a column, the file's value
   repeated, next to the columns the file stores.
 
-:class:`ColumnSources` says, per file, which requested columns are read from the file
+`ColumnSources` says, per file, which requested columns are read from the file
 (under which name: an Iceberg column renamed since the file was written is matched by its
 field id) and which are constant (a partition value, or null where the file predates the
-column). :class:`TableSnapshot` is one version of a table: its files, their partition
+column). `TableSnapshot` is one version of a table: its files, their partition
 values and row counts, its schema. Everything here is pure: no I/O.
 """
 
@@ -594,7 +594,7 @@ def _has_field_ids(schema: pa.Schema) -> bool:
 class TableLog:
     """Reads a table's log: its latest version, and the files of a version.
 
-    Subclassed per format (:mod:`tabloader.sources.delta`, :mod:`tabloader.sources.iceberg`).
+    Subclassed per format (`tabloader.sources.delta`, `tabloader.sources.iceberg`).
     A log travels to worker processes without its connection (``__getstate__``); only
     the process that created it looks for new versions.
 

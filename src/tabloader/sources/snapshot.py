@@ -1,14 +1,14 @@
 """A table version as a parquet source: the files its log names, nothing else in the directory.
 
-:class:`SnapshotSource` is the parquet source (footers, row groups, object storage,
+`SnapshotSource` is the parquet source (footers, row groups, object storage,
 refresh) over the files of one version of a Delta or Iceberg table, as a
-:class:`~tabloader.sources.partitions.TableLog` reports them. Its schema is the table's;
+`TableLog` reports them. Its schema is the table's;
 each file's columns are matched to it (by Iceberg field id, or by name), partition keys
 come from the log, and a column a file predates reads as null.
 
 Under ``refresh=True`` every listing asks the log for its newest version; under several
 ranks, rank 0 asks and broadcasts the version number, and every rank loads exactly that
-version (:meth:`listing`, :meth:`from_listing`).
+version (`listing`, `from_listing`).
 """
 
 from __future__ import annotations
