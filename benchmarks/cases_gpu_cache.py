@@ -76,7 +76,7 @@ def _cached(ctx: Context, **options: Any) -> Callable[[], Callable[[], int]]:
                 fact(PLACEMENT_STAT, str(placement))
             if epochs[0] and not stats.from_cache:
                 raise RuntimeError("a later epoch was not served from the cache")
-            if options.keys() & PINNED_HOST.keys() and placement not in (None, "host"):
+            if options.keys() & PINNED_HOST.keys() and placement not in (None, "pinned host"):
                 raise RuntimeError(f"asked for a pinned-host cache, got one in {placement!r}")
             epochs[0] += 1
             return rows

@@ -728,12 +728,6 @@ def test_a_disk_cache_needs_files():
         tabloader.Loader(pa.table({"x": [1.0, 2.0]}), conts=["x"], batch_size=1, cache="disk")
 
 
-@pytest.mark.gpu
-def test_the_gpu_backend_refuses_a_cache(files):
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"Pass device='cpu'"):
-        tabloader.Loader(files, **COLS, batch_size=8, device="cuda", cache="memory")
-
-
 # -- adapters ---------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from tabloader.batches import (
     lists_as_output,
 )
 from tabloader.cache import CacheMode, DecodedCache, cache_directory
+from tabloader.cache.device import CachePlacement
 from tabloader.casting import (
     bounded,
     checked_layout,
@@ -116,6 +117,7 @@ class LoaderOptions(TypedDict, total=False):
     cache: CacheMode | None
     cache_dir: str | os.PathLike[str] | None
     cache_max_bytes: int | None
+    cache_placement: CachePlacement
     sparse_names: str | Sequence[str] | None
     sparse_max: Mapping[str, int] | None
     sparse_as_dense: bool
@@ -237,7 +239,8 @@ class Loader:
             ``"disk"``: the first epoch also keeps the rank's decoded rows (cast, nulls
             filled) in RAM or in memory-mapped files, and later epochs read only those,
             several times faster than decoding, with the same batches (see docs/cache.md).
-            The CPU backend only (``device="cpu"``).
+            Both backends; a GPU loader serves the complete cache from GPU memory or
+            pinned host memory (``cache_placement``).
         cache_dir: Directory of disk caches. Default ``$TABLOADER_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``. Created ``0700``
             (its caches' files ``0600``) when the loader is; one that another user owns
@@ -248,6 +251,12 @@ class Loader:
             not fit in the free disk space (or half the available memory), is not
             written: a [`CacheWarning`][tabloader.errors.CacheWarning] says so once and
             every epoch streams.
+        cache_placement: Where a GPU loader keeps its complete cache. ``"auto"``
+            (default): in GPU memory when it fits in a share of the device's free memory
+            (``$TABLOADER_GPU_CACHE_FRACTION``, 0.5 by default), else in pinned host
+            memory, each batch copied to the device as it is served; ``"device"`` or
+            ``"host"`` decide. `LoaderStats.cache_placement` says which was taken.
+            ``"device"`` needs a GPU device.
 
     Args: Distributed
         global_rank, global_size: This process's rank and the number of ranks (default,
@@ -303,6 +312,7 @@ class Loader:
         cache: CacheMode | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max_bytes: int | None = None,
+        cache_placement: CachePlacement = "auto",
         sparse_names: str | Sequence[str] | None = None,
         sparse_max: Mapping[str, int] | None = None,
         sparse_as_dense: bool = False,
@@ -392,11 +402,14 @@ class Loader:
         self.device: Device = resolve_device(device)
         """Where batches live, decided once here; adapters read it and never decide again."""
         self.backend: Backend = get_backend(self.device)
-        if cache is not None and self.device.is_cuda:
+        if cache_placement not in ("auto", "device", "host"):
             raise InvalidArgumentError(
-                f"cache={cache!r} keeps decoded rows in host memory for the CPU backend, and "
-                f"device={self.device} reads with the GPU backend. Pass device='cpu' (the "
-                "PyTorch adapter still copies batches to its CUDA device), or leave cache out"
+                f"cache_placement must be 'auto', 'device' or 'host', got {cache_placement!r}"
+            )
+        if cache_placement == "device" and not self.device.is_cuda:
+            raise InvalidArgumentError(
+                f"cache_placement='device' keeps the cache in GPU memory, and device="
+                f"{self.device} is the CPU. Pass device='cuda', or leave cache_placement out"
             )
 
         self._check_pad()
@@ -420,10 +433,11 @@ class Loader:
         self._check_size()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
-        self._cache_stacked = self.shuffle or layout == "stacked"
-        """Whether a cache stores a block per kind (shuffled rows are gathered: stored
-        row-major per kind, a row is a few cache lines rather than one random access per
-        column), or one per column."""
+        self._cache_stacked = layout == "stacked" or (self.shuffle and not self.device.is_cuda)
+        """Whether a cache stores a block per kind (shuffled rows are gathered on the
+        host: stored row-major per kind, a row is a few cache lines rather than one random
+        access per column), or the layout's blocks (on a GPU a gather costs the same
+        either way, and the cache then holds the blocks batches are cut from)."""
         if cache_dir is not None:
             cache_directory(cache_dir)  # a path, or a clear error whatever ``cache``
         if cache is not None:
@@ -435,6 +449,7 @@ class Loader:
                 global_size=self.global_size,
                 cache_dir=cache_dir,
                 max_bytes=cache_max_bytes,
+                placement=cache_placement,
             )
             self.cache = self._cache_for(self.dataset)
 

@@ -33,6 +33,8 @@ class LoaderStats:
             (no file read at all).
         cache_epochs: Epochs served from the decoded cache.
         cache_bytes: Bytes of decoded rows the cache holds (0 until it is complete).
+        cache_placement: Where a GPU loader serves its complete cache from: ``"device"``
+            (GPU memory) or ``"pinned host"``; None on the CPU, and until it is placed.
         rows_skipped: Rows whose file was deleted or truncated during an epoch, skipped
             and replaced by repeated rows (``Dataset(on_missing="skip")``).
 
@@ -57,6 +59,7 @@ class LoaderStats:
     from_cache: bool = False
     cache_epochs: int = 0
     cache_bytes: int = 0
+    cache_placement: str | None = None
     rows_skipped: int = 0
 
     @property
@@ -99,6 +102,7 @@ class StatsRecorder:
     from_cache: bool
     cache_epochs: int
     cache_bytes: int
+    cache_placement: str | None
     rows_skipped: int
 
     def snapshot(self) -> LoaderStats:

@@ -822,6 +822,8 @@ class DeviceArrays:
             return self.cupy.empty(shape, dtype=dtype)
 
     def take(self, array: Any, indices: Any, axis: int = 0, out: Any = None) -> Any:
+        if isinstance(indices, np.ndarray):  # drawn on the host: copied in once
+            indices = self.cupy.asarray(indices)
         with self._errors(f"gathering {len(indices):,} rows"):
             if (
                 array.ndim == 2

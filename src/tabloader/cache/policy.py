@@ -25,8 +25,9 @@ import numpy as np
 
 from tabloader.backends.cpu import interleave, populated_empty
 from tabloader.cache import store as _store
+from tabloader.cache.device import CachePlacement, serving_backend
 from tabloader.cache.key import FORMAT, cache_key, digest, file_identities, lineage
-from tabloader.cache.serve import CacheBackend, CachedList, CachedRows, FillFailed, read_only
+from tabloader.cache.serve import CachedList, CachedRows, FillFailed, read_only
 from tabloader.cache.store import (
     AppendFile,
     CacheDamaged,
@@ -140,8 +141,13 @@ class DecodedCache:
         global_size: int,
         cache_dir: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
+        placement: CachePlacement = "auto",
     ) -> None:
         self.mode = mode
+        self.placement: CachePlacement = placement
+        """Where a GPU loader serves the complete cache from (see `tabloader.cache.device`)."""
+        self.placed: dict[int, Any] = {}
+        """The complete cache placed for each GPU (device index -> its arrays)."""
         self.blocks = tuple(blocks)
         """The stored blocks: the layout's, or (for gathers) one row-major block per kind;
         each list column a block of its own."""
@@ -209,7 +215,7 @@ class DecodedCache:
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes open the published cache themselves (or fill their own).
-        return {**self.__dict__, "arrays": None}
+        return {**self.__dict__, "arrays": None, "placed": {}}
 
     def file_specs(self, lengths: Mapping[str, int] | None = None) -> list[FileSpec]:
         """The files of a disk cache, in order; a list column's values of ``lengths[name]``
@@ -241,6 +247,7 @@ class DecodedCache:
         """Forget this cache, and delete its published directory (a disk cache): a
         refreshing dataset's loader replaces it when the files change."""
         self.arrays = None
+        self.placed = {}
         if self.store is not None:
             with _WRITERS_LOCK:
                 writer = _WRITERS.pop(self.digest, None)
@@ -324,11 +331,12 @@ class DecodedCache:
         the files alone (when the cache does not fit or may not be used: said once, by
         a [`CacheWarning`][tabloader.errors.CacheWarning]).
         """
+        serve = partial(serving_backend, self, backend, placement=self.placement, stats=stats)
         if self.lookup():
             stats.from_cache = True
             stats.cache_epochs += 1
             stats.cache_bytes = self.nbytes
-            return CacheBackend(self, backend, write=False)
+            return serve(write=False)
         stats.from_cache = False
         if self.refused is None:
             reason = self.why_not()
@@ -338,7 +346,7 @@ class DecodedCache:
             self.refused = ""
         if self.refused:
             return backend
-        return CacheBackend(self, backend, write=True)
+        return serve(write=True)
 
     def refuse(self, reason: str, *, stacklevel: int = 2) -> None:
         """Stop caching (every epoch streams from now on), and say why, once."""

@@ -91,6 +91,7 @@ def gather_list(cached: CachedList, rows: Any) -> Ragged:
         ([7, 8, 5], [0, 2, 2, 3])
     """
     xp = _module(cached.spans)
+    rows = xp.asarray(rows)  # on the spans' device
     spans = cached.spans[rows]
     starts = spans[:, 0]
     offsets = xp.zeros(len(rows) + 1, dtype=np.int64)

@@ -35,6 +35,7 @@ __all__ = [
     "MemoryPool",
     "OutOfMemoryError",
     "RaceError",
+    "alloc_pinned_memory",
     "Stream",
     "UnownedMemory",
     "alloc",
@@ -205,6 +206,14 @@ def _stack() -> list[Stream]:
 def get_current_stream(device_id: Any = None) -> Stream:
     stack = _stack()
     return stack[-1] if stack else Stream.null
+
+
+def alloc_pinned_memory(size: int) -> bytearray:
+    """Page-locked host memory of ``size`` bytes (``cupy.cuda.alloc_pinned_memory``, from
+    the pinned memory pool): a buffer numpy views with ``numpy.frombuffer``. Host memory
+    here, as every emulated allocation is; copies from it (``ndarray.set``) are ordered
+    on the stream given, like any other."""
+    return bytearray(int(size))
 
 
 def current_key() -> _order.Key:

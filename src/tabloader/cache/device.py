@@ -1,0 +1,302 @@
+"""A GPU loader's decoded cache: served from GPU memory, or from pinned host memory.
+
+The cache is filled as on the CPU (`CacheBackend`: the first epoch's pieces decoded
+and written into host arrays, or straight into the files of a disk cache), so a seed
+gives the CPU backend's cached batches; that epoch's batches are gathered on the host
+and copied to the device. Once complete it is *placed* for the epochs after, once per
+loader:
+
+- **in GPU memory** when it fits in a share of the device's free memory
+  (`$TABLOADER_GPU_CACHE_FRACTION`, 0.5 by default) or ``cache_placement="device"``:
+  each batch is one gather per block on the device (one kernel, the rows' index copied
+  in), the columns of a dtype side by side, column-major, as streamed batches are;
+- **in pinned host memory** otherwise (``cache_placement="host"``): a batch's rows are
+  gathered on the host by a few threads, straight into pinned memory, and copied to the
+  device asynchronously on the loader's stream while the next ones are gathered.
+
+A disk cache opened by a later loader is placed the same way. Batches are the same
+whatever the placement; `LoaderStats.cache_placement` says which was taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from tabloader.backends.cpu import BufferPool, PooledNumpy, drawn_ahead
+from tabloader.batches import Ragged
+from tabloader.cache.serve import CacheBackend, CachedList, run_ahead
+from tabloader.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike, NDArray
+
+    from tabloader.backends import Backend, ReadRequest
+    from tabloader.batches import Block, Part, Segment
+    from tabloader.cache.policy import DecodedCache
+    from tabloader.stats import StatsRecorder
+
+__all__ = [
+    "CachePlacement",
+    "DeviceCacheBackend",
+    "FRACTION_ENV",
+    "PinnedNumpy",
+    "device_share",
+]
+
+CachePlacement = Literal["auto", "device", "host"]
+
+FRACTION_ENV = "TABLOADER_GPU_CACHE_FRACTION"
+"""Share of the device's free memory a decoded cache may take there (``auto``
+placement); 0.5 by default."""
+DEFAULT_FRACTION = 0.5
+_COPIES_IN_FLIGHT = 8
+"""Pinned staging arrays kept alive, at most, while their copies to the device run."""
+
+
+def device_share() -> float:
+    """The share of free device memory a cache may take (``$TABLOADER_GPU_CACHE_FRACTION``).
+
+    Examples:
+        >>> device_share()
+        0.5
+    """
+    setting = os.environ.get(FRACTION_ENV, "").strip()
+    if not setting:
+        return DEFAULT_FRACTION
+    try:
+        value = float(setting)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise InvalidArgumentError(
+            f"{FRACTION_ENV}={setting!r} must be a number in [0, 1] (the share of the GPU's "
+            "free memory a decoded cache may take; 0 keeps caches in pinned host memory)"
+        )
+    return value
+
+
+class PinnedNumpy(PooledNumpy):
+    """numpy, its new arrays in page-locked (pinned) host memory: copied to the device
+    asynchronously, at the bus's full speed."""
+
+    def __init__(self, cupy: Any) -> None:
+        super().__init__(BufferPool())
+        self.cupy = cupy
+
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        if count == 0:
+            return np.empty(shape, dtype)
+        memory = self.cupy.cuda.alloc_pinned_memory(count * dtype.itemsize)
+        return np.frombuffer(memory, dtype, count).reshape(shape)
+
+
+class _HostSide:
+    """The backend a GPU loader's cache is filled with: host gathers, and the GPU backend
+    for whatever the cache does not serve (the rest of an epoch whose filling failed)."""
+
+    groups_columns = False
+
+    def __init__(self, backend: Backend) -> None:
+        self.name = backend.name
+        self.xp = PooledNumpy(BufferPool())
+        self.read_chunks = backend.read_chunks
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class _Placed:
+    """A complete cache placed for a device: its arrays, and where they live."""
+
+    def __init__(self, arrays: Mapping[str, Any], where: str) -> None:
+        self.arrays = dict(arrays)
+        self.where = where
+
+    @property
+    def on_device(self) -> bool:
+        return self.where == "device"
+
+
+class DeviceCacheBackend:
+    """A GPU loader's backend for one epoch through the cache (see the module's text)."""
+
+    def __init__(
+        self,
+        cache: DecodedCache,
+        backend: Backend,
+        *,
+        write: bool,
+        placement: CachePlacement,
+        stats: StatsRecorder,
+    ) -> None:
+        self.cache = cache
+        self.backend = backend
+        self.name = backend.name
+        self.xp = backend.xp
+        self.groups_columns = backend.groups_columns
+        self.scope = backend.scope
+        self.write = write
+        self.placement = placement
+        self.stats = stats
+        self._copies: deque[tuple[Any, Any]] = deque()  # (event, host arrays being copied)
+
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        with self.backend.scope():
+            if self.write:
+                host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
+                for parts in host.read_chunks(request):
+                    yield [self._upload(part) for part in parts]
+                if self.cache.arrays is not None:
+                    self._placed()
+                return
+            placed = self._placed()
+            plan, rows = request.plan, self.cache.rows
+            with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
+                if placed.on_device:  # gathers are only issued: no need for threads
+                    tasks = rows.batch_tasks(lambda: placed.arrays, plan, enumerate(ahead), self.xp)
+                    for task in tasks:
+                        yield task()
+                    return
+                pinned = PinnedNumpy(self.xp.cupy)
+                tasks = rows.batch_tasks(lambda: placed.arrays, plan, enumerate(ahead), pinned)
+                for parts in run_ahead(tasks):
+                    yield [self._upload(part) for part in parts]
+
+    # -- placing a complete cache ------------------------------------------------------
+
+    def _placed(self) -> _Placed:
+        """The complete cache placed for this device, once per cache and device."""
+        cache = self.cache
+        device = self.xp.device
+        placed: _Placed | None = cache.placed.get(device)
+        if placed is None:
+            assert cache.arrays is not None
+            if self._fits_on_device():
+                placed = _Placed(self._to_device(cache.arrays), "device")
+            else:
+                placed = _Placed(self._to_pinned(cache.arrays), "pinned host")
+            cache.placed[device] = placed
+        self.stats.cache_placement = placed.where
+        return placed
+
+    def _fits_on_device(self) -> bool:
+        if self.placement != "auto":
+            return self.placement == "device"
+        from tabloader.backends.gpu import free_device_memory
+
+        return self.cache.nbytes <= device_share() * free_device_memory(self.xp.device)
+
+    def _to_device(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        """The cache's arrays copied to the device, each block laid out as streamed
+        chunks are (column-major where the layout keeps a dtype's columns together)."""
+        blocks = {b.name: b for b in self.cache.blocks}
+        out: dict[str, Any] = {}
+        for name, array in arrays.items():
+            if isinstance(array, CachedList):
+                cupy = self.xp.cupy
+                out[name] = CachedList(cupy.asarray(array.values), cupy.asarray(array.spans))
+                continue
+            out[name] = self._block_to_device(np.asarray(array), blocks[name])
+        self.xp.hand_over()  # complete for whoever reads it next, on any stream
+        return out
+
+    def _to_pinned(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        """The cache's arrays in pinned host memory (as they are, where that fails)."""
+        pinned = PinnedNumpy(self.xp.cupy)
+        out: dict[str, Any] = {}
+        for name, array in arrays.items():
+            try:
+                if isinstance(array, CachedList):
+                    out[name] = CachedList(
+                        _pinned_copy(pinned, array.values), _pinned_copy(pinned, array.spans)
+                    )
+                else:
+                    out[name] = _pinned_copy(pinned, array)
+            except Exception as err:  # page-locking that much memory failed: pageable
+                if "memory" not in str(err).lower() and not isinstance(err, MemoryError):
+                    raise
+                out[name] = array
+        return out
+
+    # -- host arrays to the device -------------------------------------------------------
+
+    def _block_to_device(self, host: NDArray[Any], block: Block | None) -> Any:
+        cupy = self.xp.cupy
+        if host.ndim == 2 and host.shape[1] > 1 and block is not None and block.column_major:
+            # gathered row by row on the host: made column-major on the device, as streamed
+            rows = self._copy_in(host)
+            out = cupy.empty((host.shape[1], host.shape[0]), dtype=host.dtype)
+            out[...] = rows.T
+            return out.T
+        return self._copy_in(host)
+
+    def _copy_in(self, host: NDArray[Any]) -> Any:
+        """``host`` on the device: an asynchronous copy on the loader's stream (pinned
+        memory is kept alive until its copy is done)."""
+        cupy = self.xp.cupy
+        host = np.ascontiguousarray(host)
+        out = cupy.empty(host.shape, dtype=host.dtype)
+        out.set(host, stream=self.xp.stream)
+        self._copies.append((self.xp.stream.record(), host))
+        while self._copies and (
+            len(self._copies) > _COPIES_IN_FLIGHT or self._copies[0][0].query()
+        ):
+            event, _ = self._copies.popleft()
+            event.synchronize()
+        return out
+
+    def _upload(self, part: Part) -> Part:
+        """A part gathered on the host, on the device (laid out as the layout's blocks)."""
+        segment, index = part
+        blocks = {b.name: b for b in self.cache.layout.blocks}
+        moved: Segment = {}
+        for name, array in segment.items():
+            if _is_device(array):
+                moved[name] = array
+            elif isinstance(array, Ragged):
+                moved[name] = Ragged(
+                    self._copy_in(np.asarray(array.values)),
+                    self._copy_in(np.asarray(array.offsets)),
+                    None if array.rows is None else self._copy_in(np.asarray(array.rows)),
+                )
+            else:
+                moved[name] = self._block_to_device(np.asarray(array), blocks.get(name))
+        if index is not None and not _is_device(index):
+            index = self._copy_in(np.asarray(index))
+        return moved, index
+
+
+def _is_device(array: Any) -> bool:
+    values = array.values if isinstance(array, Ragged) else array
+    return type(values).__module__.split(".")[0] == "cupy"
+
+
+def _pinned_copy(pinned: PinnedNumpy, array: Any) -> NDArray[Any]:
+    out = pinned.empty(array.shape, array.dtype)
+    out[...] = array
+    out.flags.writeable = False
+    return out
+
+
+def serving_backend(
+    cache: DecodedCache,
+    backend: Backend,
+    *,
+    write: bool,
+    placement: CachePlacement,
+    stats: StatsRecorder,
+) -> Backend | DeviceCacheBackend | CacheBackend:
+    """The epoch's backend through ``cache``: served from the host (a CPU loader), or
+    placed for the device of a GPU loader."""
+    if getattr(backend.xp, "cupy", None) is None:
+        return CacheBackend(cache, backend, write=write)
+    return DeviceCacheBackend(cache, backend, write=write, placement=placement, stats=stats)

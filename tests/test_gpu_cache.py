@@ -1,0 +1,201 @@
+"""The decoded cache of a GPU loader: placed in GPU memory or pinned host memory, its
+batches those of the CPU backend's cache for a seed, device memory flat over epochs.
+
+Tests marked ``gpu`` run where cudf, cupy and a GPU are present, and in CI on the emulated
+device (tests/test_emulated_device.py); the option checks run everywhere.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import tabloader
+from conftest import write_dataset
+from tabloader.cache.device import FRACTION_ENV, device_share
+from tabloader.errors import InvalidArgumentError
+
+gpu = pytest.mark.gpu
+
+
+def _host(batch):
+    """A batch's arrays on the host (lists as (values, offsets) or padded arrays)."""
+    out = {}
+    for name, value in batch.items():
+        if isinstance(value, tuple):
+            out[name] = tuple(v.get() if hasattr(v, "get") else v for v in value)
+        else:
+            out[name] = value.get() if hasattr(value, "get") else value
+    return out
+
+
+def _same(cpu_batches, gpu_batches):
+    assert len(cpu_batches) == len(gpu_batches)
+    for c, g in zip(cpu_batches, gpu_batches, strict=True):
+        g = _host(g)
+        assert c.keys() == g.keys()
+        for name, value in c.items():
+            if isinstance(value, tuple):
+                for a, b in zip(value, g[name], strict=True):
+                    np.testing.assert_array_equal(a, b)
+                continue
+            assert value.dtype == g[name].dtype, name
+            np.testing.assert_array_equal(value, g[name], err_msg=name)
+
+
+def _table(rows: int = 900) -> pa.Table:
+    ids = np.arange(rows)
+    return pa.table(
+        {
+            "id": ids,
+            "cat": (ids % 13).astype(np.int32),
+            "x": ids / 4.0,
+            "y": (ids % 2).astype(np.float32),
+            "tags": pa.array([list(range(i % 4)) for i in ids], pa.list_(pa.int64())),
+        }
+    )
+
+
+@gpu
+@pytest.mark.parametrize("placement", ["auto", "host"])
+@pytest.mark.parametrize("shuffle", [True, "global", False], ids=["shuffle", "global", "ordered"])
+@pytest.mark.parametrize("layout", ["columns", "stacked"])
+def test_cached_gpu_batches_are_the_cpu_caches(placement, shuffle, layout):
+    options = {
+        "cats": ["id", "cat"],
+        "conts": ["x"],
+        "labels": ["y"],
+        "batch_size": 64,
+        "shuffle": shuffle,
+        "seed": 5,
+        "cache": "memory",
+        "chunk_rows": 256,
+        "layout": layout,
+    }
+    cpu = tabloader.Loader(_table(), device="cpu", **options)
+    gpu_loader = tabloader.Loader(_table(), device="cuda", cache_placement=placement, **options)
+    for epoch in range(3):
+        _same(list(cpu), list(gpu_loader))
+        stats = gpu_loader.stats()
+        assert stats.from_cache == (epoch > 0)
+    expected = "pinned host" if placement == "host" else "device"
+    assert stats.cache_placement == expected and stats.cache_epochs == 2
+
+
+@gpu
+def test_list_columns_are_cached_on_the_gpu_as_on_the_cpu():
+    options = {
+        "cats": ["id"],
+        "sparse_names": ["tags"],
+        "labels": ["y"],
+        "batch_size": 50,
+        "shuffle": True,
+        "seed": 1,
+        "cache": "memory",
+        "chunk_rows": 200,
+    }
+    cpu = tabloader.Loader(_table(), device="cpu", **options)
+    on_gpu = tabloader.Loader(_table(), device="cuda", **options)
+    for _ in range(2):
+        _same(list(cpu), list(on_gpu))
+    assert on_gpu.stats().from_cache
+
+
+@gpu
+def test_a_disk_cache_is_read_by_a_new_gpu_loader_and_placed(tmp_path):
+    paths = write_dataset(tmp_path / "data", [[100, 100], [150]])
+    options = {
+        "cats": ["id", "cat"],
+        "conts": ["x"],
+        "labels": ["label"],
+        "batch_size": 32,
+        "shuffle": True,
+        "seed": 2,
+        "cache": "disk",
+        "cache_dir": tmp_path / "cache",
+    }
+    first = tabloader.Loader(paths, device="cuda", **options)
+    expected = [_host(b) for b in first]
+    first.cache.wait()  # written out in the background
+    later = tabloader.Loader(paths, device="cuda", **options)
+    again = list(later)
+    assert later.stats().from_cache and later.stats().cache_placement == "device"
+    cpu = tabloader.Loader(paths, device="cpu", **options)
+    _same(list(cpu), again)  # the published cache, opened by the CPU backend too
+    assert len(expected) == len(again)
+
+
+@gpu
+def test_the_share_of_device_memory_decides_the_placement(monkeypatch):
+    monkeypatch.setenv(FRACTION_ENV, "0")  # no room on the device: pinned host memory
+    loader = tabloader.Loader(
+        _table(), cats=["id"], batch_size=100, device="cuda", cache="memory", shuffle=True, seed=0
+    )
+    for _ in range(2):
+        list(loader)
+    assert loader.stats().cache_placement == "pinned host"
+    forced = tabloader.Loader(
+        _table(),
+        cats=["id"],
+        batch_size=100,
+        device="cuda",
+        cache="memory",
+        cache_placement="device",
+        seed=0,
+    )
+    for _ in range(2):
+        list(forced)
+    assert forced.stats().cache_placement == "device"
+
+
+@gpu
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_device_memory_stays_flat_over_cached_epochs(placement):
+    import cupy
+    import rmm
+
+    from tabloader.backends import gpu as gpu_module
+
+    loader = tabloader.Loader(
+        _table(4000),
+        cats=["id", "cat"],
+        conts=["x"],
+        batch_size=128,
+        shuffle=True,
+        seed=0,
+        device="cuda",
+        cache="memory",
+        cache_placement=placement,
+        chunk_rows=1000,
+    )
+    between = []
+    for _ in range(5):
+        for _batch in loader:
+            pass
+        del _batch
+        gc.collect()
+        between.append(gpu_module.device_bytes_in_use(rmm, cupy, 0))
+    assert len(set(between[1:])) == 1, between  # the cache placed once, nothing left behind
+
+
+def test_cache_placement_is_checked_at_construction():
+    table = pa.table({"x": [1.0, 2.0]})
+    with pytest.raises(InvalidArgumentError, match=r"cache_placement must be 'auto', 'device'"):
+        tabloader.Loader(table, conts=["x"], batch_size=1, cache="memory", cache_placement="gpu")
+    with pytest.raises(InvalidArgumentError, match=r"cache_placement='device'.*is the CPU"):
+        tabloader.Loader(
+            table, conts=["x"], batch_size=1, device="cpu", cache="memory", cache_placement="device"
+        )
+
+
+def test_the_device_share_is_a_fraction(monkeypatch):
+    assert device_share() == 0.5
+    monkeypatch.setenv(FRACTION_ENV, "0.25")
+    assert device_share() == 0.25
+    for bad in ("1.5", "-1", "half"):
+        monkeypatch.setenv(FRACTION_ENV, bad)
+        with pytest.raises(InvalidArgumentError, match=rf"{FRACTION_ENV}='{bad}' must be"):
+            device_share()
