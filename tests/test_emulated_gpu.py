@@ -51,9 +51,9 @@ def test_the_stack_imports_from_pythonpath_and_says_it_is_emulated():
     assert done.stdout.split() == ["True", "True", "True"]
 
 
-def test_cudf_only_holds_cudf_rmm_and_dask_cudf_and_cupy_only_holds_cupy():
+def test_cudf_only_holds_the_rapids_stand_ins_and_cupy_only_holds_cupy():
     found = sorted(p.name for p in Path(CUDF_ONLY[0]).iterdir() if p.is_dir())
-    assert found == ["cudf", "dask_cudf", "rmm"]
+    assert found == ["cudf", "dask_cudf", "pylibcudf", "rmm"]
     assert [p.name for p in Path(FULL[0]).iterdir() if p.is_dir()] == ["cupy"]
     assert (ROOT / "README.md").is_file()
 

@@ -20,8 +20,9 @@ CUDF_ONLY_DIR = str(ROOT / "cudf_only")
 FULL = [CUPY_ONLY, CUDF_ONLY_DIR]
 CUDF_ONLY = [CUDF_ONLY_DIR]
 PACKAGES = ("cupy", "cudf", "rmm")
-STACK = (*PACKAGES, "dask_cudf")
-"""Every emulated package; dask imports dask_cudf by itself when it meets a cudf frame."""
+STACK = (*PACKAGES, "dask_cudf", "pylibcudf")
+"""Every emulated package; dask imports dask_cudf by itself when it meets a cudf frame,
+and the GPU backend imports pylibcudf."""
 
 
 def _stack_modules() -> dict[str, ModuleType]:

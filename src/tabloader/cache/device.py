@@ -248,7 +248,7 @@ class DeviceCacheBackend:
         out.set(host, stream=self.xp.stream)
         self._copies.append((self.xp.stream.record(), host))
         while self._copies and (
-            len(self._copies) > _COPIES_IN_FLIGHT or self._copies[0][0].query()
+            len(self._copies) > _COPIES_IN_FLIGHT or self._copies[0][0].done
         ):
             event, _ = self._copies.popleft()
             event.synchronize()
