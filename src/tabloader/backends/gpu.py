@@ -54,6 +54,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -532,11 +533,18 @@ def _device_column(series: Any, name: str, fill: float | None, where: str, cupy:
     return values
 
 
+class _Undecodable(Exception):
+    """cudf decoded a column as something else than the numbers it holds (a 16-bit float
+    comes back as a list of bytes): the chunk is decoded on the host instead."""
+
+
 class _CudfColumn:
     """A column of a cudf DataFrame, as the reader uses it."""
 
-    def __init__(self, series: Any) -> None:
+    def __init__(self, series: Any, *, is_list: bool = False) -> None:
         self.series = series
+        if not is_list and getattr(series.dtype, "kind", "") not in "iufb":
+            raise _Undecodable(f"{series.name!r} decoded as {series.dtype}")
         self.null_count = int(series.null_count)
 
     def nulls_in(self, start: int, stop: int) -> int:
@@ -697,8 +705,8 @@ def _complete_columns(
     return out
 
 
-def _cudf_frame(frame: Any) -> dict[str, _CudfColumn]:
-    return {name: _CudfColumn(frame[name]) for name in frame.columns}
+def _cudf_frame(frame: Any, lists: set[str]) -> dict[str, _CudfColumn]:
+    return {name: _CudfColumn(frame[name], is_list=name in lists) for name in frame.columns}
 
 
 def assemble_frames(
@@ -937,6 +945,27 @@ READER_ENV = "TABLOADER_GPU_READER"
 reader works (to compare the two); unset, pylibcudf's is used where it can be."""
 
 
+_STREAMS: dict[int, Any] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def _loader_stream(cupy: Any, device: int) -> Any:
+    """The loaders' stream on ``device``: one per device and process, never destroyed.
+
+    Non-blocking: it neither waits for the training step's kernels on the default stream
+    nor holds them up (see "Devices, streams, and the hand-off rules"). It outlives every
+    loader, because memory allocated on it outlives them: rmm's pools keep freed blocks
+    in lists per stream and synchronise with that stream when another takes them, so a
+    destroyed stream there crashes the process (seen on a GPU, at a garbage collection).
+    """
+    with _STREAMS_LOCK:
+        stream = _STREAMS.get(device)
+        if stream is None:
+            with cupy.cuda.Device(device):
+                stream = _STREAMS[device] = cupy.cuda.Stream(non_blocking=True)
+        return stream
+
+
 def _rmm_stream(stream: Any) -> Any:
     """``stream`` (cupy's) as the stream object pylibcudf takes, or None where rmm cannot
     wrap it (pylibcudf then decodes on the default stream)."""
@@ -964,10 +993,7 @@ class GPUBackend:
         self._rmm = _optional_import("rmm")
         if self._rmm is not None:
             ensure_memory_pool(self._rmm, self.device)
-        with self._cupy.cuda.Device(self.device):
-            # non-blocking: neither waits for the training step's kernels on the default
-            # stream nor holds them up (see "Devices, streams, and the hand-off rules")
-            stream = self._cupy.cuda.Stream(non_blocking=True)
+        stream = _loader_stream(self._cupy, self.device)
         self.xp = DeviceArrays(self._cupy, self.device, stream)
         reader = os.environ.get(READER_ENV, "").strip().lower()
         if reader not in ("", "cudf", "pylibcudf"):
@@ -1086,7 +1112,7 @@ class GPUBackend:
             ]
         else:  # an in-memory table lives on the host: one copy to the device is unavoidable
             frames = [cudf.DataFrame.from_arrow(t) for t in dataset.iter_pieces(pieces, columns)]
-        return [_cudf_frame(frame) for frame in frames], True
+        return [_cudf_frame(frame, lists) for frame in frames], True
 
     def _read_parquet(
         self, dataset: Dataset, read: ChunkRead, columns: list[str], lists: set[str]
@@ -1101,6 +1127,7 @@ class GPUBackend:
         if len(how) > 1 and not same_reads(how):
             return self._read_each_file(dataset, read, columns, lists)
         stored = list(how[0].read)
+        expected = int(sum(dataset.partition_rows[p] for p in parts))
         try:
             with contextlib.ExitStack() as opened:
                 paths = dataset.local_paths(read.files)
@@ -1114,6 +1141,8 @@ class GPUBackend:
                     ]
                     paths = opened.enter_context(_local_copies(handles))
                 frame, rows, on_default = self._decode(paths, read.row_groups, stored, lists)
+        except _Undecodable:  # decoded by pyarrow: renamed and completed as on the CPU
+            return [self._decode_on_host(dataset, read, columns, lists)], True
         except ReadError:
             raise  # a network failure, already named with its remedy
         except Exception as err:
@@ -1122,7 +1151,6 @@ class GPUBackend:
             if len(read.files) > 1:
                 return self._read_each_file(dataset, read, columns, lists)
             raise read_error(where, err) from err
-        expected = int(sum(dataset.partition_rows[p] for p in parts))
         if rows != expected:
             if len(read.files) > 1:
                 return self._read_each_file(dataset, read, columns, lists)
@@ -1134,6 +1162,24 @@ class GPUBackend:
         # deliver exactly the requested columns, keys typed as on the CPU.
         file_rows = [int(sum(dataset.partition_rows[p] for p in ps)) for ps in read.partitions]
         return [_complete_columns(frame, how, file_rows, columns, self._cupy)], on_default
+
+    def _decode_on_host(
+        self, dataset: Dataset, read: ChunkRead, columns: list[str], lists: set[str]
+    ) -> Any:
+        """``read``'s row groups decoded by pyarrow, as the CPU backend decodes them, and
+        copied to the device: for columns cudf does not decode (16-bit floats, widened to
+        32 bits here, which holds every value)."""
+        import pyarrow as pa
+
+        tables = [
+            dataset.read_partition(p, columns) for file_parts in read.partitions for p in file_parts
+        ]
+        table = pa.concat_tables(tables, promote_options="permissive")
+        for i, field in enumerate(table.schema):
+            if pa.types.is_float16(field.type):
+                table = table.set_column(i, field.name, table.column(i).cast(pa.float32()))
+        with self._cupy.cuda.Stream.null:
+            return _cudf_frame(self._cudf.DataFrame.from_arrow(table), lists)
 
     def _decode(
         self, paths: list[str], row_groups: list[list[int]], columns: list[str], lists: set[str]
@@ -1165,7 +1211,7 @@ class GPUBackend:
             # the files are listed already: no directory discovery, no hive keys
             dataset_kwargs={"partitioning": None},
         )
-        return _cudf_frame(frame), len(frame), True
+        return _cudf_frame(frame, lists), len(frame), True
 
     def _decode_with_pylibcudf(
         self, paths: list[str], row_groups: list[list[int]], columns: list[str]
@@ -1176,8 +1222,8 @@ class GPUBackend:
             .use_pandas_metadata(False)
             .build()
         )
-        # (the setter's name changed across releases)
-        set_columns = getattr(options, "set_columns", None) or options.set_column_names
+        # (set_columns is deprecated in cudf 26.10, which has set_column_names)
+        set_columns = getattr(options, "set_column_names", None) or options.set_columns
         set_columns(columns)
         options.set_row_groups(row_groups)
         stream = self._plc_stream

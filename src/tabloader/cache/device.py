@@ -247,9 +247,7 @@ class DeviceCacheBackend:
         out = cupy.empty(host.shape, dtype=host.dtype)
         out.set(host, stream=self.xp.stream)
         self._copies.append((self.xp.stream.record(), host))
-        while self._copies and (
-            len(self._copies) > _COPIES_IN_FLIGHT or self._copies[0][0].done
-        ):
+        while self._copies and (len(self._copies) > _COPIES_IN_FLIGHT or self._copies[0][0].done):
             event, _ = self._copies.popleft()
             event.synchronize()
         return out

@@ -252,6 +252,8 @@ class Series:
     def values(self) -> Any:
         """The column as a cupy array, zero-copy; refused with nulls (cudf ColumnBase.values
         raises ValueError "Column must have no nulls."; NaN is not a null)."""
+        if self._offsets is not None:  # cudf: ColumnBase.values of a list column
+            raise NotImplementedError(f"CuPy does not support {self.dtype}")
         if self._data is None:
             raise NotImplementedError("the emulated cudf has .values for numeric columns")
         if self.has_nulls:
@@ -543,4 +545,16 @@ def read_parquet(
                 )
         tables.append(table)
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    for i, field in enumerate(table.schema):
+        if pa.types.is_float16(field.type):
+            # Seen on a GPU (cudf 26.10): a parquet FLOAT16 column (FIXED_LEN_BYTE_ARRAY of
+            # 2 bytes) comes back as a list column, whose .values raises NotImplementedError
+            # "CuPy does not support list": here, its bytes as a list<uint8> per row.
+            raw = table.column(i).combine_chunks()
+            data = np.frombuffer(raw.buffers()[1], np.uint8)[
+                raw.offset * 2 : (raw.offset + len(raw)) * 2
+            ]
+            offsets = np.arange(0, 2 * len(raw) + 1, 2, dtype=np.int32)
+            as_bytes = pa.ListArray.from_arrays(pa.array(offsets), pa.array(data, pa.uint8()))
+            table = table.set_column(i, field.name, as_bytes)
     return DataFrame.from_arrow(table)

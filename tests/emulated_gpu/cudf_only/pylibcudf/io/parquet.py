@@ -41,8 +41,20 @@ class ParquetReaderOptions:
     def builder(source: Any) -> ParquetReaderOptionsBuilder:
         return ParquetReaderOptionsBuilder(source)
 
-    def set_columns(self, columns: list[str]) -> None:
+    def set_column_names(self, columns: list[str]) -> None:
         self._columns = list(columns)
+
+    def set_columns(self, columns: list[str]) -> None:
+        """Deprecated in cudf 26.10 (a FutureWarning there), as here."""
+        import warnings
+
+        warnings.warn(
+            "set_columns is deprecated and will be removed in a future version of cudf. "
+            "Use set_column_names instead.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        self.set_column_names(columns)
 
     def set_row_groups(self, row_groups: list[list[int]]) -> None:
         self._row_groups = [list(g) for g in row_groups]
