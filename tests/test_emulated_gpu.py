@@ -503,3 +503,24 @@ def test_using_allocator_is_per_thread(cupy_alone):
         other.join()
     cupy.empty(8)
     assert calls == [threading.current_thread().name]
+
+
+def test_memory_freed_on_a_destroyed_stream_breaks_the_device(gpu):
+    """rmm's pool keeps freed blocks per stream and later synchronises with that stream:
+    freeing memory on a stream already destroyed crashed a real GPU at a garbage
+    collection; the emulated device refuses the next use instead."""
+    cupy, _cudf, _rmm = gpu
+    from cupy.cuda import _order
+
+    try:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            kept = cupy.arange(8) + 1  # allocated on the stream
+        del stream
+        gc.collect()
+        del kept  # freed on a stream that no longer exists
+        gc.collect()
+        with pytest.raises(RuntimeError, match="after that stream was destroyed"):
+            cupy.arange(3) + 1
+    finally:
+        _order.reset()

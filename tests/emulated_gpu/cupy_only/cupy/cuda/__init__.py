@@ -144,6 +144,11 @@ class Stream:
             return (runtime.getDevice(), 0)
         return (self.device_id, self.ptr)
 
+    def __del__(self) -> None:
+        # cupy destroys a stream it created when the Stream object is collected
+        if self.ptr and type(self) is Stream:
+            _order.destroyed((self.device_id, self.ptr))
+
     def __enter__(self) -> Stream:
         _stack().append(self)
         return self

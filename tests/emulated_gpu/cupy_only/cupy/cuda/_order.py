@@ -59,6 +59,9 @@ class History:
     reads: dict[Key, int] = field(default_factory=dict)
 
 
+_destroyed: set[Key] = set()  # streams destroyed (their objects collected)
+_broken: list[str] = []  # what made the emulated device unusable, raised at the next use
+
 _live: dict[int, History] = {}  # allocation base address -> its history
 _freed: list[tuple[int, int, Key, History]] = []  # (start, end, freeing stream, history)
 _FREED_KEPT = 4096
@@ -73,9 +76,19 @@ def is_blocking(key: Key) -> bool:
     return key[1] == 0 or _blocking.get(key, True)
 
 
+def destroyed(key: Key) -> None:
+    """A stream was destroyed (cudaStreamDestroy, when cupy's Stream object is collected)."""
+    with _lock:
+        _destroyed.add(key)
+
+
 def issue(key: Key) -> int:
     """One more operation on ``key``; returns its number."""
     with _lock:
+        if _broken:
+            raise RuntimeError(_broken[0])
+        if key in _destroyed:
+            raise RuntimeError(f"emulated CUDA: work issued to {_describe(key)}, destroyed")
         n = _issued.get(key, 0) + 1
         _issued[key] = n
         return n
@@ -195,6 +208,16 @@ def freed(base: int, size: int, key: Key | None) -> None:
     cudaFree, which synchronises the device)."""
     with _lock:
         old = _live.pop(base, None)
+        if key is not None and key in _destroyed and not _broken:
+            # rmm's pools keep a freed block in the free list of the stream it was freed on,
+            # and synchronise with that stream when another stream takes the block: a
+            # destroyed stream there is a dangling handle (seen on a GPU: a crash in a
+            # garbage collection). Reported at the next use of the device.
+            _broken.append(
+                f"emulated CUDA: memory freed on {_describe(key)} after that stream was "
+                "destroyed; a stream-ordered pool would later use the dead stream (on a GPU: "
+                "a crash). Keep a stream alive while memory allocated on it can be freed"
+            )
         if old is None or key is None or not (old.writes or old.reads):
             return
         _freed.append((base, base + size, key, old))
@@ -207,6 +230,8 @@ def reset() -> None:
         for table in (_issued, _done, _waits, _blocking, _live):
             table.clear()
         _freed.clear()
+        _destroyed.clear()
+        _broken.clear()
 
 
 def current_key(stream: Any, device: int) -> Key:
