@@ -32,9 +32,15 @@ def _host(batch):
     return out
 
 
+def _on_device(value):
+    arrays = value if isinstance(value, tuple) else (value,)
+    return all(type(a).__module__.split(".")[0] == "cupy" for a in arrays)
+
+
 def _same(cpu_batches, gpu_batches):
     assert len(cpu_batches) == len(gpu_batches)
     for c, g in zip(cpu_batches, gpu_batches, strict=True):
+        assert all(_on_device(v) for v in g.values()), {k: type(v) for k, v in g.items()}
         g = _host(g)
         assert c.keys() == g.keys()
         for name, value in c.items():

@@ -172,7 +172,7 @@ def test_a_state_of_a_dataset_with_the_same_names_and_rows_but_other_content_is_
 def test_the_state_names_the_tabloader_version_and_refuses_an_old_format(files):
     loader = tabloader.Loader(files, **COLS, batch_size=50, seed=0)
     state = loader.state_dict()
-    assert state["tabloader"] == tabloader.__version__ and state["format"] == 2
+    assert state["tabloader"] == tabloader.__version__ and state["format"] == 3
     old = {k: v for k, v in state.items() if k != "tabloader"} | {"format": 1}
     with pytest.raises(
         tabloader.InvalidArgumentError, match=r"state format 1\), whose dataset fingerprint"
@@ -182,6 +182,8 @@ def test_the_state_names_the_tabloader_version_and_refuses_an_old_format(files):
         tabloader.InvalidArgumentError, match=r"state format 7 \(saved by tabloader 9"
     ):
         loader.load_state_dict({**state, "format": 7, "tabloader": "9.0"})
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"format 2\), which shuffled"):
+        loader.load_state_dict({**state, "format": 2})
 
 
 @pytest.mark.parametrize(

@@ -267,7 +267,7 @@ def test_something_else_than_a_state_is_refused(paths):
     with pytest.raises(tabloader.InvalidArgumentError, match="not a tabloader loader state"):
         loader.load_state_dict({"epoch": 1})
     state = loader.state_dict()
-    with pytest.raises(tabloader.InvalidArgumentError, match="reads format 2"):
+    with pytest.raises(tabloader.InvalidArgumentError, match="reads format 3"):
         loader.load_state_dict({**state, "format": 99})
     with pytest.raises(tabloader.InvalidArgumentError, match="an epoch has 11 here"):
         loader.load_state_dict({**state, "batches": 12})

@@ -127,10 +127,11 @@ class LoaderOptions(TypedDict, total=False):
 LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
 """The names of [`LoaderOptions`][tabloader.LoaderOptions], for checking an adapter's keywords."""
 
-STATE_FORMAT = 2
+STATE_FORMAT = 3
 """Version of the dict [`Loader.state_dict`][tabloader.Loader.state_dict] returns. 2: the
 dataset fingerprint covers the files' contents (their footers), and the state names the
-tabloader version."""
+tabloader version. 3: chunks are shuffled by a counter-based permutation (the same on a
+GPU), so a seed gives another order than before."""
 # The keys of a saved state: where the epoch stands, and what must match to resume it.
 STATE_FORMAT_KEY = "format"
 STATE_VERSION = "tabloader"
@@ -1199,6 +1200,9 @@ def _check_state_shape(state: object) -> None:
                 f"it was saved by {by} (state format {found}), whose dataset fingerprint "
                 "did not cover the files' contents, so it cannot tell whether the data is "
                 "the same"
+                if found < 2
+                else f"it was saved by {by} (state format {found}), which shuffled chunks "
+                "in another order: the rest of its epoch would not be the batches it left"
             )
         else:
             why = f"it has state format {found!r} (saved by {by})"

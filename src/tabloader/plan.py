@@ -38,6 +38,7 @@ How an epoch is laid out:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,6 +51,7 @@ __all__ = [
     "EpochPlan",
     "chunk_offsets",
     "chunk_permutation",
+    "counter_permutation",
     "count_batches",
     "deal_into_batches",
     "inverse_permutation",
@@ -166,12 +168,78 @@ def chunk_offsets(
 
 
 def chunk_permutation(
-    num_rows: int, *, seed: int, epoch: int, rank: int, worker: int, chunk: int
-) -> NDArray[np.int64]:
-    """A random order of one chunk's rows: identical on every machine for the same key."""
+    num_rows: int, *, seed: int, epoch: int, rank: int, worker: int, chunk: int, xp: Any = np
+) -> Any:
+    """A random order of one chunk's rows: identical on every machine, and with numpy or
+    cupy (``xp``), for the same key (see
+    [`counter_permutation`][tabloader.plan.counter_permutation]).
+
+    Examples:
+        >>> order = chunk_permutation(10, seed=0, epoch=0, rank=0, worker=0, chunk=0)
+        >>> sorted(order.tolist()) == list(range(10)), order.dtype
+        (True, dtype('int64'))
+    """
     key = [seed, epoch, _CHUNK_STREAM, rank, worker, chunk]
-    rng = np.random.default_rng(np.random.SeedSequence(key))
-    return rng.permutation(num_rows).astype(np.int64, copy=False)
+    keys = np.random.SeedSequence(key).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
+    return counter_permutation(num_rows, keys.tolist(), xp=xp)
+
+
+FEISTEL_ROUNDS = 4
+"""Rounds of the Feistel network of
+[`counter_permutation`][tabloader.plan.counter_permutation]."""
+_MUL_32 = (0x9E3779B1, 0x85EBCA6B)  # odd 32-bit multipliers (golden ratio; murmur3's fmix32)
+_MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts (splitmix64)
+
+
+def counter_permutation(num_rows: int, keys: Sequence[int], *, xp: Any = np) -> Any:
+    """A keyed pseudo-random permutation of ``range(num_rows)``, each element computed on
+    its own from its position: the same order from numpy on a CPU and cupy on a GPU.
+
+    ``num_rows`` positions are mapped through a balanced Feistel network over the
+    smallest even number of bits holding them (a bijection of that domain; one round per
+    key, a multiply-xorshift hash of the right half and the round's key as its round
+    function), and a position mapped outside ``range(num_rows)`` is mapped again until it
+    lands inside (cycle walking), which keeps a bijection. A GPU computes it in a few
+    kernels, where drawing a permutation on the host costs milliseconds a chunk.
+
+    Examples:
+        >>> order = counter_permutation(10, [1, 2, 3, 4])
+        >>> sorted(order.tolist()) == list(range(10)), order.tolist() != list(range(10))
+        (True, True)
+        >>> counter_permutation(10, [1, 2, 3, 4]).tolist() == order.tolist()
+        True
+    """
+    n = int(num_rows)
+    if n <= 1:
+        return xp.arange(n, dtype=np.int64)
+    bits = max(2, (n - 1).bit_length())
+    bits += bits & 1
+    half = bits // 2
+    wide = half > 16
+    kind = np.uint64 if wide else np.uint32
+    mul1, mul2 = _MUL_64 if wide else _MUL_32
+    width = 64 if wide else 32
+    mask = kind((1 << half) - 1)
+    round_keys = [kind(int(k) & ((1 << width) - 1)) for k in keys]
+
+    def network(x: Any) -> Any:
+        left, right = x >> kind(half), x & mask
+        for key in round_keys:
+            t = (right ^ key) * kind(mul1)
+            t ^= t >> kind(width // 2)
+            t *= kind(mul2)
+            t ^= t >> kind(width // 2 - 3)
+            left, right = right, left ^ (t & mask)
+        return (left << kind(half)) | right
+
+    with np.errstate(over="ignore"):  # the multiplications wrap around, by design
+        out = network(xp.arange(n, dtype=kind))
+        outside = xp.nonzero(out >= kind(n))[0]
+        while len(outside):
+            walked = network(out[outside])
+            out[outside] = walked
+            outside = outside[walked >= kind(n)]
+    return out.astype(np.int64)
 
 
 def inverse_permutation(permutation: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -310,24 +378,27 @@ class EpochPlan:
         inner = np.arange(first, rows, self.batch_size, dtype=np.int64)
         return np.unique(np.concatenate([[0], inner, [rows]]))
 
-    def batch_order(self, chunk: int) -> NDArray[np.int64] | None:
+    def batch_order(self, chunk: int, *, xp: Any = np) -> Any:
         """Order to deliver chunk ``chunk``'s rows in, or None without shuffling.
 
-        A random permutation; with ``shuffle_within_batch=False``, rows dealt into
-        batches at random but kept in stored order within each (see
-        [`deal_into_batches`][tabloader.plan.deal_into_batches]).
+        A random permutation, computed with ``xp`` (numpy, or cupy on a GPU: the same
+        order); with ``shuffle_within_batch=False``, rows dealt into batches at random
+        but kept in stored order within each (see
+        [`deal_into_batches`][tabloader.plan.deal_into_batches]), computed on the host.
         """
         if not self.shuffle:
             return None
-        order = chunk_permutation(
-            self.chunk_rows(chunk),
-            seed=self.seed,
-            epoch=self.epoch,
-            rank=self.rank,
-            worker=self.worker,
-            chunk=self.first_chunk + chunk,
-        )
-        return order if self.shuffle_within_batch else self.deal(chunk, order)
+        key = {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "worker": self.worker,
+            "chunk": self.first_chunk + chunk,
+        }
+        if self.shuffle_within_batch:
+            return chunk_permutation(self.chunk_rows(chunk), **key, xp=xp)
+        dealt = self.deal(chunk, chunk_permutation(self.chunk_rows(chunk), **key))
+        return dealt if xp is np else xp.asarray(dealt)
 
     def deal(self, chunk: int, order: NDArray[np.int64]) -> NDArray[np.int64]:
         """Chunk ``chunk``'s delivery ``order`` with each batch's rows in stored order.

@@ -60,6 +60,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 from numbers import Real
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -445,13 +446,16 @@ def plan_read(
 def delivery_rows(
     spans: Sequence[tuple[int, int, int, int]],
     frame_rows: Sequence[int],
-    order: NDArray[np.int64] | None,
-) -> tuple[NDArray[np.int64] | None, int]:
+    order: Any,
+    *,
+    xp: Any = np,
+) -> tuple[Any, int]:
     """Where a chunk's rows lie in its read frames laid end to end, in delivery order.
 
     ``spans`` holds ``(frame, partition, start, stop)`` for each piece of the chunk, in
     plan order; ``frame_rows`` the rows of each frame; ``order`` the chunk's delivery
-    order (None: plan order). Returns ``(index, first)``: the block rows to gather, in
+    order (None: plan order), an array of ``xp`` (numpy, or cupy: then the rows are
+    worked out on the device). Returns ``(index, first)``: the block rows to gather, in
     delivery order, or None and the first row when they are one ascending run (served as
     zero-copy slices).
 
@@ -462,31 +466,31 @@ def delivery_rows(
         >>> index.tolist()
         [1, 5, 0, 6]
     """
-    starts = np.concatenate([[0], np.cumsum(frame_rows, dtype=np.int64)])
-    lengths = np.array([stop - start for _, _, start, stop in spans], dtype=np.int64)
-    firsts = np.array([starts[f] + start for f, _, start, _ in spans], dtype=np.int64)
-    total = int(lengths.sum())
-    # each row's block row: its piece's first block row plus its place in the piece
-    piece_of = np.repeat(np.arange(len(spans)), lengths)
-    before = np.cumsum(lengths) - lengths
-    rows = firsts[piece_of] + (np.arange(total, dtype=np.int64) - before[piece_of])
-    if order is not None:
-        rows = rows[order]
-    if total and int(rows[-1]) - int(rows[0]) == total - 1 and bool(np.all(np.diff(rows) == 1)):
-        return None, int(rows[0])
-    if not total:
+    starts = [0]
+    for n in frame_rows:
+        starts.append(starts[-1] + int(n))
+    runs = [(starts[f] + start, stop - start) for f, _, start, stop in spans]
+    runs = [(first, n) for first, n in runs if n > 0]
+    if not runs:
         return None, 0
-    return rows, 0
+    contiguous = all(a + n == b for (a, n), (b, _) in pairwise(runs))
+    if contiguous:
+        if order is None:
+            return None, runs[0][0]
+        return order + runs[0][0], 0  # one pass over the order, on its device
+    rows = xp.concatenate([xp.arange(a, a + n, dtype=np.int64) for a, n in runs])
+    return (rows if order is None else rows[order]), 0
 
 
 @dataclass(frozen=True)
 class ChunkPlan:
     """What the reader does for one chunk, worked out ahead on the host: the read (one
-    ``cudf.read_parquet`` call for parquet files), and the delivery order in block rows."""
+    parquet read of its row groups for files), and where its pieces lie in what is read
+    (``spans`` in frames of ``frame_rows`` rows; see `delivery_rows`)."""
 
     read: ChunkRead | None
-    index: NDArray[np.int64] | None
-    first: int
+    spans: list[tuple[int, int, int, int]]
+    frame_rows: list[int]
     rows: int
 
 
@@ -1017,16 +1021,17 @@ class GPUBackend:
         try:
             with self.scope():
                 for chunk, chunk_plan in zip(range(plan.num_chunks), chunk_plans, strict=True):
-                    yield self.load_chunk(request, plan.pieces(chunk), chunk_plan)
+                    # the shuffled order, drawn on the device (the host's draw, exactly)
+                    order = plan.batch_order(chunk, xp=self._cupy)
+                    yield self.load_chunk(request, plan.pieces(chunk), chunk_plan, order)
         finally:
             chunk_plans.close()
 
     @staticmethod
     def plan_chunk(dataset: Dataset, plan: EpochPlan, chunk: int) -> ChunkPlan:
-        """The read and the delivery order of chunk ``chunk`` (pure host work, done a chunk
-        ahead in a thread of its own: drawing a chunk's permutation takes milliseconds)."""
+        """The read of chunk ``chunk``, and where its pieces lie in it (host work done a
+        chunk ahead in a thread of its own)."""
         pieces = plan.pieces(chunk)
-        order = plan.batch_order(chunk)
         layout = dataset.parquet_layout()
         if layout is not None:
             read = plan_read(pieces, *layout)
@@ -1035,19 +1040,18 @@ class GPUBackend:
                 (f, p, start - read.starts[f], stop - read.starts[f])
                 for f, p, start, stop in read.spans
             ]
-        else:  # one frame per piece, holding exactly its rows
-            read = None
-            frame_rows = [last - first for _, first, last in pieces]
-            spans = [
-                (i, p, 0, n)
-                for i, ((p, _, _), n) in enumerate(zip(pieces, frame_rows, strict=True))
-            ]
-        index, first = delivery_rows(spans, frame_rows, order)
-        rows = sum(last - first for _, first, last in pieces)
-        return ChunkPlan(read, index, first, rows)
+            return ChunkPlan(read, spans, frame_rows, sum(b - a for _, _, a, b in spans))
+        # one frame per piece, holding exactly its rows
+        frame_rows = [last - first for _, first, last in pieces]
+        spans = [(i, int(pieces[i][0]), 0, n) for i, n in enumerate(frame_rows)]
+        return ChunkPlan(None, spans, frame_rows, sum(frame_rows))
 
     def load_chunk(
-        self, request: ReadRequest, pieces: Sequence[Piece], chunk_plan: ChunkPlan
+        self,
+        request: ReadRequest,
+        pieces: Sequence[Piece],
+        chunk_plan: ChunkPlan,
+        order: Any = None,
     ) -> list[Part]:
         """Read one chunk and lay it out as the request's blocks, in the calling thread
         (set up by `scope`)."""
@@ -1074,12 +1078,9 @@ class GPUBackend:
             segment = assemble_frames(converted, blocks, cupy)
             del converted
             stats.bytes_read += sum(_nbytes(a) for a in segment.values())
-            index = None
-            if chunk_plan.index is not None:
-                index = cupy.asarray(chunk_plan.index)
-            elif chunk_plan.first or chunk_plan.rows != _segment_rows(segment):
-                lo, hi = chunk_plan.first, chunk_plan.first + chunk_plan.rows
-                segment = {name: a[lo:hi] for name, a in segment.items()}
+            index, first = delivery_rows(chunk_plan.spans, chunk_plan.frame_rows, order, xp=cupy)
+            if index is None and (first or chunk_plan.rows != _segment_rows(segment)):
+                segment = {name: a[first : first + chunk_plan.rows] for name, a in segment.items()}
             if on_default:
                 # cudf's frames go back to its pool (the default stream's) once the layout
                 # issued above has read them: ordered like a batch handed over

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tabloader.backends.cpu import BufferPool, PooledNumpy, drawn_ahead
+from tabloader.backends.cpu import BufferPool, PooledNumpy
+from tabloader.backends.gpu import delivery_rows
 from tabloader.batches import Ragged
-from tabloader.cache.serve import CacheBackend, CachedList, run_ahead
+from tabloader.cache.serve import GATHER_THREADS, CacheBackend, CachedList, gather_list
 from tabloader.errors import InvalidArgumentError
+from tabloader.reader import SplitWork, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -148,8 +150,15 @@ class DeviceCacheBackend:
         self.placement = placement
         self.stats = stats
         self._copies: deque[tuple[Any, Any]] = deque()  # (event, host arrays being copied)
+        self._work = SplitWork(min(GATHER_THREADS, usable_cores()), name="tabloader-gather")
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        try:
+            yield from self._read_chunks(request)
+        finally:
+            self._work.close()
+
+    def _read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         with self.backend.scope():
             if self.write:
                 host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
@@ -160,16 +169,47 @@ class DeviceCacheBackend:
                 return
             placed = self._placed()
             plan, rows = request.plan, self.cache.rows
-            with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
-                if placed.on_device:  # gathers are only issued: no need for threads
-                    tasks = rows.batch_tasks(lambda: placed.arrays, plan, enumerate(ahead), self.xp)
-                    for task in tasks:
-                        yield task()
-                    return
-                pinned = PinnedNumpy(self.xp.cupy)
-                tasks = rows.batch_tasks(lambda: placed.arrays, plan, enumerate(ahead), pinned)
-                for parts in run_ahead(tasks):
-                    yield [self._upload(part) for part in parts]
+            # the shuffled order drawn where the gathers run (the host's draw, exactly)
+            xp = self.xp.cupy if placed.on_device else np
+            whole = [self.cache.num_rows]  # the cache as one frame of delivery_rows
+            for chunk in range(plan.num_chunks):
+                pieces = plan.pieces(chunk)
+                spans = [(0, p, int(rows.base[p]) + a, int(rows.base[p]) + b) for p, a, b in pieces]
+                order = plan.batch_order(chunk, xp=xp)
+                index, first = delivery_rows(spans, whole, order, xp=xp)
+                if index is None:  # stored order: views of the cache (copied in)
+                    n = sum(b - a for _, a, b in pieces)
+                    view = (rows.view(placed.arrays, first, first + n), None)
+                    yield [view if placed.on_device else self._upload(view)]
+                else:  # one gather for the whole chunk: its batches are then slices
+                    yield [self._gather(placed, index)]
+
+    def _gather(self, placed: _Placed, rows: Any) -> Part:
+        """The cache's ``rows``, in that order, on the device: gathered there (one gather
+        per block), or on the host by a few threads into pinned memory and copied in."""
+        if placed.on_device:
+            index = self.xp.cupy.asarray(rows)  # one copy a chunk, on the loader's stream
+            segment: Segment = {
+                name: gather_list(a, index)
+                if isinstance(a, CachedList)
+                else self.xp.take(a, index, axis=0)
+                for name, a in placed.arrays.items()
+            }
+            return segment, None
+        pinned = PinnedNumpy(self.xp.cupy)
+        gathered: Segment = {}
+        jobs = []
+        for name, a in placed.arrays.items():
+            if isinstance(a, CachedList):
+                gathered[name] = gather_list(a, rows)
+                continue
+            out = pinned.empty((len(rows), *a.shape[1:]), a.dtype)
+            gathered[name] = out
+            for share in self._work.shares(len(rows)):
+                job = partial(np.take, a, rows[share], axis=0, out=out[share], mode="clip")
+                jobs.append((share.stop - share.start, job))
+        self._work.run(jobs)
+        return self._upload((gathered, None))
 
     # -- placing a complete cache ------------------------------------------------------
 

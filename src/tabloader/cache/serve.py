@@ -164,7 +164,7 @@ class CachedRows:
                 pieces = plan.pieces(chunk)
                 first = [int(self.base[p]) + s for p, s, _ in pieces]
                 views: list[Part] = [
-                    (self._view(now, lo, lo + e - s), None)
+                    (self.view(now, lo, lo + e - s), None)
                     for lo, (_, s, e) in zip(first, pieces, strict=True)
                 ]
                 yield partial(list, views)
@@ -182,7 +182,7 @@ class CachedRows:
             yield partial(self.gather, arrays(), np.concatenate(carried), xp)
 
     @staticmethod
-    def _view(arrays: Mapping[str, Any], lo: int, hi: int) -> Segment:
+    def view(arrays: Mapping[str, Any], lo: int, hi: int) -> Segment:
         """Rows ``lo:hi`` of the cache: views, and each list column's rows gathered."""
         return {
             name: gather_list(a, np.arange(lo, hi, dtype=np.int64))

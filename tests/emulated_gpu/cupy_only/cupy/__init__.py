@@ -670,6 +670,11 @@ def where(condition: ndarray, x: Any = None, y: Any = None) -> Any:
     return _to_device(np.where(condition._host, _operand(x), _operand(y)))
 
 
+def nonzero(a: ndarray) -> tuple[ndarray, ...]:
+    _launch(a)
+    return tuple(_to_device(i) for i in np.nonzero(a._host))
+
+
 def searchsorted(a: ndarray, v: Any, side: str = "left", sorter: Any = None) -> ndarray:
     _launch(a, v, sorter)
     s = None if sorter is None else sorter._host
