@@ -1243,3 +1243,15 @@ def test_a_dask_frame_on_the_gpu_matches_the_cpu():
         tabloader.Loader(dataset, device="cpu", **options),
         tabloader.Loader(dataset, device="cuda", **options),
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2, 1000, 2**16 + 1, 2**19, 3 * 2**20 + 7])
+def test_counter_permutation_on_the_device_is_the_hosts(n: int) -> None:
+    import cupy
+
+    from tabloader.plan import counter_permutation
+
+    keys = [2**64 - 1, 7, 2**40 + 3, 0]
+    on_device = counter_permutation(n, keys, xp=cupy, block=max(1, n // 2))
+    np.testing.assert_array_equal(cupy.asnumpy(on_device), counter_permutation(n, keys))

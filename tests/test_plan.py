@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from tabloader.plan import (
     chunk_offsets,
+    chunk_permutation,
     count_batches,
+    counter_permutation,
     deal_into_batches,
     inverse_permutation,
     partition_order,
@@ -289,3 +291,34 @@ def test_dealt_batches_hold_the_same_rows_as_shuffled_ones():
         bounds = full.batch_bounds(c)
         for lo, hi in itertools.pairwise(bounds):
             np.testing.assert_array_equal(np.sort(a[lo:hi]), b[lo:hi])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 5000),
+    keys=st.lists(st.integers(0, 2**64 - 1), min_size=4, max_size=4),
+    block=st.integers(1, 20000),
+)
+def test_counter_permutation_is_a_bijection_whatever_the_block(n, keys, block):
+    order = counter_permutation(n, keys, block=block)
+    assert order.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    np.testing.assert_array_equal(order, counter_permutation(n, keys))
+
+
+@pytest.mark.parametrize("n", [2**16 + 1, 2**19, 3 * 2**20 + 7])  # 32- and 64-bit halves
+def test_counter_permutation_of_wide_domains_is_a_bijection(n):
+    order = counter_permutation(n, [11, 12, 13, 14])
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    np.testing.assert_array_equal(order, counter_permutation(n, [11, 12, 13, 14], block=n // 3))
+
+
+def test_chunk_permutations_differ_by_every_part_of_their_key():
+    base = dict(seed=1, epoch=2, rank=0, worker=0, chunk=3)
+    first = chunk_permutation(1000, **base)
+    np.testing.assert_array_equal(first, chunk_permutation(1000, **base))
+    for part in base:
+        other = chunk_permutation(1000, **{**base, part: base[part] + 1})
+        assert not np.array_equal(first, other), part
+    # Not close to the identity: fewer than 1% of rows stay in place.
+    assert np.count_nonzero(first == np.arange(1000)) < 10

@@ -191,27 +191,34 @@ _MUL_32 = (0x9E3779B1, 0x85EBCA6B)  # odd 32-bit multipliers (golden ratio; murm
 _MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts (splitmix64)
 
 
-def counter_permutation(num_rows: int, keys: Sequence[int], *, xp: Any = np) -> Any:
-    """A keyed pseudo-random permutation of ``range(num_rows)``, each element computed on
-    its own from its position: the same order from numpy on a CPU and cupy on a GPU.
+def counter_permutation(
+    num_rows: int, keys: Sequence[int], *, xp: Any = np, block: int = 1 << 24
+) -> Any:
+    """A keyed pseudo-random permutation of ``range(num_rows)``, computed the same by
+    numpy on a CPU and cupy on a GPU.
 
-    ``num_rows`` positions are mapped through a balanced Feistel network over the
-    smallest even number of bits holding them (a bijection of that domain; one round per
-    key, a multiply-xorshift hash of the right half and the round's key as its round
-    function), and a position mapped outside ``range(num_rows)`` is mapped again until it
-    lands inside (cycle walking), which keeps a bijection. A GPU computes it in a few
-    kernels, where drawing a permutation on the host costs milliseconds a chunk.
+    The positions of the smallest domain of an even number of bits that holds
+    ``num_rows`` go through a balanced Feistel network (a bijection of that domain; one
+    round per key, a multiply-xorshift hash of the right half and the round's key as its
+    round function); the images below ``num_rows``, in the order of the positions that
+    gave them, are the permutation. The domain is at most four times ``num_rows`` and is
+    mapped ``block`` positions at a time, so a GPU draws a chunk's order in a few dozen
+    kernels and one wait for the number of rows kept, with no loop whose length depends
+    on the data (walking each position's cycle until it lands inside took a round of
+    kernels and a wait per step, about ``log2(num_rows)`` of them).
 
     Examples:
         >>> order = counter_permutation(10, [1, 2, 3, 4])
         >>> sorted(order.tolist()) == list(range(10)), order.tolist() != list(range(10))
         (True, True)
-        >>> counter_permutation(10, [1, 2, 3, 4]).tolist() == order.tolist()
+        >>> counter_permutation(10, [1, 2, 3, 4], block=3).tolist() == order.tolist()
         True
     """
     n = int(num_rows)
     if n <= 1:
         return xp.arange(n, dtype=np.int64)
+    if block < 1:
+        raise ValueError(f"block must be at least 1, got {block}")
     bits = max(2, (n - 1).bit_length())
     bits += bits & 1
     half = bits // 2
@@ -232,14 +239,16 @@ def counter_permutation(num_rows: int, keys: Sequence[int], *, xp: Any = np) -> 
             left, right = right, left ^ (t & mask)
         return (left << kind(half)) | right
 
+    domain = 1 << bits
+    out = xp.empty(n, dtype=np.int64)
+    filled = 0
     with np.errstate(over="ignore"):  # the multiplications wrap around, by design
-        out = network(xp.arange(n, dtype=kind))
-        outside = xp.nonzero(out >= kind(n))[0]
-        while len(outside):
-            walked = network(out[outside])
-            out[outside] = walked
-            outside = outside[walked >= kind(n)]
-    return out.astype(np.int64)
+        for start in range(0, domain, block):
+            images = network(xp.arange(start, min(start + block, domain), dtype=kind))
+            kept = images[images < kind(n)]
+            out[filled : filled + len(kept)] = kept
+            filled += len(kept)
+    return out
 
 
 def inverse_permutation(permutation: NDArray[np.int64]) -> NDArray[np.int64]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from typing import Any
@@ -147,7 +148,8 @@ class Stream:
     def __del__(self) -> None:
         # cupy destroys a stream it created when the Stream object is collected
         if self.ptr and type(self) is Stream:
-            _order.destroyed((self.device_id, self.ptr))
+            with contextlib.suppress(TypeError, AttributeError):  # collected at exit
+                _order.destroyed((self.device_id, self.ptr))
 
     def __enter__(self) -> Stream:
         _stack().append(self)
