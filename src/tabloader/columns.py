@@ -309,7 +309,7 @@ def _read_ranges_gpu(
     extremes with cupy: a few numbers per partition cross to the host, never the column."""
     import contextlib
 
-    from tabloader.backends.gpu import import_gpu
+    from tabloader._deps import import_gpu
 
     cudf, cupy, index = import_gpu(device.index)
     lists = is_list_type(dataset.column_types([name])[name])

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tabloader import _deps
+
 try:
     import jax
 except ImportError:
-    raise ImportError("tabloader.jax needs JAX: pip install 'tabloader[jax]'") from None
+    raise _deps.missing("jax") from None
 
 from tabloader.batches import Ragged
 from tabloader.dataset import Dataset

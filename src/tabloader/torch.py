@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from tabloader import _deps
+
 try:
     import torch
     import torch.distributed
     import torch.utils.data
     import torch.utils.dlpack
 except ImportError:
-    raise ImportError("tabloader.torch needs PyTorch: pip install 'tabloader[torch]'") from None
+    raise _deps.missing("torch") from None
 
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
