@@ -48,7 +48,7 @@ from tabloader.backends.gpu import (
 from tabloader.batches import Layout
 from tabloader.device import DEVICE_ENV, default_device_spec, resolve_device
 from tabloader.errors import InvalidArgumentError, NullValuesError, TabloaderError
-from tabloader.reader import SplitWork
+from tabloader.stages import SplitWork
 from tabloader.stats import StatsRecorder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

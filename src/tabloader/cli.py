@@ -42,8 +42,8 @@ from tabloader.errors import (
 from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
 from tabloader.progress import Progress
-from tabloader.reader import usable_cores
 from tabloader.sources.partitions import describe_filters
+from tabloader.stages import usable_cores
 
 __all__ = [
     "LOADER_THREADS",

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
@@ -17,13 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 import numpy as np
 import pyarrow as pa
 
-from tabloader.backends import ReadRequest, get_backend
+from tabloader.backends import get_backend
 from tabloader.batches import (
     Layout,
-    Part,
-    cut_batches,
-    detached,
-    drop_leading_rows,
     lists_as_output,
 )
 from tabloader.cache import CacheMode, DecodedCache, cache_directory
@@ -45,7 +41,6 @@ from tabloader.errors import (
     InvalidArgumentError,
     NullValuesError,
     PerformanceWarning,
-    TabloaderError,
     ValueRangeError,
 )
 from tabloader.memory import release_arrow_memory
@@ -68,7 +63,7 @@ from tabloader.plan import (
     rank_rows,
     worker_row_range,
 )
-from tabloader.reader import Prefetcher
+from tabloader.stages import Prefetcher, batch_stream, batches_ahead
 from tabloader.stats import LoaderStats, StatsRecorder
 
 if TYPE_CHECKING:
@@ -78,8 +73,6 @@ __all__ = ["LOADER_KEYWORDS", "BatchIterator", "EpochPosition", "Loader", "Loade
 
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
-BATCH_QUEUE_DEPTH = 4
-"""Ready batches waiting for the consumer."""
 
 
 class LoaderOptions(TypedDict, total=False):
@@ -771,9 +764,8 @@ class Loader:
                 f"{epoch} for worker {worker} of {num_workers}), got {start_batch!r}"
             )
         plan = plan.resume(start_batch)
-        stop = threading.Event()  # the batcher stage's own, set when the consumer closes
         make_batches = partial(
-            _batch_stream,
+            batch_stream,
             dataset=self.dataset,
             backend=backend,
             plan=plan,
@@ -784,11 +776,8 @@ class Loader:
             transform=self._list_output(self.transform),
             prefetch=self.prefetch,
             stats=self._stats,
-            stop=stop,
         )
-        stage = Prefetcher(
-            make_batches, depth=BATCH_QUEUE_DEPTH, name="tabloader-batcher", stop=stop
-        )
+        stage = batches_ahead(make_batches)
         return BatchIterator(
             stage, plan.num_batches, self._stats, position=EpochPosition(epoch, start_batch)
         )
@@ -1077,88 +1066,6 @@ class BatchIterator:
     def threads(self) -> list[threading.Thread]:
         """The background thread serving this iterator (for tests and debugging)."""
         return [self._stage.thread]
-
-
-def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[list[Part]]:
-    """Reader thread: each planned chunk, as parts in delivery order."""
-    for parts in backend.read_chunks(request):
-        request.stats.chunks += 1
-        yield parts
-
-
-def _batch_stream(
-    *,
-    dataset: Dataset,
-    backend: Backend,
-    plan: EpochPlan,
-    layout: Layout,
-    fill_null: Mapping[str, float],
-    batch_size: int,
-    drop_last: bool,
-    transform: Callable[[dict[str, Any]], Any] | None,
-    prefetch: int,
-    stats: StatsRecorder,
-    stop: threading.Event,
-) -> Iterator[tuple[int, Any]]:
-    """Batcher thread: shuffle each chunk, cut batches, transform them."""
-    waiting = threading.Event()  # set while the batcher waits for a chunk
-    request = ReadRequest(
-        dataset, plan, layout.blocks, fill_null, stats, chunks_ahead=prefetch,
-        consumer_waiting=waiting,
-    )  # fmt: skip
-    chunks = Prefetcher(
-        partial(_read_chunks, backend, request),
-        depth=prefetch,
-        name="tabloader-reader",
-        linked=stop,
-        starved=waiting,
-    )
-    upstream_wait = 0.0
-
-    def parts() -> Iterator[Part]:
-        nonlocal upstream_wait
-        while True:
-            started = time.perf_counter()
-            chunk = next(chunks, None)
-            upstream_wait += time.perf_counter() - started
-            if chunk is None:
-                return
-            while chunk:
-                yield chunk.pop(0)
-
-    delivered = 0
-    batches = cut_batches(
-        drop_leading_rows(parts(), plan.drop_rows),
-        batch_size=batch_size,
-        drop_last=drop_last,
-        layout=layout,
-        xp=backend.xp,
-    )
-    # The backend's device, stream and allocator in this thread: a batch's gathers, the
-    # epoch's last (detached) batch and the tensors a transform makes land on its device.
-    with backend.scope():
-        try:
-            while True:
-                started, waited = time.perf_counter(), upstream_wait
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                if delivered == plan.num_batches - 1:
-                    batch = detached(batch)  # lets go of the last chunk when the epoch ends
-                rows = int(next(iter(batch.values())).shape[0])
-                result = batch if transform is None else transform(batch)
-                # On a GPU: the consumer's work is ordered after the batch's (no host wait).
-                backend.xp.hand_over()
-                stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
-                yield rows, result
-                delivered += 1
-        finally:
-            chunks.close()
-    if delivered != plan.num_batches and not stop.is_set():
-        raise TabloaderError(
-            f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
-            "please report this with the dataset's partition sizes"
-        )
 
 
 def _version() -> str:

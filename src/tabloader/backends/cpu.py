@@ -23,7 +23,7 @@ from tabloader.batches import Ragged, empty_segment
 from tabloader.casting import check_block
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
-from tabloader.reader import Prefetcher, SplitWork, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -397,7 +397,8 @@ class CPUBackend:
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         plan, blocks, stats = request.plan, request.blocks, request.stats
-        decoded = decode_ahead(request, [c for b in blocks for c in b.columns])
+        columns = [c for b in blocks for c in b.columns]
+        decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
         places = drawn_ahead(plan, partial(_chunk_places, plan))
         held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
         work = SplitWork(min(_LAYOUT_THREADS, usable_cores()), name="tabloader-layout")
@@ -534,24 +535,6 @@ class CPUBackend:
         return segment
 
 
-def decode_ahead(
-    request: ReadRequest, columns: Sequence[str], *, lists: bool = True
-) -> Prefetcher[dict[str, NDArray[Any]]]:
-    """The plan's pieces, each as ``columns`` decoded to numpy arrays, in plan order.
-
-    A decoder thread reads ahead, across chunk boundaries, while the caller lays out
-    the previous piece: pyarrow and numpy both release the GIL. With ``lists=False``
-    every column goes through `column_to_numpy`, list columns too.
-    """
-    plan = request.plan
-    pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
-    return Prefetcher(
-        partial(decode_pieces, request, pieces, columns, lists=lists),
-        depth=1,
-        name="tabloader-decoder",
-    )
-
-
 def _owner(array: Any) -> Any:
     """The object that owns ``array``'s memory (a pooled buffer's memoryview)."""
     while isinstance(array, np.ndarray) and array.base is not None:
@@ -572,18 +555,6 @@ def _wait_for_room(held: deque[weakref.ref[Any]], request: ReadRequest) -> None:
             held.remove(ref)
         if len(held) <= request.chunks_ahead or waiting.wait(_ROOM_POLL_SECONDS):
             return  # room, or the consumer keeps batches: lay out the next chunk anyway
-
-
-def drawn_ahead(plan: EpochPlan, draw: Callable[[int], T]) -> Prefetcher[T]:
-    """``draw(chunk)`` for each chunk of ``plan`` in turn, the next chunk's drawn in a
-    thread of its own while the current one is used: permuting a chunk's rows takes as
-    long as laying out a good part of it, or gathering a few of its batches, and the
-    decoder, one piece ahead, would wait at every chunk boundary."""
-    return Prefetcher(
-        lambda: (draw(chunk) for chunk in range(plan.num_chunks)),
-        depth=1,
-        name="tabloader-order",
-    )
 
 
 def _chunk_places(plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:

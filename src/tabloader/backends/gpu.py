@@ -64,7 +64,7 @@ import numpy as np
 from tabloader._deps import gpu_module as _import
 from tabloader._deps import gpu_usable, import_gpu
 from tabloader._deps import optional as _optional_import
-from tabloader.backends.cpu import drawn_ahead, null_message
+from tabloader.backends.cpu import null_message
 from tabloader.backends.gpu_dask import dask_threads_on
 from tabloader.batches import Ragged, host_int
 from tabloader.casting import check_block
@@ -78,6 +78,7 @@ from tabloader.errors import (
     ReadError,
 )
 from tabloader.sources.partitions import same_reads
+from tabloader.stages import drawn_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
