@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
@@ -64,12 +61,13 @@ from tabloader.plan import (
     worker_row_range,
 )
 from tabloader.stages import Prefetcher, batch_stream, batches_ahead
+from tabloader.state import Cursor, Fingerprint, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
 
 if TYPE_CHECKING:
     from tabloader.backends import Backend
 
-__all__ = ["LOADER_KEYWORDS", "BatchIterator", "EpochPosition", "Loader", "LoaderOptions"]
+__all__ = ["LOADER_KEYWORDS", "BatchIterator", "Loader", "LoaderOptions"]
 
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 """Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
@@ -117,34 +115,6 @@ class LoaderOptions(TypedDict, total=False):
 
 LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
 """The names of [`LoaderOptions`][tabloader.LoaderOptions], for checking an adapter's keywords."""
-
-STATE_FORMAT = 2
-"""Version of the dict [`Loader.state_dict`][tabloader.Loader.state_dict] returns. 2: the
-dataset fingerprint covers the files' contents (their footers), and the state names the
-tabloader version."""
-# The keys of a saved state: where the epoch stands, and what must match to resume it.
-STATE_FORMAT_KEY = "format"
-STATE_VERSION = "tabloader"
-STATE_EPOCH = "epoch"
-STATE_SEED = "seed"
-STATE_BATCHES = "batches"
-STATE_WORKER = "worker"
-STATE_NUM_WORKERS = "num_workers"
-STATE_DATASET = "dataset"
-STATE_OPTIONS = "options"
-
-
-@dataclass
-class EpochPosition:
-    """How far one epoch got: batches handed to the consumer, and whether it ended.
-
-    Shared between a [`BatchIterator`][tabloader.BatchIterator] and its loader, so the loader can
-    say where the epoch stands even after the iterator is gone.
-    """
-
-    epoch: int
-    batches: int
-    finished: bool = False
 
 
 class Loader:
@@ -371,9 +341,11 @@ class Loader:
                     "with shuffle=True and global_size > 1, pass the same seed= on every rank: "
                     "ranks derive their shards from it and would overlap otherwise"
                 )
-            self.seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        else:
-            self.seed = int_at_least(seed, 0, "seed")
+            seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        self._next = Cursor(0, int_at_least(seed, 0, "seed"))
+        """The epoch and seed the next ``iter()`` delivers; this loader's own cursor."""
+        self._resume: Cursor | None = None  # where the next iter() starts, once loaded
+        self._live: EpochProgress | None = None  # of the epoch iter() last started
         if transform is not None and not callable(transform):
             raise InvalidArgumentError(f"transform must be callable, got {transform!r}")
         self.transform = transform
@@ -406,9 +378,6 @@ class Loader:
         if self.parts_per_chunk is None and chunk_rows is None:
             chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
         self.chunk_rows = chunk_rows
-        self.epoch = 0
-        self._position: EpochPosition | None = None  # of the epoch iter() last started
-        self._resume: EpochPosition | None = None  # where the next iter() starts
         self._stats = StatsRecorder()
         self._check_size()
         self.cache: DecodedCache | None = None
@@ -703,8 +672,11 @@ class Loader:
     def __len__(self) -> int:
         return self.num_batches()
 
-    def plan(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> EpochPlan:
-        """The epoch plan this loader follows (see [`tabloader.plan`][tabloader.plan])."""
+    def plan(
+        self, epoch: int, *, worker: int = 0, num_workers: int = 1, seed: int | None = None
+    ) -> EpochPlan:
+        """The epoch plan this loader follows (see [`tabloader.plan`][tabloader.plan]);
+        ``seed`` defaults to the loader's."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
         plan_for: Callable[..., EpochPlan] = plan_epoch
@@ -716,7 +688,7 @@ class Loader:
         return plan_for(
             self.dataset.partition_rows,
             shuffle=shuffle,
-            seed=self.seed,
+            seed=self.seed if seed is None else seed,
             epoch=epoch,
             worker=worker,
             num_workers=num_workers,
@@ -725,9 +697,20 @@ class Loader:
 
     # -- iteration ----------------------------------------------------------------
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` delivers."""
+        return self._next.epoch
+
+    @property
+    def seed(self) -> int:
+        """The seed of all randomness (drawn at construction when not given, or taken from
+        a loaded state)."""
+        return self._next.seed
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
-        self.epoch = int_at_least(epoch, 0, "epoch")
+        self._next = Cursor(int_at_least(epoch, 0, "epoch"), self.seed)
 
     def __iter__(self) -> BatchIterator:
         """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one.
@@ -735,29 +718,41 @@ class Loader:
         After [`load_state_dict`][tabloader.Loader.load_state_dict], the first ``iter()`` continues
         the saved epoch.
         """
-        epoch, start = self.epoch, 0
-        if self._resume is not None:
-            epoch, start = self._resume.epoch, self._resume.batches
-            self._resume = None
-        iterator = self.iter_epoch(epoch, start_batch=start)
-        self._position = iterator.position
-        self.epoch = epoch + 1
+        start = self._next if self._resume is None else self._resume
+        self._resume = None
+        iterator = self.iter_epoch(start)
+        self._live = iterator.progress
+        self._next = Cursor(start.epoch, start.seed).next_epoch()
         return iterator
 
     def iter_epoch(
-        self, epoch: int, *, worker: int = 0, num_workers: int = 1, start_batch: int = 0
+        self,
+        epoch: int | Cursor,
+        *,
+        worker: int = 0,
+        num_workers: int = 1,
+        start_batch: int = 0,
     ) -> BatchIterator:
         """Iterate over one epoch, or one worker process's share of it, without advancing.
 
-        ``start_batch`` skips that many leading batches of the share: the chunks they
-        fill are not read, and the batches that follow are those an iteration from the
-        start would deliver.
+        ``epoch`` is the epoch's number (shuffled with the loader's seed), or a
+        `tabloader.state.Cursor` saying the epoch, seed, worker share and batches
+        already delivered (the keywords then stay at their defaults). ``start_batch``
+        skips that many leading batches of the share: the chunks they fill are not
+        read, and the batches that follow are those an iteration from the start would
+        deliver.
         """
+        cursor = (
+            epoch
+            if isinstance(epoch, Cursor)
+            else Cursor(epoch, self.seed, start_batch, worker, num_workers)
+        )
+        epoch, (worker, num_workers), start_batch = cursor.epoch, cursor.share, cursor.batches
         self.refresh(epoch)
         backend = self.backend
         if self.cache is not None:  # from the cache, into the cache, or (too big) streamed
             backend = self.cache.epoch_backend(self.backend, self._stats)
-        plan = self.plan(epoch, worker=worker, num_workers=num_workers)
+        plan = self.plan(epoch, worker=worker, num_workers=num_workers, seed=cursor.seed)
         if not 0 <= start_batch <= plan.num_batches:
             raise InvalidArgumentError(
                 f"start_batch must be in [0, {plan.num_batches}] (the batches of epoch "
@@ -777,10 +772,7 @@ class Loader:
             prefetch=self.prefetch,
             stats=self._stats,
         )
-        stage = batches_ahead(make_batches)
-        return BatchIterator(
-            stage, plan.num_batches, self._stats, position=EpochPosition(epoch, start_batch)
-        )
+        return BatchIterator(batches_ahead(make_batches), plan.num_batches, self._stats, cursor)
 
     def _list_output(
         self, transform: Callable[[dict[str, Any]], Any] | None
@@ -823,11 +815,9 @@ class Loader:
             True
         """
         position = self._resume
-        if position is None and self._position is not None and not self._position.finished:
-            position = self._position
-        if position is None:
-            position = EpochPosition(self.epoch, 0)
-        return self.epoch_state(position.epoch, position.batches)
+        if position is None and self._live is not None and not self._live.finished:
+            position = self._live.cursor
+        return (position or self._next).to_state(self.fingerprint())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from [`state_dict`][tabloader.Loader.state_dict]): the next
@@ -838,10 +828,9 @@ class Loader:
         otherwise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] names what
         differs. A loader created without ``seed`` takes the saved one.
         """
-        epoch, batches, seed = self.check_state(state, adopt_seed=not self._seed_given)
-        self.seed = seed
-        self._resume = EpochPosition(epoch, batches)
-        self.epoch = epoch
+        cursor = self.resume_cursor(state, adopt_seed=not self._seed_given)
+        self._resume = cursor
+        self._next = Cursor(cursor.epoch, cursor.seed)
 
     def epoch_state(
         self,
@@ -853,19 +842,9 @@ class Loader:
         num_workers: int = 1,
     ) -> dict[str, Any]:
         """The state of ``batches`` batches delivered in ``epoch`` (see
-        [`state_dict`][tabloader.Loader.state_dict]); the building block of the framework
-        adapters' ``state_dict``."""
-        return {
-            STATE_FORMAT_KEY: STATE_FORMAT,
-            STATE_VERSION: _version(),
-            STATE_EPOCH: int(epoch),
-            STATE_SEED: int(self.seed if seed is None else seed),
-            STATE_BATCHES: int(batches),
-            STATE_WORKER: int(worker),
-            STATE_NUM_WORKERS: int(num_workers),
-            STATE_DATASET: self._dataset_fingerprint(),
-            STATE_OPTIONS: self._order_options(),
-        }
+        [`state_dict`][tabloader.Loader.state_dict])."""
+        seed = self.seed if seed is None else seed
+        return Cursor(epoch, seed, batches, worker, num_workers).to_state(self.fingerprint())
 
     def check_state(
         self,
@@ -875,64 +854,39 @@ class Loader:
         worker: int = 0,
         num_workers: int = 1,
     ) -> tuple[int, int, int]:
-        """``(epoch, batches, seed)`` of a saved state, checked against this loader.
+        """``(epoch, batches, seed)`` of a saved state, checked against this loader (see
+        `resume_cursor`)."""
+        cursor = self.resume_cursor(state, adopt_seed=adopt_seed, share=(worker, num_workers))
+        return cursor.epoch, cursor.batches, cursor.seed
+
+    def resume_cursor(
+        self,
+        state: Mapping[str, Any],
+        *,
+        seed: int | None = None,
+        adopt_seed: bool | None = None,
+        share: tuple[int, int] = (0, 1),
+    ) -> Cursor:
+        """The position a saved state holds, checked against this loader: its data and
+        order-deciding options, ``seed`` (default: the loader's) and the worker share.
 
         Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming the saved and
         the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
         refused (default: when this loader was created without ``seed``).
         """
-        if adopt_seed is None:
-            adopt_seed = not self._seed_given
-        _check_state_shape(state)
-        differences = []
-        saved_dataset, dataset = state[STATE_DATASET], self._dataset_fingerprint()
-        if saved_dataset != dataset:
-            differences.append(
-                f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
-                f"{_describe_fingerprint(dataset)})"
-            )
-        saved_options = state[STATE_OPTIONS]
-        for name, value in self._order_options().items():
-            if saved_options.get(name) != value:
-                differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
-        for name, value in ((STATE_WORKER, worker), (STATE_NUM_WORKERS, num_workers)):
-            if state.get(name, 0 if name == STATE_WORKER else 1) != value:
-                differences.append(f"{name} (saved: {state.get(name)!r}; now: {value!r})")
-        seed = state[STATE_SEED]
-        if not adopt_seed and seed != self.seed:
-            differences.append(f"seed (saved: {seed!r}; now: {self.seed!r})")
-        if differences:
-            raise InvalidArgumentError(
-                "cannot resume from this state: it was saved by a loader with a different "
-                + ", ".join(differences)
-                + ". Resume with the same data and options as the run that saved it"
-            )
-        epoch = int_at_least(state[STATE_EPOCH], 0, "the state's epoch")
-        batches = int_at_least(state[STATE_BATCHES], 0, "the state's batches")
-        total = self.num_batches(worker=worker, num_workers=num_workers)
-        if batches > total:
-            raise InvalidArgumentError(
-                f"the state says {batches} batches of epoch {epoch} were delivered, but an "
-                f"epoch has {total} here; was it saved by another version of the data?"
-            )
-        return epoch, batches, int_at_least(seed, 0, "the state's seed")
+        return Cursor.from_state(
+            state,
+            self.fingerprint(),
+            seed=self.seed if seed is None else seed,
+            adopt_seed=not self._seed_given if adopt_seed is None else adopt_seed,
+            share=share,
+            batches_in_epoch=self.num_batches(worker=share[0], num_workers=share[1]),
+        )
 
-    def _dataset_fingerprint(self) -> dict[str, Any]:
-        """What must match to resume: the files' names (not where they are, so a run
-        resumes on a copy of the data), row counts and footer digests (which their
-        contents decide), or for an in-memory source its row counts and schema."""
-        rows = self.dataset.partition_rows.tolist()
-        names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in self.dataset.files]
-        contents = [f["footer"] for f in self.dataset.file_identities()]
-        if not names:
-            contents = [str(self.dataset.schema)]
-        text = json.dumps([names, rows, contents])
-        return {
-            "files": len(names),
-            "partitions": len(rows),
-            "rows": int(sum(rows)),
-            "digest": hashlib.sha256(text.encode()).hexdigest()[:16],
-        }
+    def fingerprint(self) -> Fingerprint:
+        """What a saved state must match to resume here: the dataset and the options that
+        decide the order of rows."""
+        return Fingerprint(dataset_fingerprint(self.dataset), self._order_options())
 
     def _plan_options(self) -> dict[str, Any]:
         """The options that shape every epoch's plan, as the planners take them."""
@@ -992,6 +946,20 @@ class Loader:
         )
 
 
+class EpochProgress:
+    """How far one epoch's iterator got: the batches it handed out after its start, and
+    whether it ended. Its `BatchIterator` is its only writer."""
+
+    def __init__(self, start: Cursor) -> None:
+        self.start = start
+        self.served = 0
+        self.finished = False
+
+    @property
+    def cursor(self) -> Cursor:
+        return self.start.at(self.start.batches + self.served)
+
+
 class BatchIterator:
     """One epoch in progress. Close it (or drop it) to stop its background threads.
 
@@ -1003,16 +971,31 @@ class BatchIterator:
         stage: Prefetcher[tuple[int, Any]],
         num_batches: int,
         stats: StatsRecorder,
-        *,
-        position: EpochPosition | None = None,
+        start: Cursor,
     ):
         self._stage = stage
         self._remaining = num_batches
         self._stats = stats
         self._started: float | None = None
-        self.position = position if position is not None else EpochPosition(0, 0)
-        """The epoch and the batches of it handed out so far (counting any skipped on
-        resume)."""
+        self.progress = EpochProgress(start)
+        """How far this epoch got; written by this iterator only, and kept by its loader
+        to say where the epoch stands after the iterator is gone."""
+
+    @property
+    def cursor(self) -> Cursor:
+        """Where this epoch stands: its epoch, seed and worker share, and the batches of it
+        handed out so far (counting any skipped on resume)."""
+        return self.progress.cursor
+
+    @property
+    def position(self) -> Cursor:
+        """The same as `cursor`."""
+        return self.progress.cursor
+
+    @property
+    def finished(self) -> bool:
+        """Whether the epoch ended (its last batch was handed out and asked past)."""
+        return self.progress.finished
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -1027,7 +1010,7 @@ class BatchIterator:
         try:
             rows, batch = next(self._stage)
         except StopIteration:
-            self.position.finished = True
+            self.progress.finished = True
             self._finish()
             release_arrow_memory()  # the epoch's threads have ended
             raise
@@ -1038,7 +1021,7 @@ class BatchIterator:
         self._stats.rows += rows
         self._stats.batches += 1
         self._remaining -= 1
-        self.position.batches += 1
+        self.progress.served += 1
         return batch
 
     def _finish(self) -> None:
@@ -1066,63 +1049,3 @@ class BatchIterator:
     def threads(self) -> list[threading.Thread]:
         """The background thread serving this iterator (for tests and debugging)."""
         return [self._stage.thread]
-
-
-def _version() -> str:
-    import tabloader
-
-    return str(getattr(tabloader, "__version__", "unknown"))
-
-
-def _check_state_shape(state: object) -> None:
-    """Raise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] unless ``state`` is a
-    state dict this version of tabloader reads, saying what it is instead."""
-    keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
-    if not isinstance(state, Mapping) or any(k not in state for k in keys):
-        raise InvalidArgumentError(
-            f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
-            f"{', '.join(keys)}, ...), got {_short(state)}"
-        )
-    found, version = state[STATE_FORMAT_KEY], state.get(STATE_VERSION)
-    if found != STATE_FORMAT:
-        by = f"tabloader {version}" if isinstance(version, str) else "another tabloader version"
-        if isinstance(found, int) and not isinstance(found, bool) and found < STATE_FORMAT:
-            why = (
-                f"it was saved by {by} (state format {found}), whose dataset fingerprint "
-                "did not cover the files' contents, so it cannot tell whether the data is "
-                "the same"
-            )
-        else:
-            why = f"it has state format {found!r} (saved by {by})"
-        raise InvalidArgumentError(
-            f"cannot resume from this state: {why}; this version of tabloader "
-            f"({_version()}) reads format {STATE_FORMAT}. Resume from a state saved by this "
-            f"version, or start over at its epoch (loader.set_epoch({state.get(STATE_EPOCH)!r}))"
-        )
-    for name in (STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_WORKER, STATE_NUM_WORKERS):
-        value = state.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidArgumentError(
-                f"not a tabloader loader state: its {name!r} must be an integer, got "
-                f"{_short(value)}"
-            )
-    for name in (STATE_DATASET, STATE_OPTIONS):
-        if not isinstance(state.get(name), Mapping):
-            raise InvalidArgumentError(
-                f"not a tabloader loader state: its {name!r} must be a dict (as "
-                f"Loader.state_dict() makes it), got {_short(state.get(name))}"
-            )
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _describe_fingerprint(fingerprint: object) -> str:
-    if not isinstance(fingerprint, Mapping):
-        return _short(fingerprint)
-    return (
-        f"{fingerprint.get('rows')} rows in {fingerprint.get('partitions')} partitions of "
-        f"{fingerprint.get('files')} files, digest {fingerprint.get('digest')}"
-    )
