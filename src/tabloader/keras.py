@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabloader import _deps
+from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.epochs import check_seed_fn
 from tabloader.errors import InvalidArgumentError, PerformanceWarning
 from tabloader.indexed import IndexedEpochs
-from tabloader.loader import LOADER_KEYWORDS, Loader, LoaderOptions
+from tabloader.loader import Loader
 from tabloader.memory import chunk_rows_for_buffer
 from tabloader.options import keywords_of, reject_unknown
 from tabloader.tensors import (

@@ -32,11 +32,12 @@ try:
 except ImportError:
     raise _deps.missing("torch") from None
 
+from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
 from tabloader.epochs import EpochRun, IterableEpochs
 from tabloader.errors import InvalidArgumentError, TabloaderError
-from tabloader.loader import LOADER_KEYWORDS, Loader, LoaderOptions
+from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
 
 if TYPE_CHECKING:
