@@ -47,15 +47,13 @@ T = TypeVar("T")
 
 # Threads laying out decoded pieces (scattering a shuffled chunk's columns,
 # interleaving stacked blocks), the reader's included: alone, the reader was the
-# pipeline's slowest stage, and the decoder, one piece ahead, waited for it a quarter
-# of the time (2 cores).
+# pipeline's slowest stage (docs/performance.md, "Measured choices inside the loader").
 _LAYOUT_THREADS = 4
 # How often a reader waiting for an older chunk to be let go looks again.
 _ROOM_POLL_SECONDS = 0.002
 # Rows per step when interleaving columns into a row-major block: the rows being
-# written stay in the CPU's cache while each of the columns is copied in. Measured
-# (26 int64 columns): 1.06 ns a value at 16384 rows, 1.30 at 4096 (more calls, each
-# shorter), 1.21 for whole row groups.
+# written stay in the CPU's cache while each of the columns is copied in (the step was
+# measured: docs/performance.md, "Measured choices inside the loader").
 _BLOCK_ROWS = 16384
 
 
@@ -487,9 +485,9 @@ class CPUBackend:
         Some thousands of rows at a time are interleaved in a scratch block, then
         written out row by row: every row of ``out`` is written once, whole, where a
         column-by-column scatter would sweep all of ``out`` once per column. Each row
-        moves as one opaque item of its width (a quarter faster than numpy's copy of a
-        row of items, which sets up a strided copy per row); the whole stacked layout
-        then costs what the column layout's scatters cost.
+        moves as one opaque item of its width (faster than numpy's copy of a row of
+        items, which sets up a strided copy per row; see docs/performance.md); the whole
+        stacked layout then costs what the column layout's scatters cost.
         """
         step = _BLOCK_ROWS
         scratch = np.empty((min(step, len(rows)), len(arrays)), out.dtype)
