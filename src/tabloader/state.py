@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tabloader._version import __version__
 from tabloader.errors import InvalidArgumentError
 from tabloader.options import int_at_least
 
@@ -195,9 +196,7 @@ class Cursor:
 
 
 def _version() -> str:
-    import tabloader
-
-    return str(getattr(tabloader, "__version__", "unknown"))
+    return __version__
 
 
 def check_state_shape(state: object) -> None:
