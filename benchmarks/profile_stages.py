@@ -54,7 +54,7 @@ def stage_of(stack: str) -> str | None:
     """The stage of one sampled stack (``frame;frame;...``); None for the main thread
     (imports, the consuming loop) and for waits."""
     frames = stack.split(";")
-    if "tabloader/reader.py" not in stack:  # not a background thread of the loader
+    if "tabloader/stages.py" not in stack:  # not a background thread of the loader
         return None
     deepest = ""
     for frame in reversed(frames):

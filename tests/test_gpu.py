@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 import tabloader
 from conftest import make_table, write_dataset
+from tabloader import _deps as deps_module
 from tabloader.backends import gpu as gpu_module
 from tabloader.backends.cpu import CPUBackend
 from tabloader.backends.gpu import (
@@ -47,7 +48,7 @@ from tabloader.backends.gpu import (
 from tabloader.batches import Layout
 from tabloader.device import DEVICE_ENV, default_device_spec, resolve_device
 from tabloader.errors import InvalidArgumentError, NullValuesError, TabloaderError
-from tabloader.reader import SplitWork
+from tabloader.stages import SplitWork
 from tabloader.stats import StatsRecorder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -57,9 +58,9 @@ INSTALL_HINT = r"pip install 'tabloader\[gpu\]'"
 @pytest.fixture(autouse=True)
 def _fresh_probe() -> Iterator[None]:
     """Each test sees the GPU probe recomputed, and leaves no cached answer behind."""
-    gpu_module.gpu_usable.cache_clear()
+    deps_module.gpu_usable.cache_clear()
     yield
-    gpu_module.gpu_usable.cache_clear()
+    deps_module.gpu_usable.cache_clear()
 
 
 def _table(rows: int = 10) -> pa.Table:
@@ -173,7 +174,7 @@ def _forbid_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     def probe() -> bool:
         raise AssertionError("the GPU was probed")
 
-    monkeypatch.setattr(gpu_module, "gpu_usable", probe)
+    monkeypatch.setattr(deps_module, "gpu_usable", probe)
 
 
 def test_device_cpu_never_probes_for_a_gpu(monkeypatch):
@@ -206,13 +207,13 @@ def _pretend_installed(monkeypatch: pytest.MonkeyPatch, names: set[str]) -> None
 def test_the_default_device_is_the_cpu_when_the_gpu_backend_cannot_run(monkeypatch, simulate):
     monkeypatch.delenv(DEVICE_ENV, raising=False)
     imported = []
-    real_import = gpu_module.import_gpu
+    real_import = deps_module.import_gpu
 
     def import_gpu(device: int | None = None) -> Any:
         imported.append(device)
         return real_import(device)
 
-    monkeypatch.setattr(gpu_module, "import_gpu", import_gpu)
+    monkeypatch.setattr(deps_module, "import_gpu", import_gpu)
     _pretend_installed(monkeypatch, {"cupy", "cudf"})  # so the probe goes as far as importing
     if simulate == "cupy-absent":
         monkeypatch.setitem(sys.modules, "cupy", None)
@@ -226,7 +227,7 @@ def test_the_default_device_is_the_cpu_when_the_gpu_backend_cannot_run(monkeypat
         _cupy_reporting(monkeypatch, 0)
     else:
         _cupy_reporting(monkeypatch, RuntimeError("cudaErrorNoDevice"))
-    assert gpu_module.gpu_usable() is False
+    assert deps_module.gpu_usable() is False
     assert imported == [None]  # the import was tried, and its failure meant "no"
     assert default_device_spec() == "cpu"
     loader = tabloader.Loader(_table(), cats=["id"], batch_size=4)
@@ -237,9 +238,9 @@ def test_the_default_device_is_the_cpu_when_the_gpu_backend_cannot_run(monkeypat
 
 def test_the_probe_imports_nothing_when_cudf_is_not_installed(monkeypatch):
     monkeypatch.delenv(DEVICE_ENV, raising=False)
-    monkeypatch.setattr(gpu_module, "import_gpu", lambda device=None: pytest.fail("imported"))
+    monkeypatch.setattr(deps_module, "import_gpu", lambda device=None: pytest.fail("imported"))
     monkeypatch.setitem(sys.modules, "cudf", None)  # find_spec reports None: not installed
-    assert gpu_module.gpu_usable() is False
+    assert deps_module.gpu_usable() is False
     assert default_device_spec() == "cpu"
 
 

@@ -932,11 +932,11 @@ def _stream_dataset() -> tabloader.Dataset:
 def test_the_rest_of_an_epoch_streamed_after_a_failed_fill_is_the_rest_of_its_rows(
     shuffle, within, chunk, batch_size, resumed, data
 ):
-    from tabloader.backends import ReadRequest
     from tabloader.backends.cpu import CPUBackend
     from tabloader.batches import Block, segment_rows
     from tabloader.cache.serve import stream_rest
     from tabloader.plan import plan_epoch
+    from tabloader.stages import ReadRequest
     from tabloader.stats import StatsRecorder
 
     dataset = _stream_dataset()

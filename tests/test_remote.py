@@ -149,7 +149,7 @@ def test_torch_worker_processes_each_get_their_own_filesystem(proxy, bucket, wor
     from tabloader.torch import DLDataLoader, TorchAsyncItr
 
     ds = tabloader.Dataset(f"s3://{bucket}/data/", storage_options=options(proxy))
-    ds._source.filesystem.ls(bucket)  # the parent's filesystem is in use before the fork
+    ds.source.filesystem.ls(bucket)  # the parent's filesystem is in use before the fork
     itr = TorchAsyncItr(ds, cats=["id"], batch_size=500, shuffle=True, seed=3, device="cpu")
     extra = {} if context is None else {"multiprocessing_context": context}
     loader = DLDataLoader(itr, collate_fn=identity, num_workers=workers, **extra)

@@ -13,13 +13,13 @@ Examples:
 """
 
 from tabloader import errors
+from tabloader._version import __version__
+from tabloader.config import LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.errors import *  # noqa: F403  (the exceptions and warnings: errors.__all__)
-from tabloader.loader import BatchIterator, Loader, LoaderOptions
+from tabloader.loader import BatchIterator, Loader
 from tabloader.progress import Progress
 from tabloader.stats import LoaderStats
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchIterator",

@@ -54,7 +54,6 @@ from tabloader.errors import ValueRangeError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from tabloader.batches import Block, Layout
 
@@ -65,8 +64,6 @@ __all__ = [
     "check_values",
     "describe_range",
     "fits",
-    "footer_leaf",
-    "footer_range",
     "lossless",
     "misfit_message",
     "stored_dtype",
@@ -294,45 +291,3 @@ def stored_dtype(arrow_type: pa.DataType) -> np.dtype[Any]:
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
         arrow_type = arrow_type.value_type
     return np.dtype(arrow_type.to_pandas_dtype())
-
-
-def _leaves(arrow_type: pa.DataType) -> int:
-    """How many parquet leaf columns an Arrow type is stored as."""
-    count = getattr(arrow_type, "num_fields", 0)
-    if not count:
-        return 1
-    return sum(_leaves(arrow_type.field(i).type) for i in range(count))
-
-
-def footer_leaf(metadata: pq.FileMetaData, column: str) -> int | None:
-    """Index of the parquet leaf column that stores ``column`` (a list column: its
-    values), or None when it is not one leaf."""
-    schema = metadata.schema.to_arrow_schema()
-    index = schema.get_field_index(column)
-    if index < 0 or _leaves(schema.field(index).type) != 1:
-        return None
-    return sum(_leaves(schema.field(i).type) for i in range(index))
-
-
-def footer_range(metadata: pq.FileMetaData, row_group: int, leaf: int | None) -> Range | None:
-    """The smallest and largest value of leaf column ``leaf`` (see `footer_leaf`)
-    in one row group, from the footer's statistics; None where the footer does not say.
-
-    Examples:
-        >>> import pyarrow as pa, pyarrow.parquet as pq, io
-        >>> sink = io.BytesIO()
-        >>> pq.write_table(pa.table({"a": [3, 1], "b": [[5], [2, 9]]}), sink)
-        >>> md = pq.read_metadata(io.BytesIO(sink.getvalue()))
-        >>> footer_range(md, 0, footer_leaf(md, "a")), footer_range(md, 0, footer_leaf(md, "b"))
-        ((1, 3), (2, 9))
-    """
-    if leaf is None:
-        return None
-    stats = metadata.row_group(row_group).column(leaf).statistics
-    if stats is None or not stats.has_min_max:
-        return None
-    low, high = stats.min, stats.max
-    # numbers only: a 16-bit float's statistics are its raw bytes, which say nothing here
-    if not all(isinstance(v, (int, float)) for v in (low, high)):
-        return None
-    return low, high

@@ -26,7 +26,6 @@ from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,
     Dataset,
-    _ParquetSource,
     small_row_groups,
 )
 from tabloader.errors import (
@@ -42,8 +41,8 @@ from tabloader.errors import (
 from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
 from tabloader.progress import Progress
-from tabloader.reader import usable_cores
 from tabloader.sources.partitions import describe_filters
+from tabloader.stages import usable_cores
 
 __all__ = [
     "LOADER_THREADS",
@@ -195,13 +194,8 @@ def compact_names(names: Sequence[str]) -> str:
 
 def _schema_groups(dataset: Dataset) -> list[tuple[pa.Schema, list[str]]]:
     """Each distinct schema with the files that have it (one group for in-memory sources)."""
-    source = dataset._source
-    if not isinstance(source, _ParquetSource):
-        return [(dataset.schema, [])]
-    return [
-        (schema, [source.files[f] for f in np.flatnonzero(source.file_schema == k)])
-        for k, schema in enumerate(source.schemas)
-    ]
+    source = dataset.source
+    return [(schema, source.schema_files(k)) for k, schema in enumerate(source.schemas)]
 
 
 def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> tuple[str, bool]:
@@ -248,50 +242,16 @@ def _id_report(dataset: Dataset, cats: Sequence[str]) -> dict[str, dict[str, Any
 
 def _null_counts(dataset: Dataset) -> dict[str, int | None]:
     """Nulls per column summed from the parquet footers (None where a footer does not say)."""
-    source = dataset._source
-    if not isinstance(source, _ParquetSource):
-        return dict.fromkeys(dataset.schema.names)
     counts: dict[str, int | None] = {}
-    mapping = source.columns
-    for f in range(len(source.files)):
-        md = source.metadata(f)
-        # The dataset's name of each stored column (an Iceberg column may have been
-        # renamed since the file was written), and the columns constant in this file.
-        names = {
-            stored: name
-            for name in dataset.schema.names
-            if (stored := mapping.stored_name(f, name)) is not None
-        }
-        for name in dataset.schema.names:
-            constant = name not in names.values() and name in mapping.types
-            if constant and counts.get(name, 0) is not None:
-                null = mapping.values[f].get(name) is None
-                counts[name] = (counts.get(name) or 0) + (md.num_rows if null else 0)
-        for g in range(md.num_row_groups):
-            row_group = md.row_group(g)
-            for c in range(row_group.num_columns):
-                column = row_group.column(c)
-                stored = column.path_in_schema.split(".")[0]
-                name = names.get(stored, stored)
-                stats = column.statistics
-                if stats is None or not getattr(stats, "has_null_count", True):
-                    counts[name] = None
-                elif name not in counts or counts[name] is not None:
-                    counts[name] = (counts.get(name) or 0) + int(stats.null_count or 0)
+    for name in dataset.schema.names:
+        found = dataset.source.footer_statistics(name)
+        if found is None:  # no footers (an in-memory source)
+            counts[name] = None
+            continue
+        stats = [s for s in found if s is not None]  # files that do not store it: no nulls
+        nulls = [s.nulls for s in stats]
+        counts[name] = None if None in nulls else sum(n for n in nulls if n is not None)
     return counts
-
-
-def _row_group_bytes(dataset: Dataset) -> np.ndarray | None:
-    source = dataset._source
-    if not isinstance(source, _ParquetSource):
-        return None
-    return np.array(
-        [
-            source.metadata(int(f)).row_group(int(g)).total_byte_size
-            for f, g in zip(source.part_file, source.part_row_group, strict=True)
-        ],
-        dtype=np.int64,
-    )
 
 
 def inspect_dataset(
@@ -320,7 +280,7 @@ def inspect_dataset(
         ({'cats': ['user'], 'conts': ['x'], 'labels': ['label']}, 2)
     """
     rows = dataset.partition_rows
-    sizes = _row_group_bytes(dataset)
+    sizes = dataset.source.partition_bytes()
     groups = _schema_groups(dataset)
     reference = groups[0][0]
     nulls = _null_counts(dataset)

@@ -37,7 +37,7 @@ from tabloader.errors import ColumnTypeError, InvalidArgumentError
 from tabloader.options import column_names
 
 if TYPE_CHECKING:
-    from tabloader.dataset import Dataset, _ParquetSource
+    from tabloader.dataset import Dataset
     from tabloader.device import Device
 
 __all__ = [
@@ -202,7 +202,6 @@ def id_ranges(
         ColumnTypeError: a column does not hold integer ids.
         InvalidArgumentError: a column holds negative ids, which no embedding table has.
     """
-    from tabloader.dataset import _ParquetSource
     from tabloader.device import resolve_device
 
     names = column_names(columns, "columns")
@@ -216,17 +215,13 @@ def id_ranges(
                 f"column {name!r} is {field_type}; embedding sizes are for columns of integer "
                 "ids (cats). Encode it as integer ids first, or leave it out"
             )
-    source = dataset._source
     found: dict[str, IdRange] = {}
     for name in names:
-        if isinstance(source, _ParquetSource):
-            ranges, unread = _footer_ranges(source, name)
-        else:
-            ranges, unread = [], list(range(dataset.num_partitions))
+        ranges, unread = _footer_ranges(dataset, name)
         if unread:
             resolved = resolve_device(device)
-            if resolved.is_cuda and isinstance(source, _ParquetSource):
-                ranges += _read_ranges_gpu(dataset, source, name, unread, resolved)
+            if resolved.is_cuda and dataset.parquet_layout() is not None:
+                ranges += _read_ranges_gpu(dataset, name, unread, resolved)
             else:
                 ranges += _read_ranges_cpu(dataset, name, unread)
         found[name] = _combine(dataset, name, ranges, len(unread))
@@ -251,38 +246,20 @@ def _combine(dataset: Dataset, name: str, spans: list[_Span], read: int) -> IdRa
     return IdRange(name, min(lows), max(s[2] for s in spans), dataset.num_partitions, read)
 
 
-def _leaf_index(schema: Any, name: str) -> int:
-    """The index of the parquet leaf column holding ``name``'s values (for a list column,
-    its one value column), or -1."""
-    for i in range(len(schema)):
-        path = schema.column(i).path
-        if path == name or path.split(".")[0] == name:
-            return i
-    return -1
-
-
-def _footer_ranges(source: _ParquetSource, name: str) -> tuple[list[_Span], list[int]]:
-    """Every partition's ids as its footer records them, and the partitions it does not."""
+def _footer_ranges(dataset: Dataset, name: str) -> tuple[list[_Span], list[int]]:
+    """Every partition's ids as its footer records them, and the partitions it does not
+    (all of them without footers; a partition key's, whose value is left to the data)."""
+    found = dataset.source.footer_statistics(name)
+    if found is None:
+        return [], list(range(dataset.num_partitions))
     spans: list[_Span] = []
     unread: list[int] = []
-    leaf: dict[int, int] = {}
-    for p in range(len(source.rows)):
-        f, g = int(source.part_file[p]), int(source.part_row_group[p])
-        metadata = source.metadata(f)
-        if f not in leaf:
-            leaf[f] = _leaf_index(metadata.schema, name)
-        if leaf[f] < 0:  # not stored in the file (a partition key): read to find its ids
+    for p, stats in enumerate(found):
+        if stats is None or stats.constant:  # not stored in the file: read to find its ids
             unread.append(p)
-            continue
-        chunk = metadata.row_group(g).column(leaf[f])
-        stats = chunk.statistics
-        if stats is not None and stats.has_min_max:
-            spans.append((p, int(cast(int, stats.min)), int(cast(int, stats.max))))
-        elif (
-            stats is not None
-            and getattr(stats, "has_null_count", True)
-            and stats.null_count == chunk.num_values
-        ):
+        elif stats.extremes is not None:
+            spans.append((p, int(stats.extremes[0]), int(stats.extremes[1])))
+        elif stats.nulls is not None and stats.nulls == stats.values:
             continue  # only nulls: no id at all
         else:
             unread.append(p)
@@ -303,32 +280,36 @@ def _read_ranges_cpu(dataset: Dataset, name: str, partitions: list[int]) -> list
 
 
 def _read_ranges_gpu(
-    dataset: Dataset, source: _ParquetSource, name: str, partitions: list[int], device: Device
+    dataset: Dataset, name: str, partitions: list[int], device: Device
 ) -> list[_Span]:
     """Read the partitions' column with cudf, one read per file, and find each partition's
     extremes with cupy: a few numbers per partition cross to the host, never the column."""
     import contextlib
 
-    from tabloader.backends.gpu import import_gpu
+    from tabloader._deps import import_gpu
 
     cudf, cupy, index = import_gpu(device.index)
     lists = is_list_type(dataset.column_types([name])[name])
+    layout = dataset.parquet_layout()
+    assert layout is not None  # parquet files, checked by the caller
+    part_file, part_row_group, rows = layout
     by_file: dict[int, list[int]] = {}
     for p in partitions:
-        by_file.setdefault(int(source.part_file[p]), []).append(p)
+        by_file.setdefault(int(part_file[p]), []).append(p)
     spans: list[_Span] = []
     with cupy.cuda.Device(index):
         for f, parts in by_file.items():
-            groups = [int(source.part_row_group[p]) for p in parts]
+            groups = [int(part_row_group[p]) for p in parts]
             with contextlib.ExitStack() as opened:
-                path: Any = source.files[f]
-                if source.filesystem is not None:
+                local = dataset.local_paths([f])
+                path: Any = local[0] if local is not None else None
+                if local is None:
                     path = opened.enter_context(dataset.open_row_groups(f, groups, [name]))
                 frame = cudf.read_parquet(
                     [path], columns=[name], row_groups=[groups], use_pandas_metadata=False
                 )
             series = frame[name]
-            lengths = [int(source.rows[p]) for p in parts]
+            lengths = [int(rows[p]) for p in parts]
             if lists:  # the ids inside each partition's lists
                 counts = series.list.len().fillna(0).values
                 sums = [

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tabloader import _deps
 from tabloader.errors import InvalidArgumentError
 
 __all__ = [
@@ -108,9 +109,7 @@ def default_device_spec() -> str:
                 "or unset it"
             ) from None
         return value
-    from tabloader.backends.gpu import gpu_usable
-
-    return "cuda" if gpu_usable() else "cpu"
+    return "cuda" if _deps.gpu_usable() else "cpu"
 
 
 def resolve_device(spec: Any = None) -> Device:
@@ -125,9 +124,7 @@ def resolve_device(spec: Any = None) -> Device:
     kind, index = parse_device(spec)
     if kind == "cpu":
         return Device("cpu", 0)
-    from tabloader.backends.gpu import import_gpu
-
-    _, _, found = import_gpu(index)
+    _, _, found = _deps.import_gpu(index)
     return Device("cuda", found)
 
 

@@ -22,13 +22,15 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tabloader.errors import InvalidArgumentError, TabloaderError
-from tabloader.loader import EpochPosition
+from tabloader.options import int_at_least
+from tabloader.state import Cursor
 
 if TYPE_CHECKING:
-    from tabloader.loader import BatchIterator, Loader
+    from tabloader.loader import Loader
 
 __all__ = ["EpochRun", "Epochs", "IterableEpochs", "check_seed_fn", "seed_value"]
 
@@ -73,52 +75,53 @@ class EpochRun:
     """
 
     def __init__(
-        self,
-        epochs: Epochs,
-        start: EpochPosition,
-        *,
-        seed: int,
-        share: tuple[int, int] = (0, 1),
-        receive: Callable[[Any], Any] | None = None,
+        self, epochs: Epochs, start: Cursor, *, receive: Callable[[Any], Any] | None = None
     ) -> None:
-        """Start epoch ``start.epoch`` at batch ``start.batches`` of worker share
-        ``share`` (``(worker, num_workers)``), shuffled with ``seed``."""
+        """Start at ``start``: its epoch, seed, worker share and batches already delivered."""
         self._epochs = epochs
         self._receive = receive
-        self.seed = seed
-        self.worker, self.num_workers = share
-        self._batches = self._start(start.epoch, start.batches)
-        self.position: EpochPosition = self._batches.position
+        self._batches = epochs.loader.iter_epoch(start)
 
-    def _start(self, epoch: int, start: int) -> BatchIterator:
-        loader = self._epochs.loader
-        loader.seed = self.seed
-        return loader.iter_epoch(
-            epoch, worker=self.worker, num_workers=self.num_workers, start_batch=start
-        )
+    @property
+    def cursor(self) -> Cursor:
+        """Where this epoch stands."""
+        return self._batches.cursor
+
+    @property
+    def position(self) -> Cursor:
+        """The same as `cursor`."""
+        return self._batches.cursor
+
+    @property
+    def finished(self) -> bool:
+        """Whether the epoch ended."""
+        return self._batches.finished
+
+    @property
+    def seed(self) -> int:
+        """The seed this epoch is shuffled with."""
+        return self.cursor.seed
+
+    @property
+    def worker(self) -> int:
+        return self.cursor.worker
+
+    @property
+    def num_workers(self) -> int:
+        return self.cursor.num_workers
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands (see
         [`tabloader.Loader.state_dict`][tabloader.Loader.state_dict])."""
-        return self._epochs.loader.epoch_state(
-            self.position.epoch,
-            self.position.batches,
-            seed=self.seed,
-            worker=self.worker,
-            num_workers=self.num_workers,
-        )
+        return self.cursor.to_state(self._epochs.loader.fingerprint())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the epoch saved in ``state`` instead of this one."""
-        epoch, batches, seed = self._epochs.check_state(state, self.worker, self.num_workers)
-        current = (self.position.epoch, self.position.batches, self.seed)
-        if current != (epoch, batches, seed) or self.position.finished:
+        saved = self._epochs.check_state(state, self.worker, self.num_workers)
+        if saved != self.cursor or self.finished:
             self._batches.close()
-            self.seed = seed
-            self._batches = self._start(epoch, batches)
-            self.position = self._batches.position
-        self._epochs.loader.epoch = epoch + 1
-        self._epochs.live = self
+            self._batches = self._epochs.loader.iter_epoch(saved)
+        self._epochs.continued(self, saved)
 
     def __iter__(self) -> EpochRun:
         return self
@@ -141,9 +144,11 @@ class Epochs:
     """A loader's epochs, one per `start`: the epoch counter, each epoch's seed,
     resuming, and the epochs of worker processes that each hold a copy.
 
+    The position is this object's own (`cursor`): it reads the loader (its plans,
+    batch counts and fingerprint) and never writes it.
+
     Args:
-        loader: The core loader; its ``epoch`` is the epoch the next `start`
-            delivers.
+        loader: The core loader; its ``epoch`` and ``seed`` are where these epochs start.
         seed_fn: Called once per epoch (in `prepare`) for that epoch's seed;
             None: the loader's seed.
         seed_given: Whether the user fixed the seed; a saved state's seed is adopted
@@ -156,11 +161,11 @@ class Epochs:
         self.loader = loader
         self.seed_fn = seed_fn
         self.seed_given = seed_given
-        self.base_seed = loader.seed
-        """The seed copies of the loader are built with (a saved state's, once adopted)."""
+        self.cursor = Cursor(loader.epoch, loader.seed)
+        """The epoch the next `start` delivers, and the seed of epochs without ``seed_fn``
+        (a saved state's, once adopted)."""
         self.live: EpochRun | None = None  # the epoch start() last started here
-        self.resume: EpochPosition | None = None  # where the next start() begins
-        self.resume_for = (0, 1)  # (worker, num_workers) the resume state is for
+        self.resume: Cursor | None = None  # where the next start() begins, in which share
         self.epoch_seed: int | None = None
         self.managed = False  # epochs advanced for worker processes (see hand_to_workers)
         self.worker_epoch = 0  # the epoch persistent worker processes run next
@@ -169,27 +174,36 @@ class Epochs:
     @property
     def epoch(self) -> int:
         """The epoch the next `start` delivers."""
-        return self.loader.epoch
+        return self.cursor.epoch
+
+    @property
+    def base_seed(self) -> int:
+        """The seed copies of the loader are built with (a saved state's, once adopted)."""
+        return self.cursor.seed
+
+    def attach(self, loader: Loader) -> None:
+        """Serve the epochs with ``loader`` (a copy rebuilt in a worker process)."""
+        self.loader = loader
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next `start` deliver epoch ``epoch``."""
-        self.loader.set_epoch(epoch)
+        self.cursor = replace(self.cursor, epoch=int_at_least(epoch, 0, "epoch"))
         self.epoch_seed = None
         self.epoch_set = True
 
     def prepare(self) -> int:
         """Choose the seed of the next epoch (calling ``seed_fn`` once) and return it."""
-        self.loader.refresh(self.loader.epoch)  # before worker processes copy the dataset
+        self.loader.refresh(self.epoch)  # before worker processes copy the dataset
         if self.epoch_seed is None:
             if self.seed_fn is None:
-                self.epoch_seed = self.loader.seed
+                self.epoch_seed = self.base_seed
             else:
                 self.epoch_seed = seed_value(self.seed_fn(), "seed_fn()")
         return self.epoch_seed
 
     def advance(self) -> None:
         """The next epoch comes next (with a seed chosen afresh)."""
-        self.loader.epoch += 1
+        self.cursor = self.cursor.next_epoch()
         self.epoch_seed = None
 
     def start(
@@ -215,27 +229,28 @@ class Epochs:
                 stacklevel=3,
             )
         seed = self.prepare()
-        epoch, start = self.epoch, 0
+        start = Cursor(self.epoch, seed, 0, worker, num_workers)
         if self.resume is not None:
-            epoch, start = self.resume.epoch, self.resume.batches
-            if start and self.resume_for != (worker, num_workers):
+            resume = self.resume
+            if resume.batches and resume.share != start.share:
                 raise InvalidArgumentError(
-                    f"this state was saved mid-epoch by worker {self.resume_for[0]} of "
-                    f"{self.resume_for[1]} and cannot continue in worker {worker} of "
+                    f"this state was saved mid-epoch by worker {resume.worker} of "
+                    f"{resume.num_workers} and cannot continue in worker {worker} of "
                     f"{num_workers}: resume with the same num_workers (with worker "
                     "processes, save and load through torchdata's StatefulDataLoader)"
                 )
+            start = replace(start, epoch=resume.epoch, batches=resume.batches)
             self.resume = None
-        self.live = EpochRun(
-            self,
-            EpochPosition(epoch, start),
-            seed=seed,
-            share=(worker, num_workers),
-            receive=receive,
-        )
-        self.loader.epoch = epoch
+        self.live = EpochRun(self, start, receive=receive)
+        self.cursor = replace(self.cursor, epoch=start.epoch)
         self.advance()
         return self.live
+
+    def continued(self, run: EpochRun, saved: Cursor) -> None:
+        """``run`` now continues ``saved`` (`EpochRun.load_state_dict`): the epoch after
+        it comes next."""
+        self.cursor = replace(self.cursor, epoch=saved.epoch + 1)
+        self.live = run
 
     def hand_to_workers(self, start_workers: Callable[[], T], *, started: bool = False) -> T:
         """Run ``start_workers`` (which copies this state into worker processes, or with
@@ -280,45 +295,38 @@ class Epochs:
         next batch of that epoch, otherwise the start of the next epoch."""
         live = self.live
         if self.resume is not None:
-            position, seed = self.resume, self.epoch_seed
-            worker, num_workers = self.resume_for
-        elif live is not None and not live.position.finished:
-            position, seed = live.position, live.seed
-            worker, num_workers = live.worker, live.num_workers
+            seed = self.base_seed if self.epoch_seed is None else self.epoch_seed
+            position = replace(self.resume, seed=seed)
+        elif live is not None and not live.finished:
+            position = live.cursor
         else:
-            position, seed = EpochPosition(self.epoch, 0), None
-        return self.loader.epoch_state(
-            position.epoch,
-            position.batches,
-            seed=self.loader.seed if seed is None else seed,
-            worker=worker,
-            num_workers=num_workers,
-        )
+            position = replace(self.cursor, worker=worker, num_workers=num_workers)
+        return position.to_state(self.loader.fingerprint())
 
     def load_state_dict(
         self, state: Mapping[str, Any], worker: int = 0, num_workers: int = 1
     ) -> None:
         """Make the next `start` continue from ``state`` (from `state_dict`)."""
-        epoch, batches, _ = self.check_state(state, worker, num_workers)
-        self.resume = EpochPosition(epoch, batches)
-        self.resume_for = (worker, num_workers)
-        self.loader.epoch = epoch
+        saved = self.check_state(state, worker, num_workers)
+        self.resume = saved
+        self.cursor = replace(self.cursor, epoch=saved.epoch)
         self.epoch_set = True
 
-    def check_state(
-        self, state: Mapping[str, Any], worker: int, num_workers: int
-    ) -> tuple[int, int, int]:
-        """``(epoch, batches, seed)`` of ``state``, checked against the loader; the saved
-        seed becomes the loader's (without ``seed_fn``) or the saved epoch's (with it)."""
-        epoch, batches, seed = self.loader.check_state(
-            state, adopt_seed=not self.seed_given, worker=worker, num_workers=num_workers
+    def check_state(self, state: Mapping[str, Any], worker: int, num_workers: int) -> Cursor:
+        """The position ``state`` holds, checked against the loader; the saved seed becomes
+        the seed of every epoch (without ``seed_fn``) or of the saved epoch (with it)."""
+        saved = self.loader.resume_cursor(
+            state,
+            seed=self.base_seed,
+            adopt_seed=not self.seed_given,
+            share=(worker, num_workers),
         )
         if self.seed_fn is None:
-            self.loader.seed = self.base_seed = seed
+            self.cursor = replace(self.cursor, seed=saved.seed)
             self.epoch_seed = None
-        elif batches:
-            self.epoch_seed = seed  # the saved epoch's seed; seed_fn chooses later ones
-        return epoch, batches, seed
+        elif saved.batches:
+            self.epoch_seed = saved.seed  # the saved epoch's seed; seed_fn chooses later ones
+        return saved
 
     # -- copies in worker processes ---------------------------------------------------
 
@@ -405,7 +413,7 @@ class IterableEpochs:
     @property
     def epoch(self) -> int:
         """The epoch the next ``iter()`` delivers."""
-        return self._loader.epoch
+        return self._epochs.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
@@ -431,15 +439,13 @@ class IterableEpochs:
         for name in self._rebuilt:
             del state[name]
         state["_options"] = {**self._options, "seed": self._epochs.base_seed}
-        loader = state.pop("_loader")
-        state["_dataset"], state["_epoch"] = loader.dataset, loader.epoch
+        state["_dataset"] = state.pop("_loader").dataset
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        dataset, epoch = state.pop("_dataset"), state.pop("_epoch")
+        dataset = state.pop("_dataset")
         self.__dict__.update(state)
         with warnings.catch_warnings():  # already shown where the original was built
             warnings.simplefilter("ignore")
             self._loader = self._make_loader(dataset)
-        self._loader.epoch = epoch
-        self._epochs.loader = self._loader
+        self._epochs.attach(self._loader)

@@ -28,6 +28,8 @@ from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 from tabloader.errors import PerformanceWarning, TabloaderError
+from tabloader.options import int_at_least
+from tabloader.state import Cursor
 
 if TYPE_CHECKING:
     from tabloader.loader import BatchIterator, Loader
@@ -54,12 +56,13 @@ class IndexedEpochs:
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
-        """The core [`tabloader.Loader`][tabloader.Loader] (its ``stats()``, ``seed``,
-        ``plan()``)."""
+        """The core [`tabloader.Loader`][tabloader.Loader] (its ``stats()``, ``plan()``);
+        this object keeps its own epoch and seed and never changes the loader's."""
         self._num_batches = len(loader)  # of the epoch being served
         self._start = 0  # batches of that epoch delivered before a resume
         self._lock = threading.RLock()
-        self._epoch = 0
+        self._epoch = loader.epoch
+        self._seed = loader.seed  # a loaded state's, once adopted
         # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
         self._given: dict[int, int] = {}  # batch index -> position in the epoch's stream
         self._since: dict[int, int] = {}  # the same, for requests since the last hook
@@ -137,10 +140,10 @@ class IndexedEpochs:
 
     def set_epoch(self, epoch: int) -> None:
         """Serve epoch ``epoch`` from its start next (to resume a training run)."""
-        self.loader.set_epoch(epoch)
+        epoch = int_at_least(epoch, 0, "epoch")
         with self._lock:
             self._close_iterator()
-            self._epoch = int(epoch)
+            self._epoch = epoch
             self._reset_pass()
             self._start, self._num_batches = 0, len(self.loader)
 
@@ -154,9 +157,10 @@ class IndexedEpochs:
         """
         with self._lock:
             served = len(self._used)
+            cursor = Cursor(self._epoch, self._seed, self._start + served)
             if served >= self._num_batches:
-                return self.loader.epoch_state(self._epoch + 1, 0)
-            return self.loader.epoch_state(self._epoch, self._start + served)
+                cursor = cursor.next_epoch()
+            return cursor.to_state(self.loader.fingerprint())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from `state_dict`): the rest of the saved epoch
@@ -176,14 +180,14 @@ class IndexedEpochs:
         [`tabloader.InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming what
         differs.
         """
-        epoch, batches, seed = self.loader.check_state(state)
+        saved = self.loader.resume_cursor(state, seed=self._seed)
+        epoch, batches = saved.epoch, saved.batches
         full = len(self.loader)
         if batches >= full and full:
             epoch, batches = epoch + 1, 0
         with self._lock:
             self._close_iterator()
-            self.loader.seed = seed
-            self.loader.set_epoch(epoch)
+            self._seed = saved.seed
             self._epoch = epoch
             self._reset_pass()
             self._start = batches
@@ -241,7 +245,7 @@ class IndexedEpochs:
         return self._next
 
     def _start_iterator(self) -> None:
-        self._iterator = self.loader.iter_epoch(self._epoch, start_batch=self._start)
+        self._iterator = self.loader.iter_epoch(Cursor(self._epoch, self._seed, self._start))
         self._consumed = 0
 
     def _close_iterator(self) -> None:

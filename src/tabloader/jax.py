@@ -24,16 +24,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tabloader import _deps
+
 try:
     import jax
 except ImportError:
-    raise ImportError("tabloader.jax needs JAX: pip install 'tabloader[jax]'") from None
+    raise _deps.missing("jax") from None
 
 from tabloader.batches import Ragged
+from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.epochs import EpochRun, IterableEpochs
 from tabloader.errors import InvalidArgumentError
-from tabloader.loader import LOADER_KEYWORDS, Loader, LoaderOptions
+from tabloader.loader import Loader
 from tabloader.options import flag, keywords_of, ranks, reject_unknown
 from tabloader.tensors import BatchConverter, JaxTensors, core_dtypes, delivered_dtypes
 

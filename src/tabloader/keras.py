@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tabloader import _deps
+from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.epochs import check_seed_fn
 from tabloader.errors import InvalidArgumentError, PerformanceWarning
 from tabloader.indexed import IndexedEpochs
-from tabloader.loader import LOADER_KEYWORDS, Loader, LoaderOptions
+from tabloader.loader import Loader
 from tabloader.memory import chunk_rows_for_buffer
 from tabloader.options import keywords_of, reject_unknown
 from tabloader.tensors import (
@@ -46,14 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 try:
     import keras
 except ImportError as err:
-    if err.name == "keras":
-        raise ImportError("tabloader.keras needs Keras 3: pip install 'tabloader[keras]'") from None
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    raise ImportError(
-        f"Keras could not be imported ({err}): its backend, {backend!r} (KERAS_BACKEND), "
-        f"needs that framework: pip install 'tabloader[{backend}]', or set KERAS_BACKEND to "
-        "an installed one (tensorflow, jax or torch)"
-    ) from None
+    raise _deps.keras_import_error(err) from None
 if int(keras.__version__.split(".")[0]) < 3:
     raise ImportError(
         f"tabloader.keras needs Keras 3, found Keras {keras.__version__}: pip install 'keras>=3'"

@@ -1,163 +1,190 @@
-"""The framework-agnostic loader: a dataset in, an epoch of shuffled batches out."""
+"""The framework-agnostic loader: a dataset in, an epoch of shuffled batches out.
+
+[`Loader`][tabloader.Loader] wires the parts together: its options
+(`tabloader.config`, checked when built and against the dataset), the device and its
+backend, the decoded cache, and the pipeline's threads (`tabloader.stages`) that
+deliver each epoch its plan (`tabloader.plan`) says. Where the epochs stand is a cursor
+(`tabloader.state`) the loader keeps for itself.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-import pyarrow as pa
-
-from tabloader.backends import ReadRequest, get_backend
-from tabloader.batches import (
-    Layout,
-    Part,
-    cut_batches,
-    detached,
-    drop_leading_rows,
-    lists_as_output,
+from tabloader.backends import get_backend
+from tabloader.batches import Layout
+from tabloader.cache import DecodedCache
+from tabloader.casting import checked_layout
+from tabloader.config import (
+    LOADER_KEYWORDS,
+    ConfigAttributes,
+    LoaderConfig,
+    LoaderOptions,
+    check_dataset,
 )
-from tabloader.cache import CacheMode, DecodedCache, cache_directory
-from tabloader.cache.device import CachePlacement
-from tabloader.casting import (
-    bounded,
-    checked_layout,
-    describe_range,
-    fits,
-    lossless,
-    misfit_message,
-    stored_dtype,
-)
-from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
+from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
-from tabloader.errors import (
-    ColumnTypeError,
-    EmptyDatasetError,
-    EmptyEpochWarning,
-    InvalidArgumentError,
-    NullValuesError,
-    PerformanceWarning,
-    TabloaderError,
-    ValueRangeError,
-)
+from tabloader.errors import InvalidArgumentError
 from tabloader.memory import release_arrow_memory
-from tabloader.options import (
-    column_names,
-    flag,
-    int_at_least,
-    is_number,
-    keywords_of,
-    numeric_dtype,
-    one_spelling,
-    optional_positive,
-    reject_unknown,
-)
-from tabloader.plan import (
-    EpochPlan,
-    count_batches,
-    plan_cached_epoch,
-    plan_epoch,
-    rank_rows,
-    worker_row_range,
-)
-from tabloader.reader import Prefetcher
+from tabloader.options import int_at_least, keywords_of, reject_unknown
+from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
+from tabloader.stages import Prefetcher, batch_stream, batches_ahead
+from tabloader.state import Cursor, Fingerprint, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from tabloader.backends import Backend
 
-__all__ = ["LOADER_KEYWORDS", "BatchIterator", "EpochPosition", "Loader", "LoaderOptions"]
+    # Type checkers see the options as attributes (``loader.cats``), typed as the config
+    # declares them; at run time ConfigAttributes reads them from ``loader.config``.
+    _Options = LoaderConfig
+else:
+    _Options = ConfigAttributes
 
-DEFAULT_CHUNK_BYTES = 128 * 2**20
-"""Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
-BATCH_QUEUE_DEPTH = 4
-"""Ready batches waiting for the consumer."""
-
-
-class LoaderOptions(TypedDict, total=False):
-    """The [`Loader`][tabloader.Loader] keywords the framework adapters take and pass on.
-
-    ``TorchAsyncItr`` and ``KerasSequenceLoader`` accept every one of these
-    (``**options``), with the meaning [`Loader`][tabloader.Loader] documents; they
-    document only the keywords of their own. Also a type for options kept in a config:
-
-    ```python
-    options: LoaderOptions = {"cats": ["user"], "shuffle": True, "seed": 0}
-    ```
-    """
-
-    cats: str | Sequence[str] | None
-    conts: str | Sequence[str] | None
-    labels: str | Sequence[str] | None
-    cat_names: str | Sequence[str] | None
-    cont_names: str | Sequence[str] | None
-    label_names: str | Sequence[str] | None
-    cat_dtype: Any
-    cont_dtype: Any
-    label_dtype: Any
-    fill_null: float | Mapping[str, float] | None
-    shuffle: bool | Literal["global"]
-    shuffle_within_batch: bool
-    seed: int | None
-    parts_per_chunk: int | None
-    chunk_rows: int | None
-    drop_last: bool
-    prefetch: int
-    global_rank: int | None
-    global_size: int | None
-    cache: CacheMode | None
-    cache_dir: str | os.PathLike[str] | None
-    cache_max_bytes: int | None
-    cache_placement: CachePlacement
-    sparse_names: str | Sequence[str] | None
-    sparse_max: Mapping[str, int] | None
-    sparse_as_dense: bool
-    sparse_pad: float
+__all__ = ["LOADER_KEYWORDS", "BatchIterator", "Loader", "LoaderOptions"]
 
 
-LOADER_KEYWORDS = tuple(LoaderOptions.__annotations__)
-"""The names of [`LoaderOptions`][tabloader.LoaderOptions], for checking an adapter's keywords."""
+class _Position(_Options):
+    """Where a loader's epochs stand, its own: the epoch and seed the next ``iter()``
+    delivers, the epoch in progress, a loaded state to continue; saving and checking
+    states (see `tabloader.state`)."""
 
-STATE_FORMAT = 3
-"""Version of the dict [`Loader.state_dict`][tabloader.Loader.state_dict] returns. 2: the
-dataset fingerprint covers the files' contents (their footers), and the state names the
-tabloader version. 3: chunks are shuffled by a counter-based permutation (the same on a
-GPU), so a seed gives another order than before."""
-# The keys of a saved state: where the epoch stands, and what must match to resume it.
-STATE_FORMAT_KEY = "format"
-STATE_VERSION = "tabloader"
-STATE_EPOCH = "epoch"
-STATE_SEED = "seed"
-STATE_BATCHES = "batches"
-STATE_WORKER = "worker"
-STATE_NUM_WORKERS = "num_workers"
-STATE_DATASET = "dataset"
-STATE_OPTIONS = "options"
+    config: LoaderConfig
+    dataset: Dataset
+    _next: Cursor
+    _resume: Cursor | None
+    _live: EpochProgress | None
+
+    def num_batches(self, *, worker: int = 0, num_workers: int = 1) -> int:
+        """Batches one epoch delivers to this rank (or to one of its worker processes)."""
+        return self.config.batches_per_epoch(
+            self.dataset.num_rows, worker=worker, num_workers=num_workers
+        )
+
+    def __len__(self) -> int:
+        return self.num_batches()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` delivers."""
+        return self._next.epoch
+
+    @property
+    def seed(self) -> int:
+        """The seed of all randomness (drawn at construction when not given, or taken from
+        a loaded state)."""
+        return self._next.seed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
+        self._next = Cursor(int_at_least(epoch, 0, "epoch"), self.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, to continue exactly there after a restart.
+
+        A small JSON-serialisable dict: the epoch, the seed, the batches already handed
+        out in that epoch, and a fingerprint of the dataset and of the options that
+        decide the order of rows. Mid-epoch (an iterator that has not ended) it points
+        at the next batch of that epoch; otherwise at the start of the next epoch.
+        Batches read ahead in the background but not yet handed out do not count.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> table = pa.table({"x": list(range(10))})
+            >>> loader = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
+            >>> epoch = iter(loader)
+            >>> first = next(epoch)
+            >>> state = loader.state_dict()
+            >>> state["epoch"], state["batches"]
+            (0, 1)
+            >>> again = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
+            >>> again.load_state_dict(state)
+            >>> [b["x"].tolist() for b in again] == [b["x"].tolist() for b in epoch]
+            True
+        """
+        position = self._resume
+        if position is None and self._live is not None and not self._live.finished:
+            position = self._live.cursor
+        return (position or self._next).to_state(self.fingerprint())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from [`state_dict`][tabloader.Loader.state_dict]): the next
+        ``iter()`` delivers the rest of the saved epoch, bit-identical to the run that saved it, and
+        later epochs follow as they would have.
+
+        The dataset, columns and order-deciding options must be those of the saved run;
+        otherwise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] names what
+        differs. A loader created without ``seed`` takes the saved one.
+        """
+        cursor = self.resume_cursor(state)
+        self._resume = cursor
+        self._next = Cursor(cursor.epoch, cursor.seed)
+
+    def epoch_state(
+        self,
+        epoch: int,
+        batches: int,
+        *,
+        seed: int | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> dict[str, Any]:
+        """The state of ``batches`` batches delivered in ``epoch`` (see
+        [`state_dict`][tabloader.Loader.state_dict])."""
+        seed = self.seed if seed is None else seed
+        return Cursor(epoch, seed, batches, worker, num_workers).to_state(self.fingerprint())
+
+    def check_state(
+        self,
+        state: Mapping[str, Any],
+        *,
+        adopt_seed: bool | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> tuple[int, int, int]:
+        """``(epoch, batches, seed)`` of a saved state, checked against this loader (see
+        `resume_cursor`)."""
+        cursor = self.resume_cursor(state, adopt_seed=adopt_seed, share=(worker, num_workers))
+        return cursor.epoch, cursor.batches, cursor.seed
+
+    def resume_cursor(
+        self,
+        state: Mapping[str, Any],
+        *,
+        seed: int | None = None,
+        adopt_seed: bool | None = None,
+        share: tuple[int, int] = (0, 1),
+    ) -> Cursor:
+        """The position a saved state holds, checked against this loader: its data and
+        order-deciding options, ``seed`` (default: the loader's) and the worker share.
+
+        Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming the saved and
+        the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
+        refused (default: when this loader was created without ``seed``).
+        """
+        return Cursor.from_state(
+            state,
+            self.fingerprint(),
+            seed=self.seed if seed is None else seed,
+            adopt_seed=not self.config.seed_given if adopt_seed is None else adopt_seed,
+            share=share,
+            batches_in_epoch=self.num_batches(worker=share[0], num_workers=share[1]),
+        )
+
+    def fingerprint(self) -> Fingerprint:
+        """What a saved state must match to resume here: the dataset and the options that
+        decide the order of rows."""
+        return Fingerprint(dataset_fingerprint(self.dataset), self.config.order_options())
 
 
-@dataclass
-class EpochPosition:
-    """How far one epoch got: batches handed to the consumer, and whether it ended.
-
-    Shared between a [`BatchIterator`][tabloader.BatchIterator] and its loader, so the loader can
-    say where the epoch stands even after the iterator is gone.
-    """
-
-    epoch: int
-    batches: int
-    finished: bool = False
-
-
-class Loader:
+class Loader(_Position):
     """Shuffled batches of whole-column arrays from a parquet dataset, one epoch per ``iter()``.
 
     Every epoch delivers every row exactly once (per rank when sharded), in batches of
@@ -291,466 +318,86 @@ class Loader:
         dataset: Dataset | Any,
         *,
         batch_size: int,
-        cats: str | Sequence[str] | None = None,
-        conts: str | Sequence[str] | None = None,
-        labels: str | Sequence[str] | None = None,
-        shuffle: bool | Literal["global"] = False,
-        shuffle_within_batch: bool = True,
-        seed: int | None = None,
-        parts_per_chunk: int | None = None,
-        chunk_rows: int | None = None,
-        drop_last: bool = False,
-        global_rank: int | None = 0,
-        global_size: int | None = 1,
-        cat_dtype: Any = "int64",
-        cont_dtype: Any = "float32",
-        label_dtype: Any = "float32",
-        fill_null: float | Mapping[str, float] | None = None,
         layout: Literal["columns", "stacked"] = "columns",
-        prefetch: int = 1,
         device: str | int | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
-        cache: CacheMode | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_max_bytes: int | None = None,
-        cache_placement: CachePlacement = "auto",
-        sparse_names: str | Sequence[str] | None = None,
-        sparse_max: Mapping[str, int] | None = None,
-        sparse_as_dense: bool = False,
-        sparse_pad: float = 0,
-        cat_names: str | Sequence[str] | None = None,
-        cont_names: str | Sequence[str] | None = None,
-        label_names: str | Sequence[str] | None = None,
-        **unknown: Any,
+        **options: Unpack[LoaderOptions],
     ) -> None:
-        if unknown:
-            reject_unknown(unknown, keywords_of(Loader.__init__), "Loader")
-        self.batch_size = int_at_least(batch_size, 1, "batch_size")
-        # NVTabular's names (cat_names, ...) are accepted too, one spelling per option.
-        cats = one_spelling({"cats": cats, "cat_names": cat_names})
-        conts = one_spelling({"conts": conts, "cont_names": cont_names})
-        labels = one_spelling({"labels": labels, "label_names": label_names})
-        self.cats = column_names(cats, "cats")
-        self.conts = column_names(conts, "conts")
-        self.labels = column_names(labels, "labels")
-        self.sparse_names, self.sparse_max = self._list_options(
-            sparse_names, sparse_max, sparse_as_dense, sparse_pad
-        )
-        self.sparse_as_dense = bool(sparse_as_dense)
-        self.sparse_pad = sparse_pad
-        columns = self.cats + self.conts + self.labels
-        if not columns:
-            raise InvalidArgumentError(
-                "no columns selected: pass at least one of cats=, conts=, labels="
-            )
-        repeated = sorted({c for c in columns if columns.count(c) > 1})
-        if repeated:
-            raise InvalidArgumentError(
-                f"column(s) {repeated} are listed more than once across cats/conts/labels"
-            )
-        if parts_per_chunk is not None and chunk_rows is not None:
-            raise InvalidArgumentError("give parts_per_chunk or chunk_rows, not both")
-        self.parts_per_chunk = optional_positive(parts_per_chunk, "parts_per_chunk")
-        chunk_rows = optional_positive(chunk_rows, "chunk_rows")
-        self.prefetch = int_at_least(prefetch, 1, "prefetch")
-        # None (an adapter's "not given") is the default: rank 0 of 1.
-        global_rank = 0 if global_rank is None else global_rank
-        global_size = 1 if global_size is None else global_size
-        self.global_size = int_at_least(global_size, 1, "global_size")
-        self.global_rank = int_at_least(global_rank, 0, "global_rank")
-        if self.global_rank >= self.global_size:
-            raise InvalidArgumentError(
-                f"global_rank must be in [0, {self.global_size}) for global_size="
-                f"{self.global_size}, got {global_rank!r}"
-            )
-        if layout not in ("columns", "stacked"):
-            raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
-        self.layout = layout
-        self.global_shuffle = isinstance(shuffle, str) and shuffle == "global"
-        """``shuffle="global"``: permute all of the rank's rows every epoch."""
-        if isinstance(shuffle, str) and not self.global_shuffle:
-            raise InvalidArgumentError(f"shuffle must be True, False or 'global', got {shuffle!r}")
-        self.shuffle = True if self.global_shuffle else flag(shuffle, "shuffle")
-        if cache not in (None, "memory", "disk"):
-            raise InvalidArgumentError(f"cache must be None, 'memory' or 'disk', got {cache!r}")
-        if self.global_shuffle and cache is None:
-            raise InvalidArgumentError(
-                "shuffle='global' permutes all of the rank's rows every epoch, which needs "
-                "random access to decoded rows: pass cache='memory' or cache='disk' too, or "
-                "use shuffle=True (partitions and rows within chunks)"
-            )
-        cache_max_bytes = optional_positive(cache_max_bytes, "cache_max_bytes")
-        self.shuffle_within_batch = flag(shuffle_within_batch, "shuffle_within_batch")
-        self.drop_last = flag(drop_last, "drop_last")
-        self._seed_given = seed is not None
-        if seed is None:
-            if self.shuffle and self.global_size > 1:
-                raise InvalidArgumentError(
-                    "with shuffle=True and global_size > 1, pass the same seed= on every rank: "
-                    "ranks derive their shards from it and would overlap otherwise"
-                )
-            self.seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        else:
-            self.seed = int_at_least(seed, 0, "seed")
+        reject_unknown(options, (*keywords_of(Loader.__init__), *LOADER_KEYWORDS), "Loader")
+        config = LoaderConfig.build(batch_size=batch_size, layout=layout, **options)
+        self.config = config
+        """The options, checked; each is also an attribute (``loader.cats``)."""
         if transform is not None and not callable(transform):
             raise InvalidArgumentError(f"transform must be callable, got {transform!r}")
         self.transform = transform
-        self.dtypes = {
-            **dict.fromkeys(self.cats, numeric_dtype(cat_dtype, "cat_dtype", integer=True)),
-            **dict.fromkeys(self.conts, numeric_dtype(cont_dtype, "cont_dtype", integer=False)),
-            **dict.fromkeys(self.labels, numeric_dtype(label_dtype, "label_dtype", integer=False)),
-        }
+        """Called on every batch in the background thread (see ``transform`` above)."""
         self.device: Device = resolve_device(device)
         """Where batches live, decided once here; adapters read it and never decide again."""
         self.backend: Backend = get_backend(self.device)
-        if cache_placement not in ("auto", "device", "host"):
-            raise InvalidArgumentError(
-                f"cache_placement must be 'auto', 'device' or 'host', got {cache_placement!r}"
-            )
-        if cache_placement == "device" and not self.device.is_cuda:
-            raise InvalidArgumentError(
-                f"cache_placement='device' keeps the cache in GPU memory, and device="
-                f"{self.device} is the CPU. Pass device='cuda', or leave cache_placement out"
-            )
-
-        self._check_pad()
+        config.check_device(self.device)
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
-        types = self.dataset.column_types(columns)
-        self._check_types(types)
-        self.fill_null = self._fill_values(fill_null, types)
-        self._check_nulls()
-        self._range_checks = self._check_ranges(types)
+        self._range_checks = check_dataset(config, self.dataset, stacklevel=2).range_checks
         """Columns whose values are checked to fit their dtype when read (see
         `tabloader.casting`): the footers could not vouch for them."""
-        self.layout_plan = self._layout(stacked=layout == "stacked")
-        row_bytes = sum(d.itemsize for d in self.dtypes.values())
-        if self.parts_per_chunk is None and chunk_rows is None:
-            chunk_rows = max(self.batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
-        self.chunk_rows = chunk_rows
-        self.epoch = 0
-        self._position: EpochPosition | None = None  # of the epoch iter() last started
-        self._resume: EpochPosition | None = None  # where the next iter() starts
+        self.layout_plan = self._layout(config.layout == "stacked")
+        self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
+        self._resume: Cursor | None = None  # where the next iter() starts, once loaded
+        self._live: EpochProgress | None = None  # of the epoch iter() last started
         self._stats = StatsRecorder()
-        self._check_size()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
-        self._cache_stacked = layout == "stacked" or (self.shuffle and not self.device.is_cuda)
-        """Whether a cache stores a block per kind (shuffled rows are gathered on the
-        host: stored row-major per kind, a row is a few cache lines rather than one random
-        access per column), or the layout's blocks (on a GPU a gather costs the same
-        either way, and the cache then holds the blocks batches are cut from)."""
-        if cache_dir is not None:
-            cache_directory(cache_dir)  # a path, or a clear error whatever ``cache``
-        if cache is not None:
-            self._new_cache = partial(
-                DecodedCache,
-                cache,
-                fill_null=self.fill_null,
-                global_rank=self.global_rank,
-                global_size=self.global_size,
-                cache_dir=cache_dir,
-                max_bytes=cache_max_bytes,
-                placement=cache_placement,
-            )
+        # A cache stores a block per kind when shuffled rows are gathered from it on the
+        # host (a row is then a few cache lines rather than one random access per column),
+        # else the layout's blocks (on a GPU a gather costs the same either way, and the
+        # cache then holds the blocks batches are cut from).
+        self._cache_stacked = config.layout == "stacked" or (
+            config.shuffle and not self.device.is_cuda
+        )
+        if config.cache_mode is not None:
             self.cache = self._cache_for(self.dataset)
 
-    def _layout(self, *, stacked: bool) -> Layout:
-        """How columns are grouped into blocks (``stacked``: one per kind), list columns
-        each a ragged block of its own, each block told which columns to check."""
-        scalar = {
-            kind: tuple(c for c in names if c not in self.sparse_names)
-            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
-        }
-        built = Layout.build(
-            scalar, self.dtypes, stacked=stacked, grouped=self.backend.groups_columns
-        )
-        if self.sparse_names:
-            built = built.with_lists(self.sparse_names, self.dtypes)
-        return checked_layout(built, self._range_checks)
+    def _layout(self, stacked: bool) -> Layout:
+        grouped = self.backend.groups_columns
+        return self.config.block_layout(stacked=stacked, grouped=grouped, checks=self._range_checks)
 
     def _cache_for(self, dataset: Dataset) -> DecodedCache:
-        return self._new_cache(
+        config = self.config
+        assert config.cache_mode is not None  # a loader with a cache
+        return DecodedCache(
+            config.cache_mode,
             dataset=dataset,
-            blocks=self._layout(stacked=self._cache_stacked).blocks,
+            blocks=self._layout(self._cache_stacked).blocks,
             layout=self.layout_plan,
+            fill_null=config.fill_null,
+            global_rank=config.global_rank,
+            global_size=config.global_size,
+            cache_dir=config.cache_dir,
+            max_bytes=config.cache_max_bytes,
+            placement=config.cache_placement,
         )
 
-    # -- validation ---------------------------------------------------------------
-
-    def _dtype_option(self, name: str) -> str:
-        """The option that chose column ``name``'s delivered dtype."""
-        return (
-            "cat_dtype"
-            if name in self.cats
-            else "cont_dtype"
-            if name in self.conts
-            else "label_dtype"
-        )
-
-    def _check_pad(self) -> None:
-        """``sparse_pad`` must fit every dense list column's dtype (it is delivered)."""
-        if not self.sparse_as_dense:
-            return
-        for name in self.sparse_names:
-            dtype = self.dtypes[name]
-            if not fits(self.sparse_pad, dtype):
-                raise InvalidArgumentError(
-                    f"sparse_pad is {self.sparse_pad!r}, which does not fit "
-                    f"{self._dtype_option(name)}={dtype} of the list column {name!r} "
-                    f"({describe_range(dtype)}). Pass a sparse_pad that fits, such as 0"
-                )
-
-    def _check_ranges(self, types: Mapping[str, pa.DataType]) -> frozenset[str]:
-        """The columns to check when read; raises
-        [`ValueRangeError`][tabloader.errors.ValueRangeError] when a footer's statistics show a
-        value that does not fit the column's delivered dtype.
-
-        A column whose stored type fits its dtype needs no check; otherwise every row
-        group's statistics must fit it, and the column is checked as it is read where
-        they are missing or cannot tell (an infinite bound, a float delivered as an
-        integer).
-        """
-        checks = set()
-        for name, kind in types.items():
-            target, source = self.dtypes[name], stored_dtype(kind)
-            if lossless(source, target):
-                continue
-            ranges = self.dataset.value_ranges(name)
-            for partition, extremes in enumerate(ranges):
-                for value in extremes or ():
-                    if not fits(value, target):
-                        raise ValueRangeError(
-                            misfit_message(
-                                name,
-                                value,
-                                target,
-                                where=self.dataset.describe_partition(partition),
-                                option=self._dtype_option(name),
-                            )
-                        )
-            if (source.kind == "f" and target.kind in "iu") or not all(map(bounded, ranges)):
-                checks.add(name)
-        return frozenset(checks)
-
-    def _list_options(
-        self,
-        sparse_names: str | Sequence[str] | None,
-        sparse_max: Mapping[str, int] | None,
-        sparse_as_dense: object,
-        sparse_pad: object,
-    ) -> tuple[tuple[str, ...], dict[str, int]]:
-        names = column_names(sparse_names, "sparse_names")
-        flag(sparse_as_dense, "sparse_as_dense")
-        if not is_number(sparse_pad):
-            raise InvalidArgumentError(f"sparse_pad must be a number, got {sparse_pad!r}")
-        labelled = [n for n in names if n in self.labels]
-        if labelled:
-            raise InvalidArgumentError(
-                f"list column(s) {labelled} are listed in labels; labels must be scalar "
-                "columns. Leave them out of sparse_names or labels"
-            )
-        # A list column named only in sparse_names is categorical (NVTabular's use).
-        self.cats += tuple(n for n in names if n not in self.cats and n not in self.conts)
-        if sparse_max is not None and not isinstance(sparse_max, Mapping):
-            raise InvalidArgumentError(
-                f"sparse_max must be a mapping {{column: max values per row}}, got {sparse_max!r}"
-            )
-        widths = dict(sparse_max or {})
-        unknown = sorted(set(widths) - set(names))
-        if unknown:
-            raise InvalidArgumentError(
-                f"sparse_max names {unknown}, which are not in sparse_names {list(names)}"
-            )
-        for name, width in widths.items():
-            widths[name] = int_at_least(width, 1, f"sparse_max[{name!r}]")
-        missing = [n for n in names if n not in widths]
-        if sparse_as_dense and missing:
-            raise InvalidArgumentError(
-                f"sparse_as_dense=True pads every list column to sparse_max[name] values, but "
-                f"sparse_max has no entry for {missing}. Pass sparse_max={{{missing[0]!r}: "
-                "<longest list>, ...}"
-            )
-        return names, widths
-
-    def _check_types(self, types: Mapping[str, pa.DataType]) -> None:
-        where = self.dataset.files[0] if self.dataset.files else "the table"
-        for name, t in types.items():
-            is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
-            if name in self.sparse_names:
-                value = getattr(t, "value_type", None)
-                numeric = value is not None and (
-                    pa.types.is_integer(value)
-                    or pa.types.is_boolean(value)
-                    or (pa.types.is_floating(value) and name in self.conts)
-                )
-                if not numeric:
-                    kind = "integer ids" if name in self.cats else "numbers"
-                    raise ColumnTypeError(
-                        f"list column {name!r} is {t} in {where}; sparse_names must be lists of "
-                        f"{kind} (list<int64>, for example)"
-                        + ("" if is_list else ". Leave it out of sparse_names")
-                    )
-                continue
-            if is_list:
-                raise ColumnTypeError(
-                    f"column {name!r} is {t} in {where}, a list column: name it in "
-                    f"sparse_names=[{name!r}] to read it as values + offsets (or padded)"
-                )
-            if name in self.cats:
-                if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
-                    raise ColumnTypeError(
-                        f"categorical column {name!r} is {t} in {where}; cats must hold integer "
-                        "ids. Encode it as integers first (for example with pandas factorize or "
-                        "NVTabular Categorify), or list it under conts"
-                    )
-            elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-                kind = "label" if name in self.labels else "continuous column"
-                raise ColumnTypeError(
-                    f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
-                    "(integer, floating point or boolean). Convert it, or leave it out"
-                )
-
-    def _fill_values(
-        self, fill_null: float | Mapping[str, float] | None, types: Mapping[str, pa.DataType]
-    ) -> dict[str, float]:
-        if fill_null is None:
-            return {}
-        if isinstance(fill_null, Mapping):
-            unknown = sorted(set(fill_null) - set(types))
-            if unknown:
-                raise InvalidArgumentError(
-                    f"fill_null names {unknown}, which are not in cats/conts/labels"
-                )
-            values = dict(fill_null)
-        else:
-            values = dict.fromkeys(types, fill_null)
-        for name, value in values.items():
-            if not is_number(value):
-                raise InvalidArgumentError(
-                    f"fill_null for {name!r} must be a number, got {value!r}"
-                )
-            # Nulls are filled in the stored type, then delivered: the value must fit both.
-            stored, delivered = stored_dtype(types[name]), self.dtypes[name]
-            if not fits(value, stored):
-                whole = "a whole number" if stored.kind in "iub" else "a number"
-                raise InvalidArgumentError(
-                    f"fill_null for {name!r} must be {whole} that fits {stored}, the "
-                    f"type the column is stored as ({describe_range(stored)}), got {value!r}"
-                )
-            if not fits(value, delivered):
-                option = self._dtype_option(name)
-                raise InvalidArgumentError(
-                    f"fill_null for {name!r} is {value!r}, which does not fit {option}="
-                    f"{delivered} ({describe_range(delivered)}). Pass a fill value that fits, "
-                    f"or another {option}"
-                )
-        return values
-
-    def _check_nulls(self) -> None:
-        for name in self.dtypes:
-            if name in self.fill_null or name in self.sparse_names:
-                continue  # null lists are empty lists; nulls inside raise when read
-            flags = self.dataset.null_partitions(name)
-            bad = np.flatnonzero(flags == 1)
-            if len(bad):
-                more = f" and {len(bad) - 1} more partition(s)" if len(bad) > 1 else ""
-                raise NullValuesError(
-                    f"column {name!r} has null values in "
-                    f"{self.dataset.describe_partition(int(bad[0]))}{more}. Fill them in the "
-                    f"data, or pass fill_null={{{name!r}: 0}} (any number) to the loader"
-                )
-
-    def _check_size(self) -> None:
-        if self.dataset.num_rows == 0:
-            raise EmptyDatasetError("the dataset has no rows")
-        if len(self) == 0:
-            lo, hi = rank_rows(
-                self.dataset.num_rows, global_rank=self.global_rank, global_size=self.global_size
-            )
-            # torch's convention (DataLoader with drop_last=True over too few samples):
-            # the loader is empty, not an error.
-            why, remedy = (
-                (
-                    f", fewer than batch_size={self.batch_size} with drop_last=True",
-                    "Lower batch_size or set drop_last=False",
-                )
-                if self.drop_last
-                else ("", "Use fewer ranks")
-            )
-            warnings.warn(
-                f"this loader yields no batch: rank {self.global_rank} of "
-                f"{self.global_size} gets {hi - lo} of {self.dataset.num_rows} rows{why}, "
-                f"so len(loader) == 0 and every epoch is empty. {remedy}",
-                EmptyEpochWarning,
-                stacklevel=3,
-            )
-        parts = self.dataset.num_partitions
-        if self.global_size > parts:
-            warnings.warn(
-                f"{self.global_size} ranks share {parts} partitions: every rank decodes whole "
-                "row groups to use a fraction of them. Write more, smaller row groups",
-                PerformanceWarning,
-                stacklevel=3,
-            )
-        median = small_row_groups(self.dataset.partition_rows)
-        if median is not None:
-            warnings.warn(
-                f"row groups hold {median:,.0f} rows (median); reading is slow below "
-                f"{SMALL_ROW_GROUP_ROWS:,} rows per row group. Rewrite the files with a "
-                "row_group_size of 64k to 1M rows",
-                PerformanceWarning,
-                stacklevel=3,
-            )
-
-    # -- planning -----------------------------------------------------------------
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """All delivered columns: cats, then conts, then labels."""
-        return self.cats + self.conts + self.labels
-
-    def num_batches(self, *, worker: int = 0, num_workers: int = 1) -> int:
-        """Batches one epoch delivers to this rank (or to one of its worker processes)."""
-        lo, hi = rank_rows(
-            self.dataset.num_rows, global_rank=self.global_rank, global_size=self.global_size
-        )
-        first, last = worker_row_range(
-            hi - lo,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            worker=worker,
-            num_workers=num_workers,
-        )
-        return count_batches(last - first, self.batch_size, drop_last=self.drop_last)
-
-    def __len__(self) -> int:
-        return self.num_batches()
-
-    def plan(self, epoch: int, *, worker: int = 0, num_workers: int = 1) -> EpochPlan:
-        """The epoch plan this loader follows (see [`tabloader.plan`][tabloader.plan])."""
+    def plan(
+        self, epoch: int, *, worker: int = 0, num_workers: int = 1, seed: int | None = None
+    ) -> EpochPlan:
+        """The epoch plan this loader follows (see [`tabloader.plan`][tabloader.plan]);
+        ``seed`` defaults to the loader's."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
         plan_for: Callable[..., EpochPlan] = plan_epoch
-        shuffle: bool | Literal["global"] = self.shuffle
+        shuffle: bool | Literal["global"] = self.config.shuffle
         if self.cache is not None:
             # Without a usable cache, "global" streams with shuffle=True's chunks.
-            global_shuffle = self.global_shuffle and self.cache.usable
-            plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else self.shuffle
+            global_shuffle = self.config.global_shuffle and self.cache.usable
+            plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else shuffle
         return plan_for(
             self.dataset.partition_rows,
             shuffle=shuffle,
-            seed=self.seed,
+            seed=self.seed if seed is None else seed,
             epoch=epoch,
             worker=worker,
             num_workers=num_workers,
-            **self._plan_options(),
+            **self.config.plan_options(),
         )
-
-    # -- iteration ----------------------------------------------------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
-        self.epoch = int_at_least(epoch, 0, "epoch")
 
     def __iter__(self) -> BatchIterator:
         """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one.
@@ -758,232 +405,61 @@ class Loader:
         After [`load_state_dict`][tabloader.Loader.load_state_dict], the first ``iter()`` continues
         the saved epoch.
         """
-        epoch, start = self.epoch, 0
-        if self._resume is not None:
-            epoch, start = self._resume.epoch, self._resume.batches
-            self._resume = None
-        iterator = self.iter_epoch(epoch, start_batch=start)
-        self._position = iterator.position
-        self.epoch = epoch + 1
+        start = self._next if self._resume is None else self._resume
+        self._resume = None
+        iterator = self.iter_epoch(start)
+        self._live = iterator.progress
+        self._next = Cursor(start.epoch, start.seed).next_epoch()
         return iterator
 
     def iter_epoch(
-        self, epoch: int, *, worker: int = 0, num_workers: int = 1, start_batch: int = 0
+        self,
+        epoch: int | Cursor,
+        *,
+        worker: int = 0,
+        num_workers: int = 1,
+        start_batch: int = 0,
     ) -> BatchIterator:
         """Iterate over one epoch, or one worker process's share of it, without advancing.
 
-        ``start_batch`` skips that many leading batches of the share: the chunks they
-        fill are not read, and the batches that follow are those an iteration from the
-        start would deliver.
+        ``epoch`` is the epoch's number (shuffled with the loader's seed), or a
+        `tabloader.state.Cursor` saying the epoch, seed, worker share and batches
+        already delivered (the keywords then stay at their defaults). ``start_batch``
+        skips that many leading batches of the share: the chunks they fill are not
+        read, and the batches that follow are those an iteration from the start would
+        deliver.
         """
+        cursor = (
+            epoch
+            if isinstance(epoch, Cursor)
+            else Cursor(epoch, self.seed, start_batch, worker, num_workers)
+        )
+        epoch, (worker, num_workers), start_batch = cursor.epoch, cursor.share, cursor.batches
         self.refresh(epoch)
         backend = self.backend
         if self.cache is not None:  # from the cache, into the cache, or (too big) streamed
             backend = self.cache.epoch_backend(self.backend, self._stats)
-        plan = self.plan(epoch, worker=worker, num_workers=num_workers)
+        plan = self.plan(epoch, worker=worker, num_workers=num_workers, seed=cursor.seed)
         if not 0 <= start_batch <= plan.num_batches:
             raise InvalidArgumentError(
                 f"start_batch must be in [0, {plan.num_batches}] (the batches of epoch "
                 f"{epoch} for worker {worker} of {num_workers}), got {start_batch!r}"
             )
         plan = plan.resume(start_batch)
-        stop = threading.Event()  # the batcher stage's own, set when the consumer closes
         make_batches = partial(
-            _batch_stream,
+            batch_stream,
             dataset=self.dataset,
             backend=backend,
             plan=plan,
             layout=self.layout_plan,
-            fill_null=self.fill_null,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            transform=self._list_output(self.transform),
-            prefetch=self.prefetch,
+            fill_null=self.config.fill_null,
+            batch_size=self.config.batch_size,
+            drop_last=self.config.drop_last,
+            transform=self.config.delivered(self.transform),
+            prefetch=self.config.prefetch,
             stats=self._stats,
-            stop=stop,
         )
-        stage = Prefetcher(
-            make_batches, depth=BATCH_QUEUE_DEPTH, name="tabloader-batcher", stop=stop
-        )
-        return BatchIterator(
-            stage, plan.num_batches, self._stats, position=EpochPosition(epoch, start_batch)
-        )
-
-    def _list_output(
-        self, transform: Callable[[dict[str, Any]], Any] | None
-    ) -> Callable[[dict[str, Any]], Any] | None:
-        """``transform`` after list columns take their delivered form."""
-        if not self.sparse_names:
-            return transform
-        finish = partial(
-            lists_as_output,
-            dense=self.sparse_max if self.sparse_as_dense else None,
-            pad=self.sparse_pad,
-        )
-        if transform is None:
-            return finish
-        return lambda batch: transform(finish(batch))
-
-    # -- resuming -----------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands, to continue exactly there after a restart.
-
-        A small JSON-serialisable dict: the epoch, the seed, the batches already handed
-        out in that epoch, and a fingerprint of the dataset and of the options that
-        decide the order of rows. Mid-epoch (an iterator that has not ended) it points
-        at the next batch of that epoch; otherwise at the start of the next epoch.
-        Batches read ahead in the background but not yet handed out do not count.
-
-        Examples:
-            >>> import pyarrow as pa, tabloader
-            >>> table = pa.table({"x": list(range(10))})
-            >>> loader = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
-            >>> epoch = iter(loader)
-            >>> first = next(epoch)
-            >>> state = loader.state_dict()
-            >>> state["epoch"], state["batches"]
-            (0, 1)
-            >>> again = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
-            >>> again.load_state_dict(state)
-            >>> [b["x"].tolist() for b in again] == [b["x"].tolist() for b in epoch]
-            True
-        """
-        position = self._resume
-        if position is None and self._position is not None and not self._position.finished:
-            position = self._position
-        if position is None:
-            position = EpochPosition(self.epoch, 0)
-        return self.epoch_state(position.epoch, position.batches)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from [`state_dict`][tabloader.Loader.state_dict]): the next
-        ``iter()`` delivers the rest of the saved epoch, bit-identical to the run that saved it, and
-        later epochs follow as they would have.
-
-        The dataset, columns and order-deciding options must be those of the saved run;
-        otherwise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] names what
-        differs. A loader created without ``seed`` takes the saved one.
-        """
-        epoch, batches, seed = self.check_state(state, adopt_seed=not self._seed_given)
-        self.seed = seed
-        self._resume = EpochPosition(epoch, batches)
-        self.epoch = epoch
-
-    def epoch_state(
-        self,
-        epoch: int,
-        batches: int,
-        *,
-        seed: int | None = None,
-        worker: int = 0,
-        num_workers: int = 1,
-    ) -> dict[str, Any]:
-        """The state of ``batches`` batches delivered in ``epoch`` (see
-        [`state_dict`][tabloader.Loader.state_dict]); the building block of the framework
-        adapters' ``state_dict``."""
-        return {
-            STATE_FORMAT_KEY: STATE_FORMAT,
-            STATE_VERSION: _version(),
-            STATE_EPOCH: int(epoch),
-            STATE_SEED: int(self.seed if seed is None else seed),
-            STATE_BATCHES: int(batches),
-            STATE_WORKER: int(worker),
-            STATE_NUM_WORKERS: int(num_workers),
-            STATE_DATASET: self._dataset_fingerprint(),
-            STATE_OPTIONS: self._order_options(),
-        }
-
-    def check_state(
-        self,
-        state: Mapping[str, Any],
-        *,
-        adopt_seed: bool | None = None,
-        worker: int = 0,
-        num_workers: int = 1,
-    ) -> tuple[int, int, int]:
-        """``(epoch, batches, seed)`` of a saved state, checked against this loader.
-
-        Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming the saved and
-        the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
-        refused (default: when this loader was created without ``seed``).
-        """
-        if adopt_seed is None:
-            adopt_seed = not self._seed_given
-        _check_state_shape(state)
-        differences = []
-        saved_dataset, dataset = state[STATE_DATASET], self._dataset_fingerprint()
-        if saved_dataset != dataset:
-            differences.append(
-                f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
-                f"{_describe_fingerprint(dataset)})"
-            )
-        saved_options = state[STATE_OPTIONS]
-        for name, value in self._order_options().items():
-            if saved_options.get(name) != value:
-                differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
-        for name, value in ((STATE_WORKER, worker), (STATE_NUM_WORKERS, num_workers)):
-            if state.get(name, 0 if name == STATE_WORKER else 1) != value:
-                differences.append(f"{name} (saved: {state.get(name)!r}; now: {value!r})")
-        seed = state[STATE_SEED]
-        if not adopt_seed and seed != self.seed:
-            differences.append(f"seed (saved: {seed!r}; now: {self.seed!r})")
-        if differences:
-            raise InvalidArgumentError(
-                "cannot resume from this state: it was saved by a loader with a different "
-                + ", ".join(differences)
-                + ". Resume with the same data and options as the run that saved it"
-            )
-        epoch = int_at_least(state[STATE_EPOCH], 0, "the state's epoch")
-        batches = int_at_least(state[STATE_BATCHES], 0, "the state's batches")
-        total = self.num_batches(worker=worker, num_workers=num_workers)
-        if batches > total:
-            raise InvalidArgumentError(
-                f"the state says {batches} batches of epoch {epoch} were delivered, but an "
-                f"epoch has {total} here; was it saved by another version of the data?"
-            )
-        return epoch, batches, int_at_least(seed, 0, "the state's seed")
-
-    def _dataset_fingerprint(self) -> dict[str, Any]:
-        """What must match to resume: the files' names (not where they are, so a run
-        resumes on a copy of the data), row counts and footer digests (which their
-        contents decide), or for an in-memory source its row counts and schema."""
-        rows = self.dataset.partition_rows.tolist()
-        names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in self.dataset.files]
-        contents = [f["footer"] for f in self.dataset.file_identities()]
-        if not names:
-            contents = [str(self.dataset.schema)]
-        text = json.dumps([names, rows, contents])
-        return {
-            "files": len(names),
-            "partitions": len(rows),
-            "rows": int(sum(rows)),
-            "digest": hashlib.sha256(text.encode()).hexdigest()[:16],
-        }
-
-    def _plan_options(self) -> dict[str, Any]:
-        """The options that shape every epoch's plan, as the planners take them."""
-        return {
-            "batch_size": self.batch_size,
-            "shuffle_within_batch": self.shuffle_within_batch,
-            "drop_last": self.drop_last,
-            "global_rank": self.global_rank,
-            "global_size": self.global_size,
-            "parts_per_chunk": self.parts_per_chunk,
-            "chunk_rows": self.chunk_rows,
-        }
-
-    def _order_options(self) -> dict[str, Any]:
-        """What decides the batches of a saved state, besides the seed and the dataset."""
-        return {
-            "cats": list(self.cats),
-            "conts": list(self.conts),
-            "labels": list(self.labels),
-            "shuffle": "global" if self.global_shuffle else self.shuffle,
-            # With a cache every rank keeps a fixed share: another order than streaming.
-            "cache": self.cache is not None,
-            **self._plan_options(),
-        }
+        return BatchIterator(batches_ahead(make_batches), plan.num_batches, self._stats, cursor)
 
     def stats(self) -> LoaderStats:
         """Counters and timings since the loader was created (see
@@ -999,12 +475,8 @@ class Loader:
         rank: under torch.distributed, rank 0's listing is broadcast).
         """
         if self.dataset.refresh(epoch=epoch):
-            types = self.dataset.column_types(self.columns)
-            self._check_types(types)
-            self._check_nulls()
-            self._range_checks = self._check_ranges(types)
+            self._range_checks = check_dataset(self.config, self.dataset, stacklevel=2).range_checks
             self.layout_plan = checked_layout(self.layout_plan, self._range_checks)
-            self._check_size()
             if self.cache is not None:
                 # Other files, or other contents: a cache keyed by them, filled by this
                 # epoch's reads (the files are decoded again); the old one's directory goes.
@@ -1012,11 +484,26 @@ class Loader:
                 self.cache = self._cache_for(self.dataset)
 
     def __repr__(self) -> str:
+        config = self.config
         return (
-            f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-            f"columns={len(self.columns)}, rank={self.global_rank}/{self.global_size}, "
+            f"Loader({self.dataset!r}, batch_size={config.batch_size}, shuffle={config.shuffle}, "
+            f"columns={len(config.columns)}, rank={config.global_rank}/{config.global_size}, "
             f"device={self.device})"
         )
+
+
+class EpochProgress:
+    """How far one epoch's iterator got: the batches it handed out after its start, and
+    whether it ended. Its `BatchIterator` is its only writer."""
+
+    def __init__(self, start: Cursor) -> None:
+        self.start = start
+        self.served = 0
+        self.finished = False
+
+    @property
+    def cursor(self) -> Cursor:
+        return self.start.at(self.start.batches + self.served)
 
 
 class BatchIterator:
@@ -1030,16 +517,31 @@ class BatchIterator:
         stage: Prefetcher[tuple[int, Any]],
         num_batches: int,
         stats: StatsRecorder,
-        *,
-        position: EpochPosition | None = None,
+        start: Cursor,
     ):
         self._stage = stage
         self._remaining = num_batches
         self._stats = stats
         self._started: float | None = None
-        self.position = position if position is not None else EpochPosition(0, 0)
-        """The epoch and the batches of it handed out so far (counting any skipped on
-        resume)."""
+        self.progress = EpochProgress(start)
+        """How far this epoch got; written by this iterator only, and kept by its loader
+        to say where the epoch stands after the iterator is gone."""
+
+    @property
+    def cursor(self) -> Cursor:
+        """Where this epoch stands: its epoch, seed and worker share, and the batches of it
+        handed out so far (counting any skipped on resume)."""
+        return self.progress.cursor
+
+    @property
+    def position(self) -> Cursor:
+        """The same as `cursor`."""
+        return self.progress.cursor
+
+    @property
+    def finished(self) -> bool:
+        """Whether the epoch ended (its last batch was handed out and asked past)."""
+        return self.progress.finished
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -1054,7 +556,7 @@ class BatchIterator:
         try:
             rows, batch = next(self._stage)
         except StopIteration:
-            self.position.finished = True
+            self.progress.finished = True
             self._finish()
             release_arrow_memory()  # the epoch's threads have ended
             raise
@@ -1065,7 +567,7 @@ class BatchIterator:
         self._stats.rows += rows
         self._stats.batches += 1
         self._remaining -= 1
-        self.position.batches += 1
+        self.progress.served += 1
         return batch
 
     def _finish(self) -> None:
@@ -1093,148 +595,3 @@ class BatchIterator:
     def threads(self) -> list[threading.Thread]:
         """The background thread serving this iterator (for tests and debugging)."""
         return [self._stage.thread]
-
-
-def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[list[Part]]:
-    """Reader thread: each planned chunk, as parts in delivery order."""
-    for parts in backend.read_chunks(request):
-        request.stats.chunks += 1
-        yield parts
-
-
-def _batch_stream(
-    *,
-    dataset: Dataset,
-    backend: Backend,
-    plan: EpochPlan,
-    layout: Layout,
-    fill_null: Mapping[str, float],
-    batch_size: int,
-    drop_last: bool,
-    transform: Callable[[dict[str, Any]], Any] | None,
-    prefetch: int,
-    stats: StatsRecorder,
-    stop: threading.Event,
-) -> Iterator[tuple[int, Any]]:
-    """Batcher thread: shuffle each chunk, cut batches, transform them."""
-    waiting = threading.Event()  # set while the batcher waits for a chunk
-    request = ReadRequest(
-        dataset, plan, layout.blocks, fill_null, stats, chunks_ahead=prefetch,
-        consumer_waiting=waiting,
-    )  # fmt: skip
-    chunks = Prefetcher(
-        partial(_read_chunks, backend, request),
-        depth=prefetch,
-        name="tabloader-reader",
-        linked=stop,
-        starved=waiting,
-    )
-    upstream_wait = 0.0
-
-    def parts() -> Iterator[Part]:
-        nonlocal upstream_wait
-        while True:
-            started = time.perf_counter()
-            chunk = next(chunks, None)
-            upstream_wait += time.perf_counter() - started
-            if chunk is None:
-                return
-            while chunk:
-                yield chunk.pop(0)
-
-    delivered = 0
-    batches = cut_batches(
-        drop_leading_rows(parts(), plan.drop_rows),
-        batch_size=batch_size,
-        drop_last=drop_last,
-        layout=layout,
-        xp=backend.xp,
-    )
-    # The backend's device, stream and allocator in this thread: a batch's gathers, the
-    # epoch's last (detached) batch and the tensors a transform makes land on its device.
-    with backend.scope():
-        try:
-            while True:
-                started, waited = time.perf_counter(), upstream_wait
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                if delivered == plan.num_batches - 1:
-                    batch = detached(batch)  # lets go of the last chunk when the epoch ends
-                rows = int(next(iter(batch.values())).shape[0])
-                result = batch if transform is None else transform(batch)
-                # On a GPU: the consumer's work is ordered after the batch's (no host wait).
-                backend.xp.hand_over()
-                stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
-                yield rows, result
-                delivered += 1
-        finally:
-            chunks.close()
-    if delivered != plan.num_batches and not stop.is_set():
-        raise TabloaderError(
-            f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
-            "please report this with the dataset's partition sizes"
-        )
-
-
-def _version() -> str:
-    import tabloader
-
-    return str(getattr(tabloader, "__version__", "unknown"))
-
-
-def _check_state_shape(state: object) -> None:
-    """Raise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] unless ``state`` is a
-    state dict this version of tabloader reads, saying what it is instead."""
-    keys = (STATE_FORMAT_KEY, STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_DATASET)
-    if not isinstance(state, Mapping) or any(k not in state for k in keys):
-        raise InvalidArgumentError(
-            f"not a tabloader loader state (a dict from Loader.state_dict() with keys "
-            f"{', '.join(keys)}, ...), got {_short(state)}"
-        )
-    found, version = state[STATE_FORMAT_KEY], state.get(STATE_VERSION)
-    if found != STATE_FORMAT:
-        by = f"tabloader {version}" if isinstance(version, str) else "another tabloader version"
-        if isinstance(found, int) and not isinstance(found, bool) and found < STATE_FORMAT:
-            why = (
-                f"it was saved by {by} (state format {found}), whose dataset fingerprint "
-                "did not cover the files' contents, so it cannot tell whether the data is "
-                "the same"
-                if found < 2
-                else f"it was saved by {by} (state format {found}), which shuffled chunks "
-                "in another order: the rest of its epoch would not be the batches it left"
-            )
-        else:
-            why = f"it has state format {found!r} (saved by {by})"
-        raise InvalidArgumentError(
-            f"cannot resume from this state: {why}; this version of tabloader "
-            f"({_version()}) reads format {STATE_FORMAT}. Resume from a state saved by this "
-            f"version, or start over at its epoch (loader.set_epoch({state.get(STATE_EPOCH)!r}))"
-        )
-    for name in (STATE_EPOCH, STATE_SEED, STATE_BATCHES, STATE_WORKER, STATE_NUM_WORKERS):
-        value = state.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidArgumentError(
-                f"not a tabloader loader state: its {name!r} must be an integer, got "
-                f"{_short(value)}"
-            )
-    for name in (STATE_DATASET, STATE_OPTIONS):
-        if not isinstance(state.get(name), Mapping):
-            raise InvalidArgumentError(
-                f"not a tabloader loader state: its {name!r} must be a dict (as "
-                f"Loader.state_dict() makes it), got {_short(state.get(name))}"
-            )
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _describe_fingerprint(fingerprint: object) -> str:
-    if not isinstance(fingerprint, Mapping):
-        return _short(fingerprint)
-    return (
-        f"{fingerprint.get('rows')} rows in {fingerprint.get('partitions')} partitions of "
-        f"{fingerprint.get('files')} files, digest {fingerprint.get('digest')}"
-    )

@@ -9,7 +9,6 @@ chunks from a fraction of *total* memory, as NVTabular's ``buffer_size`` does.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tabloader import _deps
 from tabloader.device import resolve_device
 from tabloader.errors import InvalidArgumentError
 
@@ -43,18 +43,10 @@ def total_memory_bytes(device: str | int | None = None) -> int:
     """Total memory of ``device``: host RAM for the CPU, device memory for a CUDA GPU."""
     resolved = resolve_device(device)
     if resolved.is_cuda:
-        try:
-            import cupy
-        except ImportError:
-            raise ImportError(
-                "reading GPU memory size needs cupy: pip install 'tabloader[gpu]'"
-            ) from None
+        cupy = _deps.require("cupy")
         return int(cupy.cuda.Device(resolved.index).mem_info[1])
-    try:
-        psutil = importlib.import_module("psutil")
-    except ImportError:
-        pass
-    else:
+    psutil = _deps.optional("psutil")
+    if psutil is not None:
         return int(psutil.virtual_memory().total)
     try:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
@@ -162,7 +154,7 @@ def gpu_total_mb(index: int) -> float | None:
     except Exception:
         pass
     try:
-        pynvml = importlib.import_module("pynvml")
+        pynvml = _deps.optional("pynvml")
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         return float(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / 2**20

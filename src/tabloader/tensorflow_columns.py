@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tabloader import _deps
 from tabloader.errors import InvalidArgumentError
 
 __all__ = ["feature_column_names"]
@@ -28,13 +29,11 @@ def feature_column_names(columns: Sequence[Any]) -> tuple[list[str], list[str]]:
         ... ])
         (['user', 'genre'], ['age'])
     """
-    try:
-        import tensorflow as tf
-    except ImportError:
-        raise ImportError(
-            "feature_columns needs TensorFlow: pip install 'tabloader[tensorflow]', or pass "
-            "the column names as cat_names=[...] and cont_names=[...]"
-        ) from None
+    tf = _deps.require(
+        "tensorflow",
+        what="feature_columns",
+        otherwise="pass the column names as cat_names=[...] and cont_names=[...]",
+    )
     if getattr(tf, "feature_column", None) is None:
         raise InvalidArgumentError(
             f"feature_columns needs tf.feature_column, which TensorFlow {tf.__version__} "

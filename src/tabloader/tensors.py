@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from tabloader import _deps
 from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.device import Device
 from tabloader.errors import InvalidArgumentError
@@ -264,7 +265,7 @@ class TensorflowTensors(Tensors):
     tensor_type = "tf.Tensor"
 
     def __init__(self) -> None:
-        self.tf = _require("tensorflow", "TensorFlow", "tensorflow")
+        self.tf = _deps.require("tensorflow", what="this")
 
     def tensor(self, array: Any) -> Any:
         return self.tf.experimental.dlpack.from_dlpack(array.__dlpack__())
@@ -297,7 +298,7 @@ class JaxTensors(Tensors):
     tensor_type = "jax.Array"
 
     def __init__(self) -> None:
-        self.jax = _require("jax", "JAX", "jax")
+        self.jax = _deps.require("jax", what="this")
         importlib.import_module("jax.dlpack")
 
     @property
@@ -344,7 +345,7 @@ class TorchTensors(Tensors):
     tensor_type = "torch.Tensor"
 
     def __init__(self) -> None:
-        self.torch = _require("torch", "PyTorch", "torch")
+        self.torch = _deps.require("torch", what="this")
 
     def tensor(self, array: Any) -> Any:
         if isinstance(array, np.ndarray):
@@ -387,13 +388,6 @@ def tensors_for(framework: str) -> Tensors:
             f"no tensors for framework {framework!r}: use one of {', '.join(makers)}"
         )
     return makers[framework]()
-
-
-def _require(module: str, name: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"this needs {name}: pip install 'tabloader[{extra}]'") from None
 
 
 def _ordinal(name: str) -> int:

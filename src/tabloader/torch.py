@@ -22,19 +22,22 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from tabloader import _deps
+
 try:
     import torch
     import torch.distributed
     import torch.utils.data
     import torch.utils.dlpack
 except ImportError:
-    raise ImportError("tabloader.torch needs PyTorch: pip install 'tabloader[torch]'") from None
+    raise _deps.missing("torch") from None
 
+from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
 from tabloader.epochs import EpochRun, IterableEpochs
 from tabloader.errors import InvalidArgumentError, TabloaderError
-from tabloader.loader import LOADER_KEYWORDS, Loader, LoaderOptions
+from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
 
 if TYPE_CHECKING:

@@ -9,40 +9,20 @@ seed gives the same batches everywhere.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tabloader.stages import ReadRequest
+
 if TYPE_CHECKING:
-    from tabloader.batches import Block, Part
-    from tabloader.dataset import Dataset
+    from tabloader.batches import Part
     from tabloader.device import Device
-    from tabloader.plan import EpochPlan
-    from tabloader.stats import StatsRecorder
 
 __all__ = ["Backend", "Piece", "ReadRequest", "get_backend"]
 
 Piece = tuple[int, int, int]
 """(partition index, first row, one past the last row) of a partition slice."""
-
-
-@dataclass(frozen=True)
-class ReadRequest:
-    """What `Backend.read_chunks` reads: an epoch's plan over a dataset."""
-
-    dataset: Dataset
-    plan: EpochPlan
-    blocks: Sequence[Block]
-    """The delivered blocks; each chunk's columns are cast to their dtypes."""
-    fill_null: Mapping[str, float]
-    """Replacement of nulls, per column."""
-    stats: StatsRecorder
-    chunks_ahead: int = 1
-    """Chunks the reader may lay out ahead of the one being cut into batches."""
-    consumer_waiting: threading.Event | None = None
-    """Set while the consumer of the chunks waits for one (see `Backend.read_chunks`)."""
 
 
 class Backend(Protocol):

@@ -23,7 +23,7 @@ from tabloader.batches import Ragged, empty_segment
 from tabloader.casting import check_block
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
-from tabloader.reader import Prefetcher, SplitWork, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -47,15 +47,13 @@ T = TypeVar("T")
 
 # Threads laying out decoded pieces (scattering a shuffled chunk's columns,
 # interleaving stacked blocks), the reader's included: alone, the reader was the
-# pipeline's slowest stage, and the decoder, one piece ahead, waited for it a quarter
-# of the time (2 cores).
+# pipeline's slowest stage (docs/performance.md, "Measured choices inside the loader").
 _LAYOUT_THREADS = 4
 # How often a reader waiting for an older chunk to be let go looks again.
 _ROOM_POLL_SECONDS = 0.002
 # Rows per step when interleaving columns into a row-major block: the rows being
-# written stay in the CPU's cache while each of the columns is copied in. Measured
-# (26 int64 columns): 1.06 ns a value at 16384 rows, 1.30 at 4096 (more calls, each
-# shorter), 1.21 for whole row groups.
+# written stay in the CPU's cache while each of the columns is copied in (the step was
+# measured: docs/performance.md, "Measured choices inside the loader").
 _BLOCK_ROWS = 16384
 
 
@@ -397,7 +395,8 @@ class CPUBackend:
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         plan, blocks, stats = request.plan, request.blocks, request.stats
-        decoded = decode_ahead(request, [c for b in blocks for c in b.columns])
+        columns = [c for b in blocks for c in b.columns]
+        decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
         places = drawn_ahead(plan, partial(_chunk_places, plan))
         held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
         work = SplitWork(min(_LAYOUT_THREADS, usable_cores()), name="tabloader-layout")
@@ -486,9 +485,9 @@ class CPUBackend:
         Some thousands of rows at a time are interleaved in a scratch block, then
         written out row by row: every row of ``out`` is written once, whole, where a
         column-by-column scatter would sweep all of ``out`` once per column. Each row
-        moves as one opaque item of its width (a quarter faster than numpy's copy of a
-        row of items, which sets up a strided copy per row); the whole stacked layout
-        then costs what the column layout's scatters cost.
+        moves as one opaque item of its width (faster than numpy's copy of a row of
+        items, which sets up a strided copy per row; see docs/performance.md); the whole
+        stacked layout then costs what the column layout's scatters cost.
         """
         step = _BLOCK_ROWS
         scratch = np.empty((min(step, len(rows)), len(arrays)), out.dtype)
@@ -534,24 +533,6 @@ class CPUBackend:
         return segment
 
 
-def decode_ahead(
-    request: ReadRequest, columns: Sequence[str], *, lists: bool = True
-) -> Prefetcher[dict[str, NDArray[Any]]]:
-    """The plan's pieces, each as ``columns`` decoded to numpy arrays, in plan order.
-
-    A decoder thread reads ahead, across chunk boundaries, while the caller lays out
-    the previous piece: pyarrow and numpy both release the GIL. With ``lists=False``
-    every column goes through `column_to_numpy`, list columns too.
-    """
-    plan = request.plan
-    pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
-    return Prefetcher(
-        partial(decode_pieces, request, pieces, columns, lists=lists),
-        depth=1,
-        name="tabloader-decoder",
-    )
-
-
 def _owner(array: Any) -> Any:
     """The object that owns ``array``'s memory (a pooled buffer's memoryview)."""
     while isinstance(array, np.ndarray) and array.base is not None:
@@ -572,18 +553,6 @@ def _wait_for_room(held: deque[weakref.ref[Any]], request: ReadRequest) -> None:
             held.remove(ref)
         if len(held) <= request.chunks_ahead or waiting.wait(_ROOM_POLL_SECONDS):
             return  # room, or the consumer keeps batches: lay out the next chunk anyway
-
-
-def drawn_ahead(plan: EpochPlan, draw: Callable[[int], T]) -> Prefetcher[T]:
-    """``draw(chunk)`` for each chunk of ``plan`` in turn, the next chunk's drawn in a
-    thread of its own while the current one is used: permuting a chunk's rows takes as
-    long as laying out a good part of it, or gathering a few of its batches, and the
-    decoder, one piece ahead, would wait at every chunk boundary."""
-    return Prefetcher(
-        lambda: (draw(chunk) for chunk in range(plan.num_chunks)),
-        depth=1,
-        name="tabloader-order",
-    )
 
 
 def _chunk_places(plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:

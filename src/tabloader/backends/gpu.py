@@ -49,9 +49,6 @@ Example (needs a CUDA GPU with cudf and cupy):
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
-import importlib.util
 import os
 import sys
 import threading
@@ -66,7 +63,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from tabloader.backends.cpu import drawn_ahead, null_message
+from tabloader._deps import gpu_module as _import
+from tabloader._deps import gpu_usable, import_gpu
+from tabloader._deps import optional as _optional_import
+from tabloader.backends.cpu import null_message
 from tabloader.backends.gpu_dask import dask_threads_on
 from tabloader.batches import Ragged, host_int
 from tabloader.casting import check_block
@@ -78,9 +78,9 @@ from tabloader.errors import (
     NullValuesError,
     PerformanceWarning,
     ReadError,
-    TabloaderError,
 )
 from tabloader.sources.partitions import same_reads
+from tabloader.stages import drawn_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -110,84 +110,7 @@ __all__ = [
     "plan_read",
 ]
 
-INSTALL = "pip install 'tabloader[gpu]'"
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13  # DLPack device types whose memory is on a GPU
-
-
-# -- importing cudf and cupy, guarded ----------------------------------------------------
-
-
-def _import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except Exception as err:  # a broken CUDA install raises RuntimeError, OSError, ...
-        raise GPUUnavailableError(
-            f"the GPU backend needs {name}, which could not be imported "
-            f"({type(err).__name__}: {err}). Install the CUDA 12 builds (cudf-cu12, "
-            f"cupy-cuda12x) with: {INSTALL}, or pass device='cpu'"
-        ) from err
-
-
-def _visible_devices() -> str:
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return "CUDA_VISIBLE_DEVICES is not set" if value is None else f"CUDA_VISIBLE_DEVICES={value!r}"
-
-
-def import_gpu(device: int | None = None) -> tuple[Any, Any, int]:
-    """Import cudf and cupy and check the device: returns ``(cudf, cupy, device index)``.
-
-    cupy is imported and asked for the device count first, and cudf only when a GPU is
-    visible: importing cudf on a host without a usable GPU fails in ways that vary across
-    releases. ``device=None`` is the calling thread's current CUDA device (the one
-    ``torch.cuda.set_device`` or ``cupy.cuda.Device(i).use()`` chose; 0 by default).
-
-    Raises:
-        GPUUnavailableError: cudf or cupy cannot be imported, or no GPU is visible.
-        InvalidArgumentError: ``device`` is not one of the visible GPUs.
-    """
-    cupy = _import("cupy")
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as err:  # CUDARuntimeError: no driver, insufficient driver, ...
-        raise GPUUnavailableError(
-            f"the GPU backend found no usable CUDA GPU: cupy.cuda.runtime.getDeviceCount() "
-            f"failed ({type(err).__name__}: {err}). Check the NVIDIA driver with nvidia-smi, "
-            f"or pass device='cpu'"
-        ) from err
-    if count < 1:
-        raise GPUUnavailableError(
-            f"the GPU backend found no CUDA GPU ({_visible_devices()}). Check nvidia-smi and "
-            "CUDA_VISIBLE_DEVICES, or pass device='cpu'"
-        )
-    if device is None:
-        device = int(cupy.cuda.runtime.getDevice())
-    if not 0 <= device < count:
-        raise InvalidArgumentError(
-            f"device cuda:{device} does not exist: {count} CUDA GPU(s) are visible "
-            f"(cuda:0..cuda:{count - 1}; {_visible_devices()}). With one process per GPU, "
-            "pass device=local_rank, or device='cuda' for the current device"
-        )
-    return _import("cudf"), cupy, device
-
-
-@functools.cache
-def gpu_usable() -> bool:
-    """Whether the GPU backend can run here: cudf and cupy import and a GPU is visible.
-
-    Cheap when cudf or cupy is not installed (their import specs are looked up, nothing
-    is imported). The answer is cached for the process; ``gpu_usable.cache_clear()``
-    forgets it.
-    """
-    try:
-        if importlib.util.find_spec("cupy") is None or importlib.util.find_spec("cudf") is None:
-            return False
-    except Exception:  # a half-installed package can fail while its spec is looked up
-        return False
-    try:
-        import_gpu()
-    except TabloaderError:
-        return False
-    return True
 
 
 # -- hand-off helpers for the framework adapters ------------------------------------------
@@ -872,13 +795,6 @@ class DeviceArrays:
     def synchronize(self) -> None:
         """Wait on the host for the loader's stream (tests, and the self-test's timings)."""
         self.stream.synchronize()
-
-
-def _optional_import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
 
 
 def _nbytes(array: Any) -> int:

@@ -59,7 +59,7 @@ def dask_threads_on(device: int, cupy: Any) -> Iterator[None]:
         return
     import dask
 
-    from tabloader.dataset import _distributed_client
+    from tabloader.sources.dask import _distributed_client
 
     scheduler = dask.config.get("scheduler", None)
     if scheduler not in (None, "threads", "threading") or _distributed_client() is not None:

@@ -32,9 +32,9 @@ import numpy as np
 from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.backends.gpu import delivery_rows
 from tabloader.batches import Ragged
-from tabloader.cache.serve import GATHER_THREADS, CacheBackend, CachedList, gather_list
+from tabloader.cache.serve import CacheBackend, CachedList, gather_list
 from tabloader.errors import InvalidArgumentError
-from tabloader.reader import SplitWork, usable_cores
+from tabloader.stages import GATHER_THREADS, SplitWork, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray

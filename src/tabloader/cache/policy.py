@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Layout
     from tabloader.dataset import Dataset
-    from tabloader.reader import SplitWork
+    from tabloader.stages import SplitWork
     from tabloader.stats import StatsRecorder
 
 __all__ = ["CacheMode", "DecodedCache", "Fill", "cache_directory"]

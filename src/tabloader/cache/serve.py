@@ -2,8 +2,8 @@
 
 Every epoch follows an [`EpochPlan`][tabloader.plan.EpochPlan]; `CachedRows` turns
 its chunks into tasks that gather each batch's rows from the cached blocks (or, without
-shuffling, views of them), and `run_ahead` runs those tasks on a few threads
-ahead of the consumer. `CacheBackend` is the loader's backend for one epoch:
+shuffling, views of them), and `tabloader.stages.run_ahead` runs those tasks on a few
+threads ahead of the consumer. `CacheBackend` is the loader's backend for one epoch:
 served from a complete cache, or filled from the files while serving them (see
 `Fill`), or, when writing fails, streamed from where the
 cache left off.
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import pairwise
@@ -26,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tabloader.backends.cpu import decode_ahead, decode_pieces, drawn_ahead
+from tabloader.backends.cpu import decode_pieces
 from tabloader.batches import Ragged, drop_leading_rows, empty_segment, host_int, segment_rows
 from tabloader.plan import resume_point
-from tabloader.reader import SplitWork, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -46,12 +44,9 @@ __all__ = [
     "FillFailed",
     "gather_list",
     "rest_of_plan",
-    "run_ahead",
     "take_transposed",
 ]
 
-GATHER_THREADS = 4
-"""Most threads gathering a cached epoch's batches at once."""
 WRITE_THREADS = 2
 """Threads writing a decoded piece into a cache being filled, the reader's included."""
 TILE_ROWS = 2048
@@ -146,7 +141,7 @@ class CachedRows:
         xp: Any,
     ) -> Iterator[Callable[[], list[Part]]]:
         """The parts of ``plan``'s chunks over the cached arrays, as tasks that gather
-        them (run in order by `run_ahead`, several at once); ``chunks`` gives each
+        them (run in order by `tabloader.stages.run_ahead`, several at once); ``chunks`` gives each
         chunk's `delivery_rows`, in order, and ``arrays()`` the cached arrays as
         they stand once the chunk's rows are in them (a cache being filled grows).
 
@@ -218,8 +213,9 @@ def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[
     """``out[i] = stored[rows[i]]`` for a row-major ``stored`` and a column-major ``out``.
 
     A tile of `TILE_ROWS` rows at a time is gathered into a small row-major
-    scratch, which stays in the CPU's cache while it is transposed into ``out``: about
-    twice as fast as gathering the whole batch and then transposing it from memory.
+    scratch, which stays in the CPU's cache while it is transposed into ``out``: faster
+    than gathering the whole batch and then transposing it from memory (by how much:
+    docs/performance.md, "Measured choices inside the loader").
 
     Examples:
         >>> stored = np.arange(12).reshape(6, 2)
@@ -232,29 +228,9 @@ def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[
     for lo in range(0, len(rows), TILE_ROWS):
         part = rows[lo : lo + TILE_ROWS]
         # The rows come from the plan, so they are in range: "clip" skips the bounds
-        # checks of the default mode (a sixth of the gather).
+        # checks of the default mode.
         np.take(stored, part, axis=0, out=tile[: len(part)], mode="clip")
         out[lo : lo + len(part)] = tile[: len(part)]
-
-
-def run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
-    """The tasks' results in order, computed by a few threads ahead of the consumer.
-
-    Gathers release the GIL, so windows are gathered on several cores at once; at most
-    two per thread are done or in progress, which bounds the memory they hold.
-    """
-    threads = max(1, min(GATHER_THREADS, usable_cores()))
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
-    pending: deque[Future[list[Part]]] = deque()
-    try:
-        for task in tasks:
-            pending.append(pool.submit(task))
-            if len(pending) >= 2 * threads:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def rest_of_plan(plan: EpochPlan, rows: int) -> tuple[EpochPlan, int]:
@@ -343,7 +319,7 @@ class CacheBackend:
         fill = made
         columns = [c for b in cache.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
-        decoded = decode_ahead(request, columns)
+        decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
         work = SplitWork(min(WRITE_THREADS, usable_cores()), name="tabloader-cache-fill")
         delivered = 0  # rows of the plan's delivery order handed on
 

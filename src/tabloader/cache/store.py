@@ -50,7 +50,7 @@ import numpy as np
 from tabloader.backends.cpu import interleave
 from tabloader.errors import InvalidArgumentError
 from tabloader.memory import address
-from tabloader.reader import usable_cores
+from tabloader.stages import usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
+from tabloader import _deps
 from tabloader.errors import (
     InvalidArgumentError,
     ReadError,
@@ -48,13 +49,7 @@ MAX_READER_VERSION = 3
 
 def import_deltalake() -> Any:
     """The ``deltalake`` module, or an ImportError saying what to install."""
-    try:
-        import deltalake
-    except ImportError:
-        raise ImportError(
-            "Dataset.from_delta needs the deltalake package: pip install 'tabloader[delta]'"
-        ) from None
-    return deltalake
+    return _deps.require("deltalake")
 
 
 def delta_storage_options(protocol: str, options: dict[str, Any]) -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tabloader import _deps
 from tabloader.errors import InvalidArgumentError, SourceNotFoundError, UnsupportedTableError
 from tabloader.options import int_at_least
 from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot
@@ -34,13 +35,7 @@ _IO_OPTIONS = {
 
 def import_pyiceberg() -> Any:
     """The ``pyiceberg`` module, or an ImportError saying what to install."""
-    try:
-        import pyiceberg
-    except ImportError:
-        raise ImportError(
-            "Dataset.from_iceberg needs pyiceberg: pip install 'tabloader[iceberg]'"
-        ) from None
-    return pyiceberg
+    return _deps.require("pyiceberg")
 
 
 def fsspec_options(properties: dict[str, str]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tabloader import _deps
 from tabloader.errors import InvalidArgumentError, InvalidFileError, ReadError, SourceNotFoundError
 
 __all__ = [
@@ -125,13 +126,7 @@ class RemoteStore:
         return self._fs
 
     def _make_filesystem(self) -> Any:
-        try:
-            import fsspec
-        except ImportError:
-            raise ImportError(
-                "reading URLs needs fsspec: pip install fsspec (and s3fs, gcsfs, adlfs for "
-                "the protocol)"
-            ) from None
+        fsspec = _deps.require("fsspec")
         try:
             fs, _ = fsspec.core.url_to_fs(
                 self.url, skip_instance_cache=True, **self.storage_options

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from tabloader.dataset import _ParquetSource
 from tabloader.errors import InvalidFileError, SchemaMismatchError, SourceNotFoundError
 from tabloader.sources.iceberg import local_path
+from tabloader.sources.parquet import ParquetSource
 from tabloader.sources.partitions import (
     ColumnSources,
     Filters,
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["SnapshotSource"]
 
 
-class SnapshotSource(_ParquetSource):
+class SnapshotSource(ParquetSource):
     """The parquet files of one version of a table, with the table's schema and keys."""
 
     def __init__(
@@ -118,7 +118,7 @@ class SnapshotSource(_ParquetSource):
         names: list[dict[str, str]] = []
         file_schema = np.empty(len(metadata), dtype=np.int32)
         for f, md in enumerate(metadata):
-            shown = self._display(self.files[f])
+            shown = self.display(self.files[f])
             try:
                 mapping = snapshot.column_names(md.schema.to_arrow_schema())
             except SchemaMismatchError as err:

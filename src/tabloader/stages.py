@@ -1,10 +1,21 @@
-"""Background prefetch: run a producer in a thread, hand its items over a bounded queue.
+"""The pipeline's threads, in one place: what runs in the background, and how it stops.
 
-`Prefetcher` is tabloader's threading primitive (`SplitWork` runs the
-independent jobs of one step on a few threads at once). The loader chains two:
-a reader that decodes the next chunks while the batcher shuffles and cuts the current
-one into batches, which wait in a short queue for the training loop. Decoding (pyarrow)
-and gathering (numpy) release the GIL, so both overlap the consumer's own work.
+An epoch runs in these threads (the picture in docs/architecture.md, "The pipeline"),
+each a stage fed by the one before through a bounded queue:
+
+- **decoder** (`decode_ahead`): decodes the plan's pieces one ahead of the reader;
+- **order** (`drawn_ahead`): draws the next chunk's row order while the current
+  one is laid out or gathered;
+- **reader** (`chunks_ahead`): the backend's ``read_chunks``, laying out ``prefetch``
+  chunks ahead of the batcher, with `SplitWork` helpers taking a share of each
+  piece's columns (``tabloader-layout``, ``tabloader-cache-fill``), or, for an epoch
+  served from a decoded cache, `run_ahead`'s gather threads;
+- **batcher** (`batches_ahead`, `batch_stream`): cuts the chunks into batches, runs
+  the ``transform``, and keeps `BATCH_QUEUE_DEPTH` batches ready for the consumer.
+
+`Prefetcher` is the primitive every stage is built on: a producer in a daemon thread
+feeding a bounded queue. Decoding (pyarrow) and laying out (numpy, cupy) release the
+GIL, so the stages overlap each other and the consumer's own work.
 
 Guarantees:
 
@@ -15,9 +26,14 @@ Guarantees:
 - An exception in the producer is re-raised in the consumer, with its traceback.
 - `Prefetcher.close` (also run when the prefetcher is garbage-collected) stops the
   thread at its next step: a producer waiting for a free slot wakes within
-  ``_POLL_SECONDS``; one busy reading finishes that read first.
+  ``_POLL_SECONDS``; one busy reading finishes that read first. Closing the batcher
+  stops the reader (``linked``), which stops the decoder and the order thread when
+  it ends.
 - The thread holds no reference to the `Prefetcher`, so dropping the last
   reference (``break`` out of a ``for`` loop) collects it and stops the thread.
+
+This module knows the backends, the dataset and the plan only by their methods: it
+sits below them in the package's layering.
 """
 
 from __future__ import annotations
@@ -25,14 +41,45 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from tabloader.batches import cut_batches, detached, drop_leading_rows
 from tabloader.errors import TabloaderError
 
-__all__ = ["Prefetcher", "SplitWork", "balanced_groups", "usable_cores"]
+if TYPE_CHECKING:
+    from tabloader.backends import Backend
+    from tabloader.batches import Block, Layout, Part
+    from tabloader.dataset import Dataset
+    from tabloader.plan import EpochPlan
+    from tabloader.stats import StatsRecorder
+
+__all__ = [
+    "BATCH_QUEUE_DEPTH",
+    "GATHER_THREADS",
+    "Prefetcher",
+    "ReadRequest",
+    "SplitWork",
+    "balanced_groups",
+    "batch_stream",
+    "batches_ahead",
+    "chunks_ahead",
+    "decode_ahead",
+    "drawn_ahead",
+    "run_ahead",
+    "usable_cores",
+]
+
+BATCH_QUEUE_DEPTH = 4
+"""Ready batches waiting for the consumer."""
+GATHER_THREADS = 4
+"""Most threads gathering a cached epoch's batches at once (`run_ahead`)."""
 
 T = TypeVar("T")
 
@@ -120,7 +167,6 @@ class Prefetcher(Generic[T]):
             once the stage is closed (a new one by default; the producer may watch it).
 
     Examples:
-        >>> from tabloader.reader import Prefetcher
         >>> list(Prefetcher(lambda: iter(range(3)), depth=2))
         [0, 1, 2]
     """
@@ -286,3 +332,172 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+# -- the stages, in the order the data flows -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What a backend's ``read_chunks`` reads (in the reader thread): an epoch's plan over
+    a dataset."""
+
+    dataset: Dataset
+    plan: EpochPlan
+    blocks: Sequence[Block]
+    """The delivered blocks; each chunk's columns are cast to their dtypes."""
+    fill_null: Mapping[str, float]
+    """Replacement of nulls, per column."""
+    stats: StatsRecorder
+    chunks_ahead: int = 1
+    """Chunks the reader may lay out ahead of the one being cut into batches."""
+    consumer_waiting: threading.Event | None = None
+    """Set while the consumer of the chunks waits for one (see ``Backend.read_chunks``)."""
+
+
+def decode_ahead(
+    plan: EpochPlan, decode: Callable[[Sequence[tuple[int, int, int]]], Iterator[T]]
+) -> Prefetcher[T]:
+    """Decoder thread: ``decode(pieces)`` over all of the plan's pieces, in plan order,
+    one piece ahead of the caller, across chunk boundaries, while the caller lays out
+    the previous piece."""
+    pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
+    return Prefetcher(partial(decode, pieces), depth=1, name="tabloader-decoder")
+
+
+def drawn_ahead(plan: EpochPlan, draw: Callable[[int], T]) -> Prefetcher[T]:
+    """Order thread: ``draw(chunk)`` for each chunk of ``plan`` in turn, the next chunk's
+    drawn in a thread of its own while the current one is used: permuting a chunk's rows
+    takes as long as laying out a good part of it, or gathering a few of its batches, and
+    the decoder, one piece ahead, would wait at every chunk boundary."""
+    return Prefetcher(
+        lambda: (draw(chunk) for chunk in range(plan.num_chunks)),
+        depth=1,
+        name="tabloader-order",
+    )
+
+
+def run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
+    """Gather threads (an epoch served from a decoded cache): the tasks' results in
+    order, computed by a few threads ahead of the consumer.
+
+    Gathers release the GIL, so windows are gathered on several cores at once; at most
+    two per thread are done or in progress, which bounds the memory they hold.
+    """
+    threads = max(1, min(GATHER_THREADS, usable_cores()))
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
+    pending: deque[Future[list[Part]]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(task))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[list[Part]]:
+    """Reader thread: each planned chunk, as parts in delivery order."""
+    for parts in backend.read_chunks(request):
+        request.stats.chunks += 1
+        yield parts
+
+
+def chunks_ahead(
+    backend: Backend, request: ReadRequest, *, stop: threading.Event
+) -> Prefetcher[list[Part]]:
+    """Reader thread: ``backend.read_chunks(request)``, ``request.chunks_ahead`` chunks
+    ahead of the batcher, stopped with the batcher (``stop``); ``request``'s
+    ``consumer_waiting`` is set while the batcher waits for a chunk."""
+    return Prefetcher(
+        partial(_read_chunks, backend, request),
+        depth=request.chunks_ahead,
+        name="tabloader-reader",
+        linked=stop,
+        starved=request.consumer_waiting,
+    )
+
+
+def batch_stream(
+    *,
+    dataset: Dataset,
+    backend: Backend,
+    plan: EpochPlan,
+    layout: Layout,
+    fill_null: Mapping[str, float],
+    batch_size: int,
+    drop_last: bool,
+    transform: Callable[[dict[str, Any]], Any] | None,
+    prefetch: int,
+    stats: StatsRecorder,
+    stop: threading.Event,
+) -> Iterator[tuple[int, Any]]:
+    """Batcher thread: shuffle each chunk, cut batches, transform them; yields each
+    batch with its number of rows."""
+    waiting = threading.Event()  # set while the batcher waits for a chunk
+    request = ReadRequest(
+        dataset, plan, layout.blocks, fill_null, stats, chunks_ahead=prefetch,
+        consumer_waiting=waiting,
+    )  # fmt: skip
+    chunks = chunks_ahead(backend, request, stop=stop)
+    upstream_wait = 0.0
+
+    def parts() -> Iterator[Part]:
+        nonlocal upstream_wait
+        while True:
+            started = time.perf_counter()
+            chunk = next(chunks, None)
+            upstream_wait += time.perf_counter() - started
+            if chunk is None:
+                return
+            while chunk:
+                yield chunk.pop(0)
+
+    delivered = 0
+    batches = cut_batches(
+        drop_leading_rows(parts(), plan.drop_rows),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        layout=layout,
+        xp=backend.xp,
+    )
+    # The backend's device, stream and allocator in this thread: a batch's gathers, the
+    # epoch's last (detached) batch and the tensors a transform makes land on its device.
+    with backend.scope():
+        try:
+            while True:
+                started, waited = time.perf_counter(), upstream_wait
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                if delivered == plan.num_batches - 1:
+                    batch = detached(batch)  # lets go of the last chunk when the epoch ends
+                rows = int(next(iter(batch.values())).shape[0])
+                result = batch if transform is None else transform(batch)
+                # On a GPU: the consumer's work is ordered after the batch's (no host wait).
+                backend.xp.hand_over()
+                stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
+                yield rows, result
+                delivered += 1
+        finally:
+            chunks.close()
+    if delivered != plan.num_batches and not stop.is_set():
+        raise TabloaderError(
+            f"internal error: planned {plan.num_batches} batches but cut {delivered}; "
+            "please report this with the dataset's partition sizes"
+        )
+
+
+def batches_ahead(stream: Callable[..., Iterator[tuple[int, Any]]]) -> Prefetcher[tuple[int, Any]]:
+    """Batcher thread: ``stream(stop=...)`` (`batch_stream` with its other arguments
+    bound), its batches `BATCH_QUEUE_DEPTH` ahead of the consumer; closing it sets
+    ``stop``, which stops every stage of the epoch."""
+    stop = threading.Event()  # the batcher stage's own, set when the consumer closes
+    return Prefetcher(
+        partial(stream, stop=stop),
+        depth=BATCH_QUEUE_DEPTH,
+        name="tabloader-batcher",
+        stop=stop,
+    )

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabloader.reader import Prefetcher, SplitWork, balanced_groups
+from tabloader.stages import Prefetcher, SplitWork, balanced_groups
 
 
 def test_items_arrive_in_order():

@@ -1,0 +1,676 @@
+"""The loader's options, declared once: an immutable config, checked where it is built.
+
+`LoaderConfig` holds every option of a [`Loader`][tabloader.Loader] (batch size,
+columns and dtypes, shuffling, chunks, ranks, cache, list columns), each declared
+once, as a field with its default. `LoaderConfig.build` checks the values and
+normalises them (one spelling of the column options, a dict of fill values, the
+delivered dtypes, the chunk size), so a config that exists is valid; which fields shape
+an epoch's plan and decide the order of rows is said by the fields themselves
+(`LoaderConfig.plan_options`, `LoaderConfig.order_options`). What can be checked
+only against the data (the columns' types, nulls, values that do not fit their dtype,
+a loader that would yield nothing) is checked by one function, `check_dataset`.
+
+The keywords the framework adapters pass on to the loader, `LOADER_KEYWORDS`, are the
+config's fields marked as options, with NVTabular's names for the column options;
+[`LoaderOptions`][tabloader.LoaderOptions] types them for type checkers and is tested
+against them.
+
+Examples:
+    >>> config = LoaderConfig.build(batch_size=4, cat_names=["user"], fill_null=0)
+    >>> config.cats, config.fill_null, config.dtypes["user"]
+    (('user',), {'user': 0}, dtype('int64'))
+    >>> config.plan_options()["chunk_rows"]  # 128 MiB of int64 rows
+    16777216
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal, TypedDict
+
+import numpy as np
+import pyarrow as pa
+
+from tabloader.batches import Layout, lists_as_output
+from tabloader.cache import CacheMode, cache_directory
+from tabloader.cache.device import CachePlacement
+from tabloader.casting import (
+    bounded,
+    checked_layout,
+    describe_range,
+    fits,
+    lossless,
+    misfit_message,
+    stored_dtype,
+)
+from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
+from tabloader.device import Device
+from tabloader.errors import (
+    ColumnTypeError,
+    EmptyDatasetError,
+    EmptyEpochWarning,
+    InvalidArgumentError,
+    NullValuesError,
+    PerformanceWarning,
+    ValueRangeError,
+)
+from tabloader.options import (
+    column_names,
+    flag,
+    int_at_least,
+    is_number,
+    numeric_dtype,
+    one_spelling,
+    optional_positive,
+)
+from tabloader.plan import count_batches, rank_rows, worker_row_range
+
+__all__ = [
+    "ALIASES",
+    "DEFAULT_CHUNK_BYTES",
+    "LOADER_KEYWORDS",
+    "ConfigAttributes",
+    "DatasetChecks",
+    "LoaderConfig",
+    "LoaderOptions",
+    "check_dataset",
+]
+
+DEFAULT_CHUNK_BYTES = 128 * 2**20
+"""Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
+ALIASES = {"cat_names": "cats", "cont_names": "conts", "label_names": "labels"}
+"""NVTabular's names of the column options; every entry point takes both spellings."""
+
+
+class LoaderOptions(TypedDict, total=False):
+    """The [`Loader`][tabloader.Loader] keywords the framework adapters take and pass on.
+
+    ``TorchAsyncItr`` and ``KerasSequenceLoader`` accept every one of these
+    (``**options``), with the meaning [`Loader`][tabloader.Loader] documents; they
+    document only the keywords of their own. Also a type for options kept in a config:
+
+    ```python
+    options: LoaderOptions = {"cats": ["user"], "shuffle": True, "seed": 0}
+    ```
+    """
+
+    cats: str | Sequence[str] | None
+    conts: str | Sequence[str] | None
+    labels: str | Sequence[str] | None
+    cat_names: str | Sequence[str] | None
+    cont_names: str | Sequence[str] | None
+    label_names: str | Sequence[str] | None
+    cat_dtype: Any
+    cont_dtype: Any
+    label_dtype: Any
+    fill_null: float | Mapping[str, float] | None
+    shuffle: bool | Literal["global"]
+    shuffle_within_batch: bool
+    seed: int | None
+    parts_per_chunk: int | None
+    chunk_rows: int | None
+    drop_last: bool
+    prefetch: int
+    global_rank: int | None
+    global_size: int | None
+    cache: CacheMode | None
+    cache_dir: str | os.PathLike[str] | None
+    cache_max_bytes: int | None
+    cache_placement: CachePlacement
+    sparse_names: str | Sequence[str] | None
+    sparse_max: Mapping[str, int] | None
+    sparse_as_dense: bool
+    sparse_pad: float
+
+
+_OPTION = {"option": True}
+"""A field that is a loader option: the framework adapters pass it on."""
+_PLAN = {"option": True, "plan": True}
+"""An option that shapes every epoch's plan (so it decides the order of rows too)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """A loader's options, checked and normalised (build one with `build`).
+
+    The fields are the [`Loader`][tabloader.Loader] keywords of the same names (see its
+    documentation), as `build` leaves them: column options as tuples under one
+    spelling, ``shuffle=True`` also for ``"global"`` (then ``global_shuffle``), the seed
+    drawn when not given (``seed_given`` says which), ``fill_null`` a dict over the
+    columns, ``chunk_rows`` the chunk size used (about 128 MiB of decoded rows when
+    neither it nor ``parts_per_chunk`` is given), and ``dtypes`` each column's
+    delivered dtype.
+    """
+
+    cats: tuple[str, ...] = field(default=(), metadata=_OPTION)
+    conts: tuple[str, ...] = field(default=(), metadata=_OPTION)
+    labels: tuple[str, ...] = field(default=(), metadata=_OPTION)
+    shuffle: bool = field(default=False, metadata=_OPTION)
+    cache_mode: CacheMode | None = field(default=None, metadata={**_OPTION, "keyword": "cache"})
+    """The ``cache`` option (a loader's ``cache`` is its `DecodedCache`)."""
+    batch_size: int = field(default=1, metadata={"plan": True})
+    shuffle_within_batch: bool = field(default=True, metadata=_PLAN)
+    drop_last: bool = field(default=False, metadata=_PLAN)
+    global_rank: int = field(default=0, metadata=_PLAN)
+    global_size: int = field(default=1, metadata=_PLAN)
+    parts_per_chunk: int | None = field(default=None, metadata=_PLAN)
+    chunk_rows: int | None = field(default=None, metadata=_PLAN)
+    cat_dtype: np.dtype[Any] = field(default=np.dtype("int64"), metadata=_OPTION)
+    cont_dtype: np.dtype[Any] = field(default=np.dtype("float32"), metadata=_OPTION)
+    label_dtype: np.dtype[Any] = field(default=np.dtype("float32"), metadata=_OPTION)
+    fill_null: Mapping[str, float] = field(default_factory=dict, metadata=_OPTION)
+    seed: int = field(default=0, metadata=_OPTION)
+    prefetch: int = field(default=1, metadata=_OPTION)
+    cache_dir: str | os.PathLike[str] | None = field(default=None, metadata=_OPTION)
+    cache_max_bytes: int | None = field(default=None, metadata=_OPTION)
+    cache_placement: CachePlacement = field(default="auto", metadata=_OPTION)
+    sparse_names: tuple[str, ...] = field(default=(), metadata=_OPTION)
+    sparse_max: Mapping[str, int] = field(default_factory=dict, metadata=_OPTION)
+    sparse_as_dense: bool = field(default=False, metadata=_OPTION)
+    sparse_pad: float = field(default=0, metadata=_OPTION)
+    layout: Literal["columns", "stacked"] = "columns"
+    global_shuffle: bool = False
+    """``shuffle="global"``: permute all of the rank's rows every epoch."""
+    seed_given: bool = False
+    """Whether the seed was given (a loaded state's seed is adopted only when not)."""
+    dtypes: Mapping[str, np.dtype[Any]] = dataclasses.field(default_factory=dict)
+    """Each column's delivered dtype."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """All delivered columns: cats, then conts, then labels."""
+        return self.cats + self.conts + self.labels
+
+    def dtype_option(self, name: str) -> str:
+        """The option that chose column ``name``'s delivered dtype."""
+        if name in self.cats:
+            return "cat_dtype"
+        return "cont_dtype" if name in self.conts else "label_dtype"
+
+    def block_layout(self, *, stacked: bool, grouped: bool, checks: frozenset[str]) -> Layout:
+        """How columns are grouped into blocks (``stacked``: one per kind; ``grouped``:
+        columns of one dtype share one, for a backend that wants that), list columns each
+        a ragged block of its own, each block told which of ``checks`` to check."""
+        scalar = {
+            kind: tuple(c for c in names if c not in self.sparse_names)
+            for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
+        }
+        built = Layout.build(scalar, self.dtypes, stacked=stacked, grouped=grouped)
+        if self.sparse_names:
+            built = built.with_lists(self.sparse_names, self.dtypes)
+        return checked_layout(built, checks)
+
+    def delivered(
+        self, transform: Callable[[dict[str, Any]], Any] | None
+    ) -> Callable[[dict[str, Any]], Any] | None:
+        """``transform``, after list columns take their delivered form."""
+        if not self.sparse_names:
+            return transform
+        finish = partial(
+            lists_as_output,
+            dense=self.sparse_max if self.sparse_as_dense else None,
+            pad=self.sparse_pad,
+        )
+        if transform is None:
+            return finish
+        return lambda batch: transform(finish(batch))
+
+    def check_device(self, device: Device) -> None:
+        """Refuse options the loader's (resolved) device cannot serve."""
+        if self.cache_placement == "device" and not device.is_cuda:
+            raise InvalidArgumentError(
+                f"cache_placement='device' keeps the cache in GPU memory, and device="
+                f"{device} is the CPU. Pass device='cuda', or leave cache_placement out"
+            )
+
+    def plan_options(self) -> dict[str, Any]:
+        """The options that shape every epoch's plan, as the planners take them."""
+        return {f.name: getattr(self, f.name) for f in _FIELDS if f.metadata.get("plan")}
+
+    def order_options(self) -> dict[str, Any]:
+        """What decides the batches of a saved state, besides the seed and the dataset."""
+        return {
+            "cats": list(self.cats),
+            "conts": list(self.conts),
+            "labels": list(self.labels),
+            "shuffle": "global" if self.global_shuffle else self.shuffle,
+            # With a cache every rank keeps a fixed share: another order than streaming.
+            "cache": self.cache_mode is not None,
+            **self.plan_options(),
+        }
+
+    def batches_per_epoch(self, rows: int, *, worker: int = 0, num_workers: int = 1) -> int:
+        """Batches one epoch of a dataset of ``rows`` rows delivers to this rank (or to
+        one of its worker processes)."""
+        lo, hi = rank_rows(rows, global_rank=self.global_rank, global_size=self.global_size)
+        first, last = worker_row_range(
+            hi - lo,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            worker=worker,
+            num_workers=num_workers,
+        )
+        return count_batches(last - first, self.batch_size, drop_last=self.drop_last)
+
+    @classmethod
+    def build(cls, *, batch_size: int, **given: Any) -> LoaderConfig:
+        """A config of the options ``given`` (the [`Loader`][tabloader.Loader] keywords
+        but ``dataset`` and ``device``), checked: an
+        [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] names a value
+        that is not allowed, the constraint, and what to do."""
+        options = {**_DEFAULTS, **given}
+        batch_size = int_at_least(batch_size, 1, "batch_size")
+        # NVTabular's names (cat_names, ...) are accepted too, one spelling per option.
+        named = {
+            kind: column_names(one_spelling({kind: options[kind], alias: options.get(alias)}), kind)
+            for alias, kind in ALIASES.items()
+        }
+        cats, conts, labels = named["cats"], named["conts"], named["labels"]
+        sparse_names, sparse_max = _list_options(options, labels)
+        # A list column named only in sparse_names is categorical (NVTabular's use).
+        cats += tuple(n for n in sparse_names if n not in cats and n not in conts)
+        columns = cats + conts + labels
+        if not columns:
+            raise InvalidArgumentError(
+                "no columns selected: pass at least one of cats=, conts=, labels="
+            )
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise InvalidArgumentError(
+                f"column(s) {repeated} are listed more than once across cats/conts/labels"
+            )
+        parts_per_chunk, chunk_rows = options["parts_per_chunk"], options["chunk_rows"]
+        if parts_per_chunk is not None and chunk_rows is not None:
+            raise InvalidArgumentError("give parts_per_chunk or chunk_rows, not both")
+        parts_per_chunk = optional_positive(parts_per_chunk, "parts_per_chunk")
+        chunk_rows = optional_positive(chunk_rows, "chunk_rows")
+        prefetch = int_at_least(options["prefetch"], 1, "prefetch")
+        # None (an adapter's "not given") is the default: rank 0 of 1.
+        rank = 0 if options["global_rank"] is None else options["global_rank"]
+        size = 1 if options["global_size"] is None else options["global_size"]
+        global_size = int_at_least(size, 1, "global_size")
+        global_rank = int_at_least(rank, 0, "global_rank")
+        if global_rank >= global_size:
+            raise InvalidArgumentError(
+                f"global_rank must be in [0, {global_size}) for global_size="
+                f"{global_size}, got {rank!r}"
+            )
+        layout = options["layout"]
+        if layout not in ("columns", "stacked"):
+            raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
+        shuffle, cache = options["shuffle"], options["cache"]
+        global_shuffle = isinstance(shuffle, str) and shuffle == "global"
+        if isinstance(shuffle, str) and not global_shuffle:
+            raise InvalidArgumentError(f"shuffle must be True, False or 'global', got {shuffle!r}")
+        shuffle = True if global_shuffle else flag(shuffle, "shuffle")
+        if cache not in (None, "memory", "disk"):
+            raise InvalidArgumentError(f"cache must be None, 'memory' or 'disk', got {cache!r}")
+        if global_shuffle and cache is None:
+            raise InvalidArgumentError(
+                "shuffle='global' permutes all of the rank's rows every epoch, which needs "
+                "random access to decoded rows: pass cache='memory' or cache='disk' too, or "
+                "use shuffle=True (partitions and rows within chunks)"
+            )
+        cache_max_bytes = optional_positive(options["cache_max_bytes"], "cache_max_bytes")
+        cache_placement = options["cache_placement"]
+        if cache_placement not in ("auto", "device", "host"):
+            raise InvalidArgumentError(
+                f"cache_placement must be 'auto', 'device' or 'host', got {cache_placement!r}"
+            )
+        seed = options["seed"]
+        if seed is None:
+            if shuffle and global_size > 1:
+                raise InvalidArgumentError(
+                    "with shuffle=True and global_size > 1, pass the same seed= on every rank: "
+                    "ranks derive their shards from it and would overlap otherwise"
+                )
+            seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        kind_dtypes = {
+            option: numeric_dtype(options[option], option, integer=option == "cat_dtype")
+            for option in ("cat_dtype", "cont_dtype", "label_dtype")
+        }
+        dtypes = {
+            **dict.fromkeys(cats, kind_dtypes["cat_dtype"]),
+            **dict.fromkeys(conts, kind_dtypes["cont_dtype"]),
+            **dict.fromkeys(labels, kind_dtypes["label_dtype"]),
+        }
+        if parts_per_chunk is None and chunk_rows is None:
+            row_bytes = sum(d.itemsize for d in dtypes.values())
+            chunk_rows = max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
+        if options["cache_dir"] is not None:
+            cache_directory(options["cache_dir"])  # a path, or a clear error whatever cache
+        config = cls(
+            batch_size=batch_size,
+            cats=cats,
+            conts=conts,
+            labels=labels,
+            shuffle=shuffle,
+            global_shuffle=global_shuffle,
+            cache_mode=cache,
+            shuffle_within_batch=flag(options["shuffle_within_batch"], "shuffle_within_batch"),
+            drop_last=flag(options["drop_last"], "drop_last"),
+            global_rank=global_rank,
+            global_size=global_size,
+            parts_per_chunk=parts_per_chunk,
+            chunk_rows=chunk_rows,
+            cat_dtype=kind_dtypes["cat_dtype"],
+            cont_dtype=kind_dtypes["cont_dtype"],
+            label_dtype=kind_dtypes["label_dtype"],
+            fill_null=_fill_option(options["fill_null"], columns),
+            seed=int_at_least(seed, 0, "seed"),
+            seed_given=options["seed"] is not None,
+            prefetch=prefetch,
+            cache_dir=options["cache_dir"],
+            cache_max_bytes=cache_max_bytes,
+            cache_placement=cache_placement,
+            sparse_names=sparse_names,
+            sparse_max=sparse_max,
+            sparse_as_dense=bool(options["sparse_as_dense"]),
+            sparse_pad=options["sparse_pad"],
+            layout=layout,
+            dtypes=dtypes,
+        )
+        config._check_pad()
+        return config
+
+    def _check_pad(self) -> None:
+        """``sparse_pad`` must fit every dense list column's dtype (it is delivered)."""
+        if not self.sparse_as_dense:
+            return
+        for name in self.sparse_names:
+            dtype = self.dtypes[name]
+            if not fits(self.sparse_pad, dtype):
+                raise InvalidArgumentError(
+                    f"sparse_pad is {self.sparse_pad!r}, which does not fit "
+                    f"{self.dtype_option(name)}={dtype} of the list column {name!r} "
+                    f"({describe_range(dtype)}). Pass a sparse_pad that fits, such as 0"
+                )
+
+
+_FIELDS = dataclasses.fields(LoaderConfig)
+_DEFAULTS: dict[str, Any] = {
+    **{f.name: f.default for f in _FIELDS if f.default is not dataclasses.MISSING},
+    **{f.name: None for f in _FIELDS if f.default is dataclasses.MISSING},
+    "seed": None,  # drawn by build
+    "cache": None,
+    "cats": None,  # not given (the other spelling may be)
+    "conts": None,
+    "labels": None,
+    "fill_null": None,
+    "sparse_max": None,
+    "cat_dtype": "int64",
+    "cont_dtype": "float32",
+    "label_dtype": "float32",
+}
+LOADER_KEYWORDS = (
+    *(f.metadata.get("keyword", f.name) for f in _FIELDS if f.metadata.get("option")),
+    *ALIASES,
+)
+"""The options the framework adapters take and pass on (the keys of
+[`LoaderOptions`][tabloader.LoaderOptions]), for checking an adapter's keywords."""
+
+
+def _list_options(
+    options: Mapping[str, Any], labels: tuple[str, ...]
+) -> tuple[tuple[str, ...], dict[str, int]]:
+    names = column_names(options["sparse_names"], "sparse_names")
+    sparse_as_dense, sparse_max = options["sparse_as_dense"], options["sparse_max"]
+    flag(sparse_as_dense, "sparse_as_dense")
+    if not is_number(options["sparse_pad"]):
+        raise InvalidArgumentError(f"sparse_pad must be a number, got {options['sparse_pad']!r}")
+    labelled = [n for n in names if n in labels]
+    if labelled:
+        raise InvalidArgumentError(
+            f"list column(s) {labelled} are listed in labels; labels must be scalar "
+            "columns. Leave them out of sparse_names or labels"
+        )
+    if sparse_max is not None and not isinstance(sparse_max, Mapping):
+        raise InvalidArgumentError(
+            f"sparse_max must be a mapping {{column: max values per row}}, got {sparse_max!r}"
+        )
+    widths = dict(sparse_max or {})
+    unknown = sorted(set(widths) - set(names))
+    if unknown:
+        raise InvalidArgumentError(
+            f"sparse_max names {unknown}, which are not in sparse_names {list(names)}"
+        )
+    for name, width in widths.items():
+        widths[name] = int_at_least(width, 1, f"sparse_max[{name!r}]")
+    missing = [n for n in names if n not in widths]
+    if sparse_as_dense and missing:
+        raise InvalidArgumentError(
+            f"sparse_as_dense=True pads every list column to sparse_max[name] values, but "
+            f"sparse_max has no entry for {missing}. Pass sparse_max={{{missing[0]!r}: "
+            "<longest list>, ...}"
+        )
+    return names, widths
+
+
+def _fill_option(fill_null: Any, columns: tuple[str, ...]) -> dict[str, Any]:
+    """``fill_null`` as a dict over the columns it names (its values are checked against
+    the columns' types by `check_dataset`)."""
+    if fill_null is None:
+        return {}
+    if isinstance(fill_null, Mapping):
+        unknown = sorted(set(fill_null) - set(columns))
+        if unknown:
+            raise InvalidArgumentError(
+                f"fill_null names {unknown}, which are not in cats/conts/labels"
+            )
+        return dict(fill_null)
+    return dict.fromkeys(columns, fill_null)
+
+
+class ConfigAttributes:
+    """The options of the `LoaderConfig` an object holds as ``self.config``, as its
+    read-only attributes: ``loader.cats`` is ``loader.config.cats``."""
+
+    def __getattr__(self, name: str) -> Any:
+        config = self.__dict__.get("config")
+        if config is None or name not in _NAMES:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _NAMES:
+            raise AttributeError(
+                f"{name} is fixed when the {type(self).__name__} is built (see its config): "
+                f"build another one with {name}={value!r}"
+            )
+        super().__setattr__(name, value)
+
+
+_NAMES = frozenset([*(f.name for f in _FIELDS), "columns"])
+
+
+# -- what can be checked only against the data ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetChecks:
+    """What `check_dataset` found: each column's Arrow type, and the columns whose values
+    are checked to fit their dtype when read (the footers could not vouch for them)."""
+
+    types: dict[str, pa.DataType]
+    range_checks: frozenset[str]
+
+
+def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> DatasetChecks:
+    """Check ``config`` against ``dataset``: every column present with a type it can be
+    delivered as, fill values that fit, no nulls without a fill value, values that fit
+    their dtype (as far as the footers tell), and rows for this rank; warn about a
+    setup that will be slow. ``stacklevel`` points the warnings at the user's call.
+
+    Raises:
+        ColumnNotFoundError, SchemaMismatchError: a column is missing, or of conflicting
+            types across files.
+        ColumnTypeError: a column's type cannot be delivered as its option asks.
+        InvalidArgumentError: a fill value does not fit.
+        NullValuesError: a column holds nulls and has no fill value.
+        ValueRangeError: a value does not fit its delivered dtype.
+        EmptyDatasetError: the dataset has no rows.
+    """
+    types = dataset.column_types(config.columns)
+    _check_types(config, types, dataset)
+    _check_fill(config, types)
+    _check_nulls(config, dataset)
+    checks = _check_ranges(config, types, dataset)
+    _check_size(config, dataset, stacklevel=stacklevel + 1)
+    return DatasetChecks(types, checks)
+
+
+def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset) -> None:
+    where = dataset.files[0] if dataset.files else "the table"
+    for name, t in types.items():
+        is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+        if name in config.sparse_names:
+            value = getattr(t, "value_type", None)
+            numeric = value is not None and (
+                pa.types.is_integer(value)
+                or pa.types.is_boolean(value)
+                or (pa.types.is_floating(value) and name in config.conts)
+            )
+            if not numeric:
+                kind = "integer ids" if name in config.cats else "numbers"
+                raise ColumnTypeError(
+                    f"list column {name!r} is {t} in {where}; sparse_names must be lists of "
+                    f"{kind} (list<int64>, for example)"
+                    + ("" if is_list else ". Leave it out of sparse_names")
+                )
+            continue
+        if is_list:
+            raise ColumnTypeError(
+                f"column {name!r} is {t} in {where}, a list column: name it in "
+                f"sparse_names=[{name!r}] to read it as values + offsets (or padded)"
+            )
+        if name in config.cats:
+            if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
+                raise ColumnTypeError(
+                    f"categorical column {name!r} is {t} in {where}; cats must hold integer "
+                    "ids. Encode it as integers first (for example with pandas factorize or "
+                    "NVTabular Categorify), or list it under conts"
+                )
+        elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            kind = "label" if name in config.labels else "continuous column"
+            raise ColumnTypeError(
+                f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
+                "(integer, floating point or boolean). Convert it, or leave it out"
+            )
+
+
+def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
+    for name, value in config.fill_null.items():
+        if not is_number(value):
+            raise InvalidArgumentError(f"fill_null for {name!r} must be a number, got {value!r}")
+        # Nulls are filled in the stored type, then delivered: the value must fit both.
+        stored, delivered = stored_dtype(types[name]), config.dtypes[name]
+        if not fits(value, stored):
+            whole = "a whole number" if stored.kind in "iub" else "a number"
+            raise InvalidArgumentError(
+                f"fill_null for {name!r} must be {whole} that fits {stored}, the "
+                f"type the column is stored as ({describe_range(stored)}), got {value!r}"
+            )
+        if not fits(value, delivered):
+            option = config.dtype_option(name)
+            raise InvalidArgumentError(
+                f"fill_null for {name!r} is {value!r}, which does not fit {option}="
+                f"{delivered} ({describe_range(delivered)}). Pass a fill value that fits, "
+                f"or another {option}"
+            )
+
+
+def _check_nulls(config: LoaderConfig, dataset: Dataset) -> None:
+    for name in config.dtypes:
+        if name in config.fill_null or name in config.sparse_names:
+            continue  # null lists are empty lists; nulls inside raise when read
+        flags = dataset.null_partitions(name)
+        bad = np.flatnonzero(flags == 1)
+        if len(bad):
+            more = f" and {len(bad) - 1} more partition(s)" if len(bad) > 1 else ""
+            raise NullValuesError(
+                f"column {name!r} has null values in "
+                f"{dataset.describe_partition(int(bad[0]))}{more}. Fill them in the "
+                f"data, or pass fill_null={{{name!r}: 0}} (any number) to the loader"
+            )
+
+
+def _check_ranges(
+    config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset
+) -> frozenset[str]:
+    """The columns to check when read; raises
+    [`ValueRangeError`][tabloader.errors.ValueRangeError] when a footer's statistics show a
+    value that does not fit the column's delivered dtype.
+
+    A column whose stored type fits its dtype needs no check; otherwise every row
+    group's statistics must fit it, and the column is checked as it is read where
+    they are missing or cannot tell (an infinite bound, a float delivered as an
+    integer).
+    """
+    checks = set()
+    for name, kind in types.items():
+        target, source = config.dtypes[name], stored_dtype(kind)
+        if lossless(source, target):
+            continue
+        ranges = dataset.value_ranges(name)
+        for partition, extremes in enumerate(ranges):
+            for value in extremes or ():
+                if not fits(value, target):
+                    raise ValueRangeError(
+                        misfit_message(
+                            name,
+                            value,
+                            target,
+                            where=dataset.describe_partition(partition),
+                            option=config.dtype_option(name),
+                        )
+                    )
+        if (source.kind == "f" and target.kind in "iu") or not all(map(bounded, ranges)):
+            checks.add(name)
+    return frozenset(checks)
+
+
+def _check_size(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> None:
+    if dataset.num_rows == 0:
+        raise EmptyDatasetError("the dataset has no rows")
+    rank, size = config.global_rank, config.global_size
+    if config.batches_per_epoch(dataset.num_rows) == 0:
+        lo, hi = rank_rows(dataset.num_rows, global_rank=rank, global_size=size)
+        # torch's convention (DataLoader with drop_last=True over too few samples):
+        # the loader is empty, not an error.
+        why, remedy = (
+            (
+                f", fewer than batch_size={config.batch_size} with drop_last=True",
+                "Lower batch_size or set drop_last=False",
+            )
+            if config.drop_last
+            else ("", "Use fewer ranks")
+        )
+        warnings.warn(
+            f"this loader yields no batch: rank {rank} of {size} gets {hi - lo} of "
+            f"{dataset.num_rows} rows{why}, so len(loader) == 0 and every epoch is empty. "
+            f"{remedy}",
+            EmptyEpochWarning,
+            stacklevel=stacklevel + 1,
+        )
+    parts = dataset.num_partitions
+    if size > parts:
+        warnings.warn(
+            f"{size} ranks share {parts} partitions: every rank decodes whole "
+            "row groups to use a fraction of them. Write more, smaller row groups",
+            PerformanceWarning,
+            stacklevel=stacklevel + 1,
+        )
+    median = small_row_groups(dataset.partition_rows)
+    if median is not None:
+        warnings.warn(
+            f"row groups hold {median:,.0f} rows (median); reading is slow below "
+            f"{SMALL_ROW_GROUP_ROWS:,} rows per row group. Rewrite the files with a "
+            "row_group_size of 64k to 1M rows",
+            PerformanceWarning,
+            stacklevel=stacklevel + 1,
+        )

@@ -1,0 +1,247 @@
+"""The `Source` protocol: what a [`Dataset`][tabloader.Dataset] needs from where its rows live.
+
+A source splits its rows into partitions (parquet row groups, slices of a table, Dask
+partitions), says how many rows each holds and what schema its columns have, reads any
+partition's columns into an Arrow table, and tells what it knows without reading (footer
+statistics, file identities). Each kind is one module of `tabloader.sources`:
+``parquet.py`` (files, directories, globs, URLs, Hive keys, refresh), ``snapshot.py``
+(a Delta or Iceberg table version over the parquet source), ``table.py`` (pyarrow,
+pandas, polars) and ``dask.py``. Adding a kind is one more module implementing this
+protocol; nothing outside `tabloader.sources` names a source class.
+
+Members a kind does not have keep the defaults here: no files, no footers, nothing to
+refresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from tabloader.columns import closest_name, common_type
+from tabloader.errors import (
+    ColumnNotFoundError,
+    InvalidArgumentError,
+    InvalidFileError,
+    ReadError,
+    SchemaMismatchError,
+)
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from tabloader.sources.footers import ColumnStats
+    from tabloader.sources.partitions import ColumnSources, FileColumns, Filters
+
+__all__ = ["Piece", "PieceResult", "Source", "read_error"]
+
+Piece = tuple[int, int, int]
+"""``(partition, first row, stop row)``: a slice of one partition."""
+PieceResult = tuple[Piece, "pa.Table | BaseException"]
+"""A piece with its rows, or the error reading it raised."""
+
+
+def read_error(where: str, error: BaseException) -> ReadError:
+    """The error for a partition that failed to read or decode (any backend)."""
+    return ReadError(
+        f"could not read {where}: {type(error).__name__}: {error}. The file may be "
+        "truncated or corrupt; re-create it or remove it from the dataset."
+    )
+
+
+class Source(Protocol):
+    """Where a dataset's rows come from, split into partitions.
+
+    Attributes:
+        rows: Rows of every partition (int64), in dataset order.
+        schemas: The distinct Arrow schemas, the first file's first.
+        files: The files, in load order (empty for in-memory sources).
+        kind: What the source is, for ``repr(dataset)``: ``"parquet"``, ``"table"``, ...
+        refreshable: Whether `relist` can list it again (``refresh=True``,
+            ``on_missing="skip"`` and ``filters`` apply only then).
+    """
+
+    rows: NDArray[np.int64]
+    schemas: list[pa.Schema]
+    files: list[str]
+    kind: str
+    refreshable: bool = False
+    columns: ColumnSources | None = None
+    """Where each column comes from, file by file (parquet sources)."""
+    filters: Filters | None = None
+    """The filters applied, in disjunctive normal form (parquet sources)."""
+    files_skipped: int = 0
+    """Files the filters skipped at the last listing."""
+    version: int | None = None
+    """The table version loaded (Delta and Iceberg sources)."""
+    table_format: str | None = None
+    """``"delta"`` or ``"iceberg"`` for a table's source."""
+    filesystem: Any = None
+    """This process's fsspec filesystem (object storage only)."""
+
+    # -- what every source does ------------------------------------------------------------
+
+    def describe(self, index: int) -> str:
+        """Where partition ``index`` lives, for messages."""
+        ...
+
+    def schema_owner(self, schema_index: int) -> str:
+        """Where schema ``schema_index`` was found (its first file), for messages."""
+        ...
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        """Partition ``index``'s ``columns`` as an Arrow table."""
+        ...
+
+    def schema_files(self, schema_index: int) -> list[str]:
+        """The files of schema ``schema_index`` (none for in-memory sources)."""
+        return []
+
+    def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
+        """Arrow type of each column, checked to be present and of one type in every schema
+        (widths that differ widen; see `tabloader.columns.common_type`)."""
+        types: dict[str, pa.DataType] = {}
+        for k, schema in enumerate(self.schemas):
+            for name in columns:
+                index = schema.get_field_index(name)
+                found = len(schema.get_all_field_indices(name))
+                if found > 1:
+                    raise InvalidFileError(
+                        f"{self.schema_owner(k)} has {found} columns named {name!r}; "
+                        "tabloader reads columns by name. Rewrite the file with unique "
+                        "column names"
+                    )
+                if index < 0:
+                    close = closest_name(name, schema.names)
+                    raise ColumnNotFoundError(
+                        f"column {name!r} is not in {self.schema_owner(k)}"
+                        + (f" (did you mean {close!r}?)" if close else "")
+                        + f"; available: {_list_names(schema.names)}. Check the spelling, or "
+                        "leave it out of cats/conts/labels."
+                    )
+                field_type = schema.field(index).type
+                if k == 0:
+                    types[name] = field_type
+                elif (widened := common_type(types[name], field_type)) is not None:
+                    types[name] = widened  # widths differ only: one type holds both
+                else:
+                    first = self.schemas[0].field(name).type
+                    raise SchemaMismatchError(
+                        f"column {name!r} is {field_type} in {self.schema_owner(k)} but "
+                        f"{first} in {self.schema_owner(0)}: files may store a column "
+                        "with other widths (int32 and int64, float and double), not with "
+                        "conflicting types. Rewrite the odd files with a common schema "
+                        "(tabloader convert writes one)."
+                    )
+        return types
+
+    def read_pieces(self, pieces: Sequence[Piece], columns: list[str]) -> Iterator[PieceResult]:
+        """Each piece with its rows, or the [`ReadError`][tabloader.errors.ReadError] reading
+        it raised, in order; a source on object storage fetches the next ones meanwhile."""
+        for piece in pieces:
+            partition, first, stop = piece
+            try:
+                table = self.read(partition, columns)
+            except ReadError as err:
+                yield piece, err
+                continue
+            except Exception as err:
+                failure = read_error(self.describe(partition), err)
+                failure.__cause__ = err
+                yield piece, failure
+                continue
+            yield piece, table.slice(first, stop - first)
+
+    # -- what the footers say (nothing, without footers) ------------------------------------
+
+    def footer_statistics(self, column: str) -> list[ColumnStats | None] | None:
+        """Per partition, what its footer records about ``column`` (None where the file
+        does not store it); None for a source without footers."""
+        return None
+
+    def null_flags(self, column: str) -> NDArray[np.int8]:
+        """Per partition: 1 if ``column`` holds nulls, 0 if none, -1 unknown."""
+        return np.full(len(self.rows), -1, dtype=np.int8)
+
+    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
+        """Per partition: the smallest and largest value of ``column``, None unknown."""
+        return [None] * len(self.rows)
+
+    def partition_bytes(self) -> NDArray[np.int64] | None:
+        """Per partition, its decoded size as the footer records it (None: no footers)."""
+        return None
+
+    # -- files: what they are, whether they changed, how to list them again -----------------
+
+    def identities(self) -> list[dict[str, Any]]:
+        """What each file's content was when it was listed (see
+        [`Dataset.file_identities`][tabloader.Dataset.file_identities])."""
+        return []
+
+    def file_of(self, partition: int) -> int:
+        """The index of the file partition ``partition`` is in (-1: not from a file)."""
+        return -1
+
+    def changed(self, file_index: int) -> bool:
+        """Whether file ``file_index`` was deleted or rewritten since it was listed."""
+        return False
+
+    def display(self, path: str) -> str:
+        """``path`` as messages show it (a URL for object storage)."""
+        return path
+
+    def listing(self) -> Any:
+        """What rank 0 broadcasts so that every rank builds the same partitions."""
+        raise InvalidArgumentError(f"a {self.kind} source is not listed again")
+
+    def relist(self, listing: Any = None) -> None:
+        """List again and rebuild the partitions (from rank 0's ``listing`` if given)."""
+        raise InvalidArgumentError(f"a {self.kind} source is not listed again")
+
+    # -- what readers of the files themselves need (the GPU backend) ------------------------
+
+    def partition_values(self, partition: int) -> dict[str, Any]:
+        """The partition keys' values for every row of ``partition``."""
+        return {}
+
+    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]] | None:
+        """For parquet files: each partition's file index, row group and rows (else None)."""
+        return None
+
+    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
+        """How to get ``columns`` from parquet file ``file_index``."""
+        raise InvalidArgumentError(
+            f"file_columns describes parquet files; this dataset is a {self.kind} source"
+        )
+
+    def open_row_groups(
+        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
+    ) -> IO[bytes]:
+        """A binary file from which a parquet reader reads these row groups."""
+        raise InvalidArgumentError(
+            f"open_row_groups reads parquet files; this dataset is a {self.kind} source"
+        )
+
+    def local_paths(self, files: Sequence[int]) -> list[str] | None:
+        """The local paths of these files, or None (object storage, no files)."""
+        return None
+
+    def computed_partitions(
+        self, pieces: Sequence[Piece], columns: Sequence[str]
+    ) -> list[Any] | None:
+        """For a Dask DataFrame: each piece's rows, computed; None for other sources."""
+        return None
+
+    def check_worker_processes(self, start_method: Any) -> None:
+        """Raise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] when worker
+        processes started with ``start_method`` (a start method or context, None for the
+        default) could not read this source."""
+        return None
+
+
+def _list_names(names: Sequence[str], limit: int = 30) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")

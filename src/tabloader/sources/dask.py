@@ -1,0 +1,137 @@
+"""A Dask DataFrame as a source (dask or dask-cudf): one partition per Dask partition.
+
+Row counts are computed once, at construction; a partition's columns are computed when
+it is read. dask-cudf partitions stay on the GPU for the GPU backend
+(`DaskSource.computed_partitions`). A dask.distributed Client cannot be used from a
+forked process: worker processes started with ``fork`` are refused before they start,
+and a forked copy refuses to compute rather than wait forever.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tabloader.errors import InvalidArgumentError, TabloaderError
+from tabloader.sources.base import Piece, Source, read_error
+
+__all__ = ["DaskSource", "forked_dask_message", "is_dask_frame"]
+
+
+def is_dask_frame(obj: object) -> bool:
+    return type(obj).__module__.startswith("dask") and hasattr(obj, "npartitions")
+
+
+def forked_dask_message(start_method: str = "fork") -> str:
+    return (
+        "a Dask DataFrame on a dask.distributed cluster cannot be read in worker processes "
+        f"started with {start_method!r}: the forked copy of the Client has no connection to "
+        "the scheduler and would wait forever. Use DataLoader(..., "
+        "multiprocessing_context='spawn'), or num_workers=0 (tabloader reads in a background "
+        "thread already, and the Dask workers do the computing)"
+    )
+
+
+def _distributed_client() -> Any:
+    """The default dask.distributed Client, without importing distributed or doing I/O."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed import default_client
+
+        return default_client()  # type: ignore[no-untyped-call]
+    except (ImportError, ValueError):
+        return None
+
+
+@contextmanager
+def _quiet_dask() -> Iterator[None]:
+    """Silence what a user of tabloader cannot act on: tabloader builds these graphs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]ending large graph.*")
+        warnings.filterwarnings("ignore", message=".*large graph.*")
+        yield
+
+
+class DaskSource(Source):
+    """The non-empty partitions of a Dask DataFrame."""
+
+    kind = "dask"
+
+    def __init__(self, frame: Any) -> None:
+        # Deprecations raised inside dask's own code when tabloader computes partitions:
+        # nothing a user of tabloader can change, so not shown.
+        warnings.filterwarnings(
+            "ignore", message=r"The inplace keyword in DataFrame\.reset_index", module=r"dask\."
+        )
+        self.frame = frame
+        self._pid = os.getpid()  # a copy in another process without unpickling was forked
+        with _quiet_dask():
+            counts = frame.map_partitions(len).compute()
+        rows = np.asarray(counts, dtype=np.int64)
+        self.part_index = np.flatnonzero(rows > 0).astype(np.int32)
+        self.rows = rows[self.part_index]
+        meta = frame._meta
+        if hasattr(meta, "to_pandas"):  # dask-cudf
+            meta = meta.to_pandas()
+        self.schemas = [pa.Schema.from_pandas(meta, preserve_index=False).remove_metadata()]
+        self.files = []
+
+    def describe(self, index: int) -> str:
+        return f"Dask partition {int(self.part_index[index])}"
+
+    def schema_owner(self, schema_index: int) -> str:
+        return "the Dask DataFrame"
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    def compute_partition(self, index: int, columns: list[str]) -> Any:
+        if os.getpid() != self._pid and _distributed_client() is not None:
+            # The client's connection lives in a thread of the parent process, which a
+            # forked child does not have: compute() would wait forever.
+            raise TabloaderError(forked_dask_message())
+        with _quiet_dask():
+            return self.frame[columns].get_partition(int(self.part_index[index])).compute()
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        frame = self.compute_partition(index, columns)
+        table: pa.Table = (
+            frame.to_arrow()  # cudf
+            if hasattr(frame, "to_arrow")
+            else pa.Table.from_pandas(frame, preserve_index=False)
+        )
+        return table
+
+    def computed_partitions(self, pieces: Sequence[Piece], columns: Sequence[str]) -> list[Any]:
+        frames = []
+        for partition, first, last in pieces:
+            try:
+                frames.append(self.compute_partition(partition, list(columns)).iloc[first:last])
+            except Exception as err:
+                if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+                    raise
+                raise read_error(self.describe(partition), err) from err
+        return frames
+
+    def check_worker_processes(self, start_method: Any) -> None:
+        if _distributed_client() is None:
+            return
+        if start_method is not None and not isinstance(start_method, str):
+            start_method = start_method.get_start_method()
+        if start_method is None:
+            start_method = (
+                multiprocessing.get_start_method(allow_none=True)
+                or multiprocessing.get_all_start_methods()[0]
+            )
+        if start_method == "fork":
+            raise InvalidArgumentError(forked_dask_message(start_method))

@@ -1,0 +1,728 @@
+"""Parquet files as a source: paths, directories, globs and URLs, one partition per row group.
+
+`ParquetSource` lists what the user named (directories recursively, skipping names
+that start with ``_`` or ``.`` and files still being written; Hive ``key=value``
+directories become partition keys, which ``filters`` select files by), reads every
+file's footer once (in parallel: local files on a few threads, objects with
+``max_concurrent_reads`` requests in flight, see `tabloader.sources.remote`) and splits
+the files into row groups. A file's identity is what its content decides (its size and
+footer digest, and an object's ETag or version), so a file rewritten in place is told
+from an unchanged one; `ParquetSource.relist` lists again for ``refresh=True``,
+reading only the footers of files that are new or changed.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import threading
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tabloader.errors import (
+    InvalidArgumentError,
+    InvalidFileError,
+    ReadError,
+    SourceNotFoundError,
+    TabloaderError,
+)
+from tabloader.sources.base import Piece, PieceResult, Source, read_error
+from tabloader.sources.footers import (
+    ColumnStats,
+    Leaves,
+    column_leaves,
+    column_stats,
+    constant_stats,
+    digest,
+)
+from tabloader.sources.partitions import (
+    ColumnSources,
+    FileColumns,
+    Filters,
+    check_filters,
+    describe_filters,
+    hive_values,
+    infer_key_types,
+    keep_file,
+    parse_key_values,
+)
+from tabloader.sources.remote import (
+    RangeFile,
+    RemoteStore,
+    access_denied_error,
+    column_chunk_ranges,
+    footer_metadata,
+    merge_ranges,
+)
+from tabloader.splits import refuse_mixed_splits
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+__all__ = [
+    "PARQUET_SUFFIXES",
+    "ParquetSource",
+    "expand",
+    "identity",
+    "read_footer",
+    "read_footers",
+]
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+_FOOTER_THREADS = 16
+
+
+class ParquetSource(Source):
+    """Parquet files (paths, directories, globs, URLs), one partition per row group.
+
+    Args:
+        specs: What to list: paths, directories, globs or URLs (all of one kind).
+        remote: The object store of URLs (None for local files).
+        skip_unreadable: Leave out, with a warning, files whose footer cannot be read
+            yet (``refresh=True``: still being written); tried again at the next listing.
+        filters: Select files by their Hive partition values.
+    """
+
+    kind = "parquet"
+    refreshable = True
+    columns: ColumnSources
+    schemas: list[pa.Schema]
+    file_schema: NDArray[np.int32]
+    """Per file, the index of its schema in ``schemas``."""
+    part_file: NDArray[np.int32]
+    """Per partition, the index of its file."""
+    part_row_group: NDArray[np.int32]
+    """Per partition, its row group in its file."""
+
+    def __init__(
+        self,
+        specs: list[str],
+        remote: RemoteStore | None,
+        *,
+        skip_unreadable: bool = False,
+        filters: Filters | None = None,
+    ) -> None:
+        self.specs = specs
+        self.remote = remote
+        self.filters = filters
+        self.files_skipped = 0
+        self.key_types: dict[str, pa.DataType] = {}
+        self._roots: dict[str, str] = {}  # directory or glob spec -> where its keys start
+        if remote is not None:
+            self.protocol = remote.protocol
+        self.skip_unreadable = skip_unreadable
+        self._warned: set[str] = set()
+        self.files: list[str] = []
+        self._sizes: list[int] = []
+        self._stamps: list[Any] = []
+        self._digests: list[str] = []  # of each file's footer: what its content decides
+        self._footers: list[bytes] | None = None  # remote only: pickled instead of re-read
+        self._metadata: list[pq.FileMetaData] | None = []
+        self.build(self.list_files())
+
+    def list_files(self) -> list[str]:
+        """The files the specs name now, in load order."""
+        if self.remote is not None:
+            self.remote.filesystem.invalidate_cache()
+        files: list[str] = []
+        for spec in self.specs:
+            files.extend(expand(spec, self.remote, self._roots))
+        return list(dict.fromkeys(files))
+
+    def listing(self) -> Any:
+        """What rank 0 broadcasts so that every rank builds the same partitions."""
+        return list(self.files)
+
+    def from_listing(self, listing: Any) -> list[str]:
+        """The files of a listing made by `listing` (on rank 0)."""
+        return list(listing)
+
+    def relist(self, listing: Any = None) -> None:
+        """List again and rebuild: the files listed now, or (``listing``, from rank 0) the
+        files it names, none of them skipped."""
+        if listing is None:
+            self.build(self.list_files())
+        else:
+            self.build(self.from_listing(listing), skip_unreadable=False)
+
+    def _select(self, files: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """The files ``filters`` keep, and their partition values (Hive directories)."""
+        texts = [hive_values(self._below_root(p)) for p in files]
+        self.key_types = infer_key_types(texts)
+        if self.filters is not None:
+            check_filters(self.filters, self.key_types, what=", ".join(repr(s) for s in self.specs))
+        values = [parse_key_values(t, self.key_types) for t in texts]
+        keep = [i for i, v in enumerate(values) if keep_file(self.filters, v)]
+        self.files_skipped = len(files) - len(keep)
+        if files and not keep:
+            raise SourceNotFoundError(
+                f"the filters {describe_filters(self.filters)} leave none of the {len(files)} "
+                f"files of {', '.join(map(repr, self.specs))}"
+            )
+        return [files[i] for i in keep], [values[i] for i in keep]
+
+    def _below_root(self, path: str) -> str:
+        """``path`` relative to the directory or glob it was found by (its name alone
+        for a file named directly): where its ``key=value`` directories are read."""
+        for root in sorted(self._roots.values(), key=len, reverse=True):
+            if path.startswith(root):
+                return path[len(root) :]
+        return os.path.basename(path)
+
+    def _set_columns(self, metadata: list[pq.FileMetaData], values: list[dict[str, Any]]) -> None:
+        """Where each column comes from: the files, or the directories' key values."""
+        keys = self.key_types
+        self.columns = ColumnSources.by_name(self.schemas, self.file_schema, keys, values)
+        if keys:
+            self.schemas = [_with_keys(schema, keys) for schema in self.schemas]
+
+    def build(self, files: list[str], *, skip_unreadable: bool | None = None) -> None:
+        """Partitions of ``files``, reusing the footers of files that did not change.
+
+        With ``skip_unreadable``, a file whose footer cannot be read (still being
+        written, or deleted since the listing) is left out with one warning, and tried
+        again at the next build.
+        """
+        files, values = self._select(files)
+        known = {}
+        if self._metadata:
+            for f, path in enumerate(self.files):
+                footer = self._footers[f] if self._footers is not None else None
+                known[path] = (
+                    self._stamps[f], self._sizes[f], self._metadata[f], footer, self._digests[f]
+                )  # fmt: skip
+        stamps = file_stamps(files, self.remote) if known else [None] * len(files)
+        fresh = [
+            path
+            for path, stamp in zip(files, stamps, strict=True)
+            if path not in known or stamp is None or known[path][0] != stamp
+        ]
+        skip = self.skip_unreadable if skip_unreadable is None else skip_unreadable
+        read = dict(zip(fresh, read_footers(fresh, self.remote, skip_unreadable=skip), strict=True))
+        entries = []
+        for path, stamp in zip(files, stamps, strict=True):
+            if path in read:
+                result = read[path]
+                if isinstance(result, InvalidFileError):
+                    if path not in self._warned:
+                        self._warned.add(path)
+                        warnings.warn(
+                            f"skipping {self.display(path)} for now: {result}. It is tried "
+                            "again when the dataset is listed next (the next epoch)",
+                            stacklevel=4,
+                        )
+                    continue
+                self._warned.discard(path)
+                entries.append((path, *result))
+            else:
+                _, size, md, footer, digest = known[path]
+                entries.append((path, stamp, size, md, footer, digest))
+        if not entries:
+            raise SourceNotFoundError(
+                f"no readable parquet file in {', '.join(map(repr, self.specs))} yet"
+            )
+        self.files = [e[0] for e in entries]
+        self._stamps = [e[1] for e in entries]
+        self._sizes = [e[2] for e in entries]
+        metadata = [e[3] for e in entries]
+        self._metadata = metadata
+        self._footers = [e[4] for e in entries] if self.remote is not None else None
+        self._digests = [e[5] for e in entries]
+
+        schema_ids: dict[pa.Schema, int] = {}
+        self.schemas = []
+        self._schema_first_file: list[int] = []
+        file_schema = np.empty(len(self.files), dtype=np.int32)
+        file_idx, rg_idx, rows = [], [], []
+        for f, md in enumerate(metadata):
+            schema = md.schema.to_arrow_schema().remove_metadata()
+            sid = schema_ids.setdefault(schema, len(schema_ids))
+            if sid == len(self.schemas):
+                self.schemas.append(schema)
+                self._schema_first_file.append(f)
+            file_schema[f] = sid
+            for g in range(md.num_row_groups):
+                n = md.row_group(g).num_rows
+                if n > 0:
+                    file_idx.append(f)
+                    rg_idx.append(g)
+                    rows.append(n)
+        self.file_schema = file_schema
+        self.part_file = np.asarray(file_idx, dtype=np.int32)
+        self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
+        self.rows = np.asarray(rows, dtype=np.int64)
+        value_of = dict(zip(files, values, strict=True))
+        self._set_columns(metadata, [value_of[path] for path in self.files])
+
+    def changed(self, index: int) -> bool:
+        """Whether a file was deleted, truncated or rewritten since it was listed: its
+        stamp is the fast path, and a file whose stamp changed (touched, copied back)
+        has its footer read again, which its content decides."""
+        path = self.files[index]
+        stamp = file_stamps([path], self.remote)[0]
+        if stamp is None:
+            return True
+        if stamp == self._stamps[index]:
+            return False
+        try:
+            if self.remote is None:
+                stamp, footer = _local_footer(path)
+            else:
+                footer = self.remote.read_footer(path, stamp[0])
+        except (OSError, ValueError, pa.ArrowException, TabloaderError):
+            return True
+        now = identity(path, stamp, digest(footer), self.remote)
+        return now != identity(path, self._stamps[index], self._digests[index], self.remote)
+
+    def identities(self) -> list[dict[str, Any]]:
+        """Each file's identity when it was listed (see `identity`)."""
+        return [
+            identity(path, stamp, footer, self.remote)
+            for path, stamp, footer in zip(self.files, self._stamps, self._digests, strict=True)
+        ]
+
+    @property
+    def filesystem(self) -> Any:
+        """This process's fsspec filesystem (None for local files)."""
+        return None if self.remote is None else self.remote.filesystem
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_metadata"] = None  # footers are re-parsed (or re-read) on demand
+        return state
+
+    def display(self, path: str) -> str:
+        return path if self.remote is None else self.remote.display(path)
+
+    def metadata(self, file_index: int) -> pq.FileMetaData:
+        if self._metadata is None:
+            if self._footers is not None:
+                self._metadata = [footer_metadata(f) for f in self._footers]
+            else:
+                self._metadata = [pq.read_metadata(path) for path in self.files]
+        return self._metadata[file_index]
+
+    def describe(self, index: int) -> str:
+        f = int(self.part_file[index])
+        return f"{self.display(self.files[f])} (row group {int(self.part_row_group[index])})"
+
+    def schema_owner(self, schema_index: int) -> str:
+        return self.display(self.files[self._schema_first_file[schema_index]])
+
+    def open(self, file_index: int) -> pq.ParquetFile:
+        path = self.files[file_index]
+        md = self.metadata(file_index)
+        if self.remote is None:
+            return pq.ParquetFile(path, metadata=md)
+        return pq.ParquetFile(self.remote.filesystem.open(path, "rb"), metadata=md)
+
+    def fetch_row_groups(
+        self,
+        file_index: int,
+        row_groups: list[int],
+        columns: list[str],
+        *,
+        stop: threading.Event | None = None,
+    ) -> RangeFile:
+        """The footer and the column chunks of ``row_groups`` of one remote file."""
+        assert self.remote is not None
+        size = self._sizes[file_index]
+        md = self.metadata(file_index)
+        footer_start = size - md.serialized_size - 8
+        ranges = column_chunk_ranges(md, row_groups, columns)
+        ranges.append((footer_start, size))
+        return self.remote.open_ranges(
+            self.files[file_index], size, merge_ranges(ranges), stop=stop
+        )
+
+    def fetch_partition(
+        self, index: int, columns: list[str], *, stop: threading.Event | None = None
+    ) -> RangeFile:
+        f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        size = self._sizes[f]
+        stored = list(self.columns.file_columns(f, columns).read)
+        ranges = merge_ranges(column_chunk_ranges(self.metadata(f), [g], stored))
+        assert self.remote is not None
+        return self.remote.open_ranges(self.files[f], size, ranges, stop=stop)
+
+    def decode(self, index: int, handle: RangeFile, columns: list[str]) -> pa.Table:
+        f, g = int(self.part_file[index]), int(self.part_row_group[index])
+        how = self.columns.file_columns(f, columns)
+        with pq.ParquetFile(cast(IO[bytes], handle), metadata=self.metadata(f)) as parquet:
+            return how.complete(parquet.read_row_group(g, columns=list(how.read)), columns)
+
+    def read(self, index: int, columns: list[str]) -> pa.Table:
+        if self.remote is not None:
+            return self.decode(index, self.fetch_partition(index, columns), columns)
+        f = int(self.part_file[index])
+        how = self.columns.file_columns(f, columns)
+        with self.open(f) as handle:
+            table = handle.read_row_group(int(self.part_row_group[index]), columns=list(how.read))
+        return how.complete(table, columns)
+
+    def read_pieces(self, pieces: Sequence[Piece], columns: list[str]) -> Iterator[PieceResult]:
+        if self.remote is None:
+            yield from super().read_pieces(pieces, columns)
+            return
+        # Object storage: the byte ranges of the next pieces are fetched in a bounded
+        # pool while this thread decodes, so latency overlaps decoding.
+
+        def fetch(piece: Piece, stop: threading.Event) -> Any:
+            try:
+                return self.fetch_partition(piece[0], columns, stop=stop)
+            except ReadError as err:
+                return err
+            except Exception as err:
+                failure = read_error(self.describe(piece[0]), err)
+                failure.__cause__ = err
+                return failure
+
+        for piece, handle in self.remote.prefetch(pieces, fetch):
+            partition, first, last = piece
+            if isinstance(handle, BaseException):
+                yield piece, handle
+                continue
+            try:
+                table = self.decode(partition, handle, columns)
+            except Exception as err:
+                failure = read_error(self.describe(partition), err)
+                failure.__cause__ = err
+                yield piece, failure
+                continue
+            yield piece, table.slice(first, last - first)
+
+    # -- footer statistics, walked here only -----------------------------------------------
+
+    def footer_statistics(self, column: str) -> list[ColumnStats | None]:
+        """Per partition, what its footer records about ``column`` (by the name the file
+        stores it under), a partition key's constant, or None where the file lacks it."""
+        found: list[ColumnStats | None] = []
+        leaves: dict[int, Leaves | None] = {}
+        columns = self.columns
+        layout = zip(self.part_file.tolist(), self.part_row_group.tolist(), strict=True)
+        for p, (f, g) in enumerate(layout):
+            stored = columns.stored_name(f, column)
+            if stored is None and column in columns.types:  # a constant in this file
+                found.append(constant_stats(columns.values[f].get(column), int(self.rows[p])))
+                continue
+            metadata = self.metadata(f)
+            if f not in leaves:
+                leaves[f] = column_leaves(metadata, column if stored is None else stored)
+            found.append(None if leaves[f] is None else column_stats(metadata, g, leaves[f]))
+        return found
+
+    def null_flags(self, column: str) -> NDArray[np.int8]:
+        flags = np.full(len(self.rows), -1, dtype=np.int8)
+        for p, stats in enumerate(self.footer_statistics(column)):
+            if stats is not None and stats.nulls is not None and not stats.nested:
+                flags[p] = 1 if stats.nulls > 0 else 0
+        return flags
+
+    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
+        return [None if s is None else s.extremes for s in self.footer_statistics(column)]
+
+    def partition_bytes(self) -> NDArray[np.int64]:
+        layout = zip(self.part_file.tolist(), self.part_row_group.tolist(), strict=True)
+        sizes = [self.metadata(f).row_group(g).total_byte_size for f, g in layout]
+        return np.array(sizes, dtype=np.int64)
+
+    # -- files ------------------------------------------------------------------------------
+
+    def schema_files(self, schema_index: int) -> list[str]:
+        return [self.files[f] for f in np.flatnonzero(self.file_schema == schema_index)]
+
+    def file_of(self, partition: int) -> int:
+        return int(self.part_file[partition])
+
+    def partition_values(self, partition: int) -> dict[str, Any]:
+        if not self.columns.keys:
+            return {}
+        values = self.columns.values[int(self.part_file[partition])]
+        return {k: values.get(k) for k in self.columns.keys}
+
+    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]:
+        return self.part_file, self.part_row_group, self.rows
+
+    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
+        return self.columns.file_columns(file_index, columns)
+
+    def open_row_groups(
+        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
+    ) -> IO[bytes]:
+        if self.remote is None:
+            return open(self.files[file_index], "rb")
+        handle = self.fetch_row_groups(file_index, list(row_groups), list(columns))
+        return cast(IO[bytes], handle)
+
+    def local_paths(self, files: Sequence[int]) -> list[str] | None:
+        return None if self.remote is not None else [self.files[f] for f in files]
+
+
+def file_stamps(files: list[str], remote: RemoteStore | None) -> list[Any]:
+    """What tells a changed file from an unchanged one without reading it, or None
+    (gone): for local files the size, modification and change times and inode (a
+    rewrite changes the change time even when the modification time is put back, as
+    ``cp -p`` and ``rsync -t`` do); for objects the size and the ETag, version or
+    generation the store reports."""
+    stamps: list[Any] = []
+    for path in files:
+        try:
+            if remote is None:
+                stamps.append(_local_stamp(os.stat(path)))
+            else:
+                stamps.append(remote.stamp(path))
+        except (OSError, TabloaderError):
+            stamps.append(None)
+    return stamps
+
+
+def identity(path: str, stamp: Any, digest: str, remote: RemoteStore | None) -> dict[str, Any]:
+    """What a file's content decides: its size and footer digest, and for objects
+    the ETag, version or generation the store keeps (the stamp's other parts, such
+    as local modification times, only say when to look again)."""
+    if remote is None:
+        return {"path": os.path.abspath(path), "size": stamp[0], "footer": digest}
+    return {
+        "path": remote.display(path),
+        "size": stamp[0],
+        "version": list(stamp[1:]),
+        "footer": digest,
+    }
+
+
+def read_footer(
+    path: str, remote: RemoteStore | None
+) -> tuple[Any, int, pq.FileMetaData, bytes | None, str]:
+    """A file's stamp (see `file_stamps`), size, metadata, footer bytes (kept
+    for remote files only) and footer digest, the stamp and the footer from the same
+    opened file."""
+    shown = path if remote is None else remote.display(path)
+    stamp: tuple[Any, ...]
+    try:
+        if remote is None:
+            stamp, footer = _local_footer(path)
+            size = stamp[0]
+        else:
+            stamp = remote.stamp(path)
+            size = stamp[0]
+            footer = remote.read_footer(path, size) if size else b""
+    except (pa.ArrowException, ValueError) as err:
+        if isinstance(err, InvalidFileError):
+            raise
+        raise InvalidFileError(
+            f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
+            "being written, or in another format"
+        ) from err
+    except OSError as err:
+        if isinstance(err, ReadError):
+            raise
+        raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
+    if size == 0:
+        raise InvalidFileError(f"{shown} is empty (0 bytes): remove it, or re-write it as parquet")
+    try:
+        metadata = footer_metadata(footer)
+    except (pa.ArrowException, ValueError, OSError) as err:
+        raise InvalidFileError(
+            f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
+            "being written, or in another format"
+        ) from err
+    kept = footer if remote is not None else None
+    return stamp, size, metadata, kept, digest(footer)
+
+
+def read_footers(
+    files: list[str], remote: RemoteStore | None, *, skip_unreadable: bool
+) -> list[Any]:
+    """Each file's `read_footer`, read in parallel, or, with
+    ``skip_unreadable``, the [`InvalidFileError`][tabloader.errors.InvalidFileError] that
+    reading it raised."""
+
+    def read(path: str) -> Any:
+        try:
+            return read_footer(path, remote)
+        except (InvalidFileError, SourceNotFoundError) as err:
+            if not skip_unreadable:
+                raise
+            return InvalidFileError(str(err))
+
+    if len(files) <= 1:
+        return [read(f) for f in files]
+    threads = _FOOTER_THREADS if remote is None else remote.max_concurrent_reads
+    with ThreadPoolExecutor(min(threads, len(files))) as pool:
+        return list(pool.map(read, files))
+
+
+def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list[str]:
+    """The files a path, directory, glob or URL names now, sorted; ``roots`` records
+    where each directory's or glob's ``key=value`` parts start."""
+    if remote is None:
+        path = os.path.expanduser(spec)
+        # A path that exists is itself, even with glob characters: "a[1].parquet".
+        if globlib.has_magic(path) and not os.path.exists(path):
+            found = sorted(
+                p
+                for p in globlib.glob(path, recursive=True)
+                if os.path.isfile(p) and not _hidden(p)
+            )
+            if not found:
+                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+            roots[spec] = _glob_root(path)
+            return found
+        if os.path.isdir(path):
+            _refuse_table_directory(spec, _table_markers(path))
+            roots[spec] = path.rstrip("/") + "/"
+            return _from_directory(spec, _walk_local(path))
+        if os.path.isfile(path):
+            return [path]
+        raise SourceNotFoundError(f"{spec!r} does not exist")
+    store = remote
+    path = store.filesystem._strip_protocol(spec)
+
+    def call(name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return store.call(name, *args, what=f"the listing of {spec}", **kwargs)
+        except PermissionError as err:
+            raise access_denied_error(spec, err) from err
+        except FileNotFoundError:
+            return None
+
+    literal = call("info", path) if globlib.has_magic(path) else None
+    if globlib.has_magic(path) and literal is None:
+        listing = call("glob", path, detail=True) or {}
+        found = sorted(
+            p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
+        )
+        if not found:
+            raise SourceNotFoundError(
+                f"the glob {spec!r} matched no files; check the bucket name, the path "
+                "and the endpoint"
+            )
+        roots[spec] = _glob_root(path)
+        return found
+    info = literal if literal is not None else call("info", path)
+    if info is not None and info.get("type") == "directory":
+        listing = sorted(call("find", path) or [])
+        root = path.rstrip("/") + "/"
+        _refuse_table_directory(spec, [p[len(root) :] for p in listing if p.startswith(root)])
+        roots[spec] = root
+        return _from_directory(spec, listing, root=path)
+    if info is not None:
+        return [path]
+    raise SourceNotFoundError(
+        f"{spec!r} does not exist; check the bucket name, the path and the endpoint"
+    )
+
+
+def _from_directory(spec: str, listing: list[str], root: str | None = None) -> list[str]:
+    base = root if root is not None else spec
+    found = []
+    for p in listing:
+        rel = p[len(base) :].lstrip("/") if p.startswith(base) else os.path.basename(p)
+        if any(part.startswith(("_", ".")) for part in rel.split("/")) or _hidden(p):
+            continue
+        if p.endswith(PARQUET_SUFFIXES):
+            found.append(p)
+    if not found:
+        raise SourceNotFoundError(
+            f"the directory {spec!r} holds no parquet files (looked for "
+            f"{', '.join('*' + s for s in PARQUET_SUFFIXES)}); pass the files explicitly"
+        )
+    refuse_mixed_splits(spec, base, found)
+    return sorted(found)
+
+
+def _local_stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _local_footer(path: str) -> tuple[tuple[int, int, int, int], bytes]:
+    """A local file's stamp and its footer (metadata, length, magic), read from one
+    opened file, so the two belong to the same version of it."""
+    with open(path, "rb") as f:
+        stamp = _local_stamp(os.fstat(f.fileno()))
+        size = stamp[0]
+        if size == 0:
+            return stamp, b""
+        if size < 12:
+            raise pa.ArrowInvalid(f"{size} bytes are too few for a parquet file")
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            raise pa.ArrowInvalid("Parquet magic bytes not found in footer")
+        length = int.from_bytes(tail[:4], "little")
+        if length + 12 > size:
+            raise pa.ArrowInvalid("the footer is longer than the file")
+        f.seek(size - 8 - length)
+        return stamp, f.read(length + 8)
+
+
+TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
+
+
+def _hidden(path: str) -> bool:
+    """Files writers leave beside the data (``_SUCCESS``, ``_metadata``, ``.crc``) or are
+    still writing (``*.tmp``, ``*.inprogress``)."""
+    name = os.path.basename(path)
+    return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob's matches start below: where their ``key=value`` parts begin."""
+    parts = pattern.replace("\\", "/").split("/")
+    fixed = []
+    for part in parts[:-1]:
+        if globlib.has_magic(part):
+            break
+        fixed.append(part)
+    return "/".join(fixed) + "/" if fixed else ""
+
+
+def _table_markers(directory: str) -> list[str]:
+    """The names below ``directory`` that tell a Delta or Iceberg table's directory."""
+    found = []
+    if os.path.isdir(os.path.join(directory, "_delta_log")):
+        found.append("_delta_log/")
+    metadata = os.path.join(directory, "metadata")
+    if os.path.isdir(metadata):
+        found.extend(f"metadata/{name}" for name in os.listdir(metadata))
+    return found
+
+
+def _refuse_table_directory(spec: str, names: Iterable[str]) -> None:
+    """A table's directory holds the files of every version: refuse to read them all."""
+    for name in names:
+        if name.startswith("_delta_log/"):
+            raise InvalidArgumentError(
+                f"{spec!r} is a Delta Lake table: its directory also holds files that older "
+                "versions replaced or deleted, so reading every file would duplicate and "
+                f"resurrect rows. Load it with tabloader.Dataset.from_delta({spec!r})"
+            )
+        if name.startswith("metadata/") and name.endswith(".metadata.json"):
+            raise InvalidArgumentError(
+                f"{spec!r} is an Apache Iceberg table: its data directory also holds files "
+                "that older snapshots replaced or deleted. Load it with "
+                "tabloader.Dataset.from_iceberg(catalog.load_table(...)), or for a table "
+                "without a catalog pyiceberg.table.StaticTable.from_metadata(...)"
+            )
+
+
+def _with_keys(schema: pa.Schema, keys: dict[str, pa.DataType]) -> pa.Schema:
+    """``schema`` with the partition keys it does not store appended."""
+    for name, key_type in keys.items():
+        if schema.get_field_index(name) < 0:
+            schema = schema.append(pa.field(name, key_type))
+    return schema
+
+
+def _walk_local(root: str) -> list[str]:
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
+        found.extend(os.path.join(dirpath, name) for name in filenames)
+    return sorted(found)
