@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 import warnings
 
 import numpy as np
 import pandas as pd
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -380,20 +381,29 @@ def test_close_stops_the_threads_and_ends_the_iterator(dataset_dir):
 
 
 def test_memory_stays_flat_over_many_epochs(tmp_path):
+    # In a process of its own: what earlier tests left behind (threads, arenas) would
+    # move this process's RSS by tens of MiB either way.
     paths = write_dataset(tmp_path, [[50_000] * 4] * 2)
-    loader = tabloader.Loader(
-        paths, **COLS, batch_size=4096, shuffle=True, seed=0, chunk_rows=100_000
+    script = f"""
+import gc, psutil, tabloader
+loader = tabloader.Loader({[str(p) for p in paths]!r}, **{COLS!r}, batch_size=4096,
+                          shuffle=True, seed=0, chunk_rows=100_000)
+process = psutil.Process()
+for _ in range(3):
+    list(loader)
+gc.collect()
+before = process.memory_info().rss
+for _ in range(15):
+    for _ in loader:
+        pass
+gc.collect()
+print(process.memory_info().rss - before)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
-    process = psutil.Process()
-    for _ in range(3):
-        list(loader)
-    gc.collect()
-    before = process.memory_info().rss
-    for _ in range(15):
-        for _ in loader:
-            pass
-    gc.collect()
-    grown = process.memory_info().rss - before
+    assert done.returncode == 0, done.stderr
+    grown = int(done.stdout.split()[-1])
     assert grown < 40 * 2**20, f"RSS grew by {grown / 2**20:.0f} MiB over 15 epochs"
 
 

@@ -228,6 +228,13 @@ class LoaderConfig:
                 f"{device} is the CPU. Pass device='cuda', or leave cache_placement out"
             )
 
+    def cache_stacked(self, device: Device) -> bool:
+        """Whether a cache stores a block per kind: when shuffled rows are gathered from it
+        on the host (a row is then a few cache lines rather than one random access per
+        column). Otherwise it stores the layout's blocks: on a GPU a gather costs the same
+        either way, and the cache then holds the blocks batches are cut from."""
+        return self.layout == "stacked" or (self.shuffle and not device.is_cuda)
+
     def plan_options(self) -> dict[str, Any]:
         """The options that shape every epoch's plan, as the planners take them."""
         return {f.name: getattr(self, f.name) for f in _FIELDS if f.metadata.get("plan")}

@@ -288,11 +288,10 @@ class Loader(_Position):
 
     Args: Distributed
         global_rank, global_size: This process's rank and the number of ranks (default,
-            or None: 0 and 1). Every rank
-            gets ``len(dataset) // global_size`` rows and the same number of batches; the
-            ranks' rows are disjoint. Pass the same ``seed`` on every rank. With a
-            ``cache``, each rank keeps the same rows every epoch (its share of the
-            dataset in stored order) and shuffling permutes within that share.
+            or None: 0 and 1). Every rank gets ``len(dataset) // global_size`` rows and the
+            same number of batches; the ranks' rows are disjoint. Pass the same ``seed`` on
+            every rank. With a ``cache``, each rank keeps the same rows every epoch (its
+            share of the dataset in stored order) and shuffling permutes within that share.
         device: ``"cpu"``, or ``"cuda"``/``"cuda:N"``/an index for the GPU backend
             (``"cuda"`` is the current CUDA device). None (default): ``$TABLOADER_DEVICE``
             if set, else the GPU when cudf and cupy import and a GPU is visible, else
@@ -346,13 +345,7 @@ class Loader(_Position):
         self._stats = StatsRecorder()
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
-        # A cache stores a block per kind when shuffled rows are gathered from it on the
-        # host (a row is then a few cache lines rather than one random access per column),
-        # else the layout's blocks (on a GPU a gather costs the same either way, and the
-        # cache then holds the blocks batches are cut from).
-        self._cache_stacked = config.layout == "stacked" or (
-            config.shuffle and not self.device.is_cuda
-        )
+        self._cache_stacked = config.cache_stacked(self.device)
         if config.cache_mode is not None:
             self.cache = self._cache_for(self.dataset)
 

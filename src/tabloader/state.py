@@ -11,8 +11,8 @@ options, another worker share or by another version of tabloader, naming what di
 
 Examples:
     >>> saved = Cursor(epoch=2, seed=7, batches=5).to_state(Fingerprint({"rows": 10}, {}))
-    >>> (saved["epoch"], saved["seed"], saved["batches"], saved["format"])
-    (2, 7, 5, 2)
+    >>> (saved["epoch"], saved["seed"], saved["batches"], saved["format"] == STATE_FORMAT)
+    (2, 7, 5, True)
     >>> Cursor.from_state(saved, Fingerprint({"rows": 10}, {}), seed=7, batches_in_epoch=9)
     Cursor(epoch=2, seed=7, batches=5, worker=0, num_workers=1)
 """
