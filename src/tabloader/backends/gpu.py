@@ -613,7 +613,6 @@ def _complete_columns(
     how: Sequence[Any],
     file_rows: Sequence[int],
     columns: Sequence[str],
-    cupy: Any,
 ) -> dict[str, Any]:
     """The columns read from files (their stored names, file after file; ``how`` holds
     each file's `FileColumns`) as the requested
@@ -1078,7 +1077,7 @@ class GPUBackend:
         # Partition keys, and table columns renamed or added after a file was written:
         # deliver exactly the requested columns, keys typed as on the CPU.
         file_rows = [int(sum(dataset.partition_rows[p] for p in ps)) for ps in read.partitions]
-        return [_complete_columns(frame, how, file_rows, columns, self._cupy)], on_default
+        return [_complete_columns(frame, how, file_rows, columns)], on_default
 
     def _decode_on_host(
         self, dataset: Dataset, read: ChunkRead, columns: list[str], lists: set[str]

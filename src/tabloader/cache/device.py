@@ -128,7 +128,7 @@ class _Placed:
         return self.where == "device"
 
 
-class DeviceCacheBackend:
+class DeviceCacheBackend(CacheBackend):
     """A GPU loader's backend for one epoch through the cache (see the module's text)."""
 
     def __init__(
@@ -140,13 +140,7 @@ class DeviceCacheBackend:
         placement: CachePlacement,
         stats: StatsRecorder,
     ) -> None:
-        self.cache = cache
-        self.backend = backend
-        self.name = backend.name
-        self.xp = backend.xp
-        self.groups_columns = backend.groups_columns
-        self.scope = backend.scope
-        self.write = write
+        super().__init__(cache, backend, write=write)
         self.placement = placement
         self.stats = stats
         self._copies: deque[tuple[Any, Any]] = deque()  # (event, host arrays being copied)
