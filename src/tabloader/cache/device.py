@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tabloader.backends.cpu import BufferPool, PooledNumpy
-from tabloader.backends.gpu import delivery_rows
 from tabloader.batches import Ragged
 from tabloader.cache.serve import CacheBackend, CachedList, gather_list
 from tabloader.errors import InvalidArgumentError
@@ -165,13 +164,11 @@ class DeviceCacheBackend(CacheBackend):
             plan, rows = request.plan, self.cache.rows
             # the shuffled order drawn where the gathers run (the host's draw, exactly)
             xp = self.xp.cupy if placed.on_device else np
-            whole = [self.cache.num_rows]  # the cache as one frame of delivery_rows
             for chunk in range(plan.num_chunks):
-                pieces = plan.pieces(chunk)
-                spans = [(0, p, int(rows.base[p]) + a, int(rows.base[p]) + b) for p, a, b in pieces]
-                order = plan.batch_order(chunk, xp=xp)
-                index, first = delivery_rows(spans, whole, order, xp=xp)
+                index = rows.delivery_rows(plan, chunk, xp=xp)
                 if index is None:  # stored order: views of the cache (copied in)
+                    pieces = plan.pieces(chunk)
+                    first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
                     n = sum(b - a for _, a, b in pieces)
                     view = (rows.view(placed.arrays, first, first + n), None)
                     yield [view if placed.on_device else self._upload(view)]

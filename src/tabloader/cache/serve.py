@@ -121,16 +121,20 @@ class CachedRows:
         self.layout = layout
         self.base = base
 
-    def delivery_rows(self, plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:
-        """The cache rows of chunk ``chunk`` of ``plan`` in delivery order; None when
-        the chunk is served as views of the cache (stored order, stored layout)."""
-        order = plan.batch_order(chunk)
+    def delivery_rows(self, plan: EpochPlan, chunk: int, *, xp: Any = np) -> Any:
+        """The cache rows of chunk ``chunk`` of ``plan`` in delivery order, an array of
+        ``xp`` (numpy, or cupy: worked out on the device); None when the chunk is served as
+        views of the cache (stored order, stored layout)."""
+        order = plan.batch_order(chunk, xp=xp)
         if order is None and self.blocks == self.layout.blocks:
             return None
-        pieces = plan.pieces(chunk)
-        rows = np.concatenate(
-            [np.arange(self.base[p] + s, self.base[p] + e, dtype=np.int64) for p, s, e in pieces]
-        )
+        runs = [(int(self.base[p]) + s, e - s) for p, s, e in plan.pieces(chunk) if e > s]
+        if all(a + n == b for (a, n), (b, _) in pairwise(runs)):  # one run of the cache
+            first = runs[0][0] if runs else 0
+            if order is not None:
+                return order + first  # one pass over the order
+            return xp.arange(first, first + sum(n for _, n in runs), dtype=np.int64)
+        rows = xp.concatenate([xp.arange(a, a + n, dtype=np.int64) for a, n in runs])
         return rows if order is None else rows[order]
 
     def batch_tasks(
