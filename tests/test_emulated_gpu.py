@@ -465,6 +465,37 @@ def test_work_on_a_non_blocking_stream_is_ordered_only_by_events_or_the_host(cup
     assert b.get().tolist() == [0, 1, 2, 3]  # the host waited for it
 
 
+def test_host_waits_are_counted_per_thread_and_queries_are_not_waits(cupy_alone):
+    cupy = cupy_alone
+    order = cupy.cuda._order
+    name = threading.current_thread().name
+
+    def waits_after(action) -> int:
+        before = order.host_waits().get(name, 0)
+        action()
+        return order.host_waits().get(name, 0) - before
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cupy.arange(6)
+    event = stream.record()
+    assert waits_after(lambda: (event.query(), event.done, stream.done)) == 0
+    assert waits_after(event.synchronize) == 1
+    assert waits_after(stream.synchronize) == 1
+    assert waits_after(cupy.cuda.Device(0).synchronize) == 1
+    with stream:
+        assert waits_after(a.get) == 1  # a copy to the host
+        assert waits_after(lambda: a[a > 2]) == 1  # the mask's count, on the host
+        assert waits_after(lambda: cupy.nonzero(a)) == 1
+        assert waits_after(lambda: cupy.where(a > 1)) == 1
+        assert waits_after(lambda: (a[1:3], a[cupy.arange(2)], cupy.where(a > 1, a, 0))) == 0
+    elsewhere = threading.Thread(target=stream.synchronize, name="another")
+    before = order.host_waits().get("another", 0)
+    elsewhere.start()
+    elsewhere.join()
+    assert order.host_waits()["another"] == before + 1
+
+
 def test_a_blocking_stream_and_the_default_stream_order_each_other(cupy_alone):
     cupy = cupy_alone
     with cupy.cuda.Stream():  # blocking, as cupy's default

@@ -1256,3 +1256,60 @@ def test_counter_permutation_on_the_device_is_the_hosts(n: int) -> None:
     keys = [2**64 - 1, 7, 2**40 + 3, 0]
     on_device = counter_permutation(n, keys, xp=cupy, block=max(1, n // 2))
     np.testing.assert_array_equal(cupy.asnumpy(on_device), counter_permutation(n, keys))
+
+
+# -- what the loader's threads cost the host ---------------------------------------------------
+
+_WAIT_CASES = {
+    "streamed, shuffled": {"shuffle": True},
+    "streamed, in order": {"shuffle": False},
+    "cached on the device, shuffled": {"shuffle": True, "cache": "memory"},
+    "cached on the device, global": {"shuffle": "global", "cache": "memory"},
+    "cached on the device, in order": {"shuffle": False, "cache": "memory"},
+    "cached in pinned memory, shuffled": {
+        "shuffle": True,
+        "cache": "memory",
+        "cache_placement": "host",
+    },
+}
+
+
+@gpu
+@pytest.mark.parametrize("case", list(_WAIT_CASES))
+def test_the_loaders_threads_never_wait_for_the_device(tmp_path, case):
+    """A host wait (a stream or event synchronize, a copy to the host, a size the host
+    must know, as for a boolean mask) costs the thread the time the device still needs
+    for all the work queued before it. None of the loader's threads waits, in the epoch
+    that fills a cache or in the ones after: a shuffled chunk's order is drawn on the
+    device without the host learning a count, batches are handed over by events, pinned
+    staging memory is let go when its copy's event says it is done. Counted by the
+    emulated device (``cupy.cuda._order``), which real cupy does not offer."""
+    import cupy
+
+    order = getattr(cupy.cuda, "_order", None)
+    if order is None or not hasattr(order, "host_waits"):
+        pytest.skip("host waits are counted by the emulated device only")
+    paths = write_dataset(tmp_path / "data", [[300, 300], [400], [250, 250]])
+    loader = tabloader.Loader(
+        paths,
+        cats=["id"],
+        conts=["x"],
+        batch_size=64,
+        parts_per_chunk=1,
+        device="cuda",
+        seed=4,
+        **_WAIT_CASES[case],
+    )
+    for _ in range(3):
+        before, chunks = order.host_waits(), loader.stats().chunks
+        batches = list(loader)
+        after = order.host_waits()
+        waits = {
+            name: after[name] - before.get(name, 0)
+            for name in after
+            if after[name] > before.get(name, 0)
+        }
+        assert waits == {}, f"threads that waited for the device: {waits}"
+        assert loader.stats().chunks - chunks >= 1
+        ids = np.concatenate([b["id"].get().ravel() for b in batches])
+        assert sorted(ids.tolist()) == list(range(1500))

@@ -8,6 +8,7 @@ device (tests/test_emulated_device.py); the option checks run everywhere.
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -155,6 +156,42 @@ def test_the_share_of_device_memory_decides_the_placement(monkeypatch):
     for _ in range(2):
         list(forced)
     assert forced.stats().cache_placement == "device"
+
+
+@gpu
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_a_cached_chunks_order_is_drawn_where_it_is_gathered(tmp_path, monkeypatch, placement):
+    """In GPU memory, the order is drawn on the device by the reader (queued on the
+    loader's stream); in pinned host memory, on the host a chunk ahead, by the order
+    thread, so the reader only gathers."""
+    from tabloader.cache.serve import CachedRows
+
+    drawn: list[tuple[str, str]] = []
+    delivery_rows = CachedRows.delivery_rows
+
+    def recorded(self, plan, chunk, *, xp=np):
+        out = delivery_rows(self, plan, chunk, xp=xp)
+        drawn.append((threading.current_thread().name.split("_")[0], type(out).__module__))
+        return out
+
+    monkeypatch.setattr(CachedRows, "delivery_rows", recorded)
+    options = {"cats": ["id"], "batch_size": 100, "shuffle": True, "seed": 3, "cache": "memory"}
+    paths = write_dataset(tmp_path / "data", [[100, 100], [150], [120]])
+    loader = tabloader.Loader(
+        paths, parts_per_chunk=1, device="cuda", cache_placement=placement, **options
+    )
+    list(loader)  # fills the cache
+    drawn.clear()
+    served = list(loader)
+    assert loader.stats().cache_placement == ("pinned host" if placement == "host" else "device")
+    assert len(drawn) == loader.plan(1).num_chunks > 1
+    where = (
+        {("tabloader-reader", "cupy")} if placement == "device" else {("tabloader-order", "numpy")}
+    )
+    assert set(drawn) == where
+    cpu = tabloader.Loader(paths, parts_per_chunk=1, device="cpu", **options)
+    list(cpu)
+    _same(list(cpu), served)
 
 
 @gpu

@@ -304,6 +304,10 @@ def test_counter_permutation_is_a_bijection_whatever_the_block(n, keys, block):
     assert order.dtype == np.int64
     np.testing.assert_array_equal(np.sort(order), np.arange(n))
     np.testing.assert_array_equal(order, counter_permutation(n, keys))
+    # gathered without the host learning any count (as on a GPU): the same permutation
+    scattered = counter_permutation(n, keys, block=block, compact="scatter")
+    assert scattered.dtype == np.int64 and scattered.shape == (n,)
+    np.testing.assert_array_equal(scattered, order)
 
 
 @pytest.mark.parametrize("n", [2**16 + 1, 2**19, 3 * 2**20 + 7])  # 32- and 64-bit halves
@@ -311,6 +315,13 @@ def test_counter_permutation_of_wide_domains_is_a_bijection(n):
     order = counter_permutation(n, [11, 12, 13, 14])
     np.testing.assert_array_equal(np.sort(order), np.arange(n))
     np.testing.assert_array_equal(order, counter_permutation(n, [11, 12, 13, 14], block=n // 3))
+    scattered = counter_permutation(n, [11, 12, 13, 14], block=n // 3, compact="scatter")
+    np.testing.assert_array_equal(scattered, order)
+
+
+def test_counter_permutation_refuses_an_unknown_compaction():
+    with pytest.raises(ValueError, match="compact must be"):
+        counter_permutation(10, [1, 2, 3, 4], compact="sort")  # type: ignore[arg-type]
 
 
 def test_chunk_permutations_differ_by_every_part_of_their_key():

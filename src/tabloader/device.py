@@ -53,11 +53,6 @@ class Device:
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
-    @property
-    def tensorflow_name(self) -> str:
-        """TensorFlow's name for this device: ``"/CPU:0"`` or ``"/GPU:N"``."""
-        return f"/GPU:{self.index}" if self.is_cuda else "/CPU:0"
-
     def __str__(self) -> str:
         return f"cuda:{self.index}" if self.is_cuda else "cpu"
 

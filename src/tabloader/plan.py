@@ -192,7 +192,12 @@ _MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts 
 
 
 def counter_permutation(
-    num_rows: int, keys: Sequence[int], *, xp: Any = np, block: int = 1 << 24
+    num_rows: int,
+    keys: Sequence[int],
+    *,
+    xp: Any = np,
+    block: int = 1 << 24,
+    compact: Literal["mask", "scatter"] | None = None,
 ) -> Any:
     """A keyed pseudo-random permutation of ``range(num_rows)``, computed the same by
     numpy on a CPU and cupy on a GPU.
@@ -203,9 +208,15 @@ def counter_permutation(
     round function); the images below ``num_rows``, in the order of the positions that
     gave them, are the permutation. The domain is at most four times ``num_rows`` and is
     mapped ``block`` positions at a time, so a GPU draws a chunk's order in a few dozen
-    kernels and one wait for the number of rows kept, with no loop whose length depends
-    on the data (walking each position's cycle until it lands inside took a round of
-    kernels and a wait per step, about ``log2(num_rows)`` of them).
+    kernels with no loop whose length depends on the data (walking each position's cycle
+    until it lands inside took a round of kernels and a wait per step, about
+    ``log2(num_rows)`` of them).
+
+    ``compact`` says how the images kept are gathered: ``"mask"`` selects them with a
+    boolean mask, for which the host learns each block's count (the fastest on a CPU);
+    ``"scatter"`` writes each to its place, found by a prefix sum on the device, so the
+    host never waits for the device. By default numpy masks and any other ``xp``
+    scatters; the permutation is the same.
 
     Examples:
         >>> order = counter_permutation(10, [1, 2, 3, 4])
@@ -213,7 +224,12 @@ def counter_permutation(
         (True, True)
         >>> counter_permutation(10, [1, 2, 3, 4], block=3).tolist() == order.tolist()
         True
+        >>> again = counter_permutation(10, [1, 2, 3, 4], block=3, compact="scatter")
+        >>> again.tolist() == order.tolist()
+        True
     """
+    if compact not in (None, "mask", "scatter"):
+        raise ValueError(f"compact must be 'mask' or 'scatter', got {compact!r}")
     n = int(num_rows)
     if n <= 1:
         return xp.arange(n, dtype=np.int64)
@@ -240,14 +256,23 @@ def counter_permutation(
         return (left << kind(half)) | right
 
     domain = 1 << bits
-    out = xp.empty(n, dtype=np.int64)
-    filled = 0
+    scatter = (xp is not np) if compact is None else compact == "scatter"
+    out = xp.empty(n + 1 if scatter else n, dtype=np.int64)  # n + 1: the slot for the rest
+    filled: Any = 0  # images kept so far (a device scalar when scattering)
     with np.errstate(over="ignore"):  # the multiplications wrap around, by design
         for start in range(0, domain, block):
             images = network(xp.arange(start, min(start + block, domain), dtype=kind))
-            kept = images[images < kind(n)]
-            out[filled : filled + len(kept)] = kept
-            filled += len(kept)
+            inside = images < kind(n)
+            if scatter:
+                places = xp.cumsum(inside, dtype=np.int64)
+                out[xp.where(inside, places + (filled - 1), n)] = images
+                filled = filled + places[-1]
+            else:
+                kept = images[inside]
+                out[filled : filled + len(kept)] = kept
+                filled += len(kept)
+    if scatter:
+        return out[:n]
     return out
 
 

@@ -12,8 +12,9 @@ Devices, streams, and the hand-off rules
 Each loader works on its device (``cuda:N``) in every thread that touches the GPU, and
 issues its work to a stream of its own, created non-blocking (``cudaStreamNonBlocking``)
 so that it is never queued behind the training step's kernels on the default stream,
-nor they behind it. cudf decodes on the legacy default stream. The host never waits for
-the GPU; the order between the loader and its consumer is kept by events, two rules:
+nor they behind it (pylibcudf decodes on it too; ``cudf.read_parquet`` on the legacy
+default stream). Outside the parquet reader, no thread waits for the GPU; the order
+between the loader and its consumer is kept by events, two rules:
 
     **A batch is handed over ordered.** Once a batch's gathers are issued, the legacy
     default stream of the device waits for them (an event recorded on the loader's

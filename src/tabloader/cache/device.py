@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,7 +33,7 @@ from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.batches import Ragged
 from tabloader.cache.serve import CacheBackend, CachedList, gather_list
 from tabloader.errors import InvalidArgumentError
-from tabloader.stages import GATHER_THREADS, SplitWork, usable_cores
+from tabloader.stages import GATHER_THREADS, SplitWork, drawn_ahead, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Part, Segment
     from tabloader.cache.policy import DecodedCache
+    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -162,18 +163,31 @@ class DeviceCacheBackend(CacheBackend):
                 return
             placed = self._placed()
             plan, rows = request.plan, self.cache.rows
-            # the shuffled order drawn where the gathers run (the host's draw, exactly)
-            xp = self.xp.cupy if placed.on_device else np
-            for chunk in range(plan.num_chunks):
-                index = rows.delivery_rows(plan, chunk, xp=xp)
-                if index is None:  # stored order: views of the cache (copied in)
-                    pieces = plan.pieces(chunk)
-                    first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
-                    n = sum(b - a for _, a, b in pieces)
-                    view = (rows.view(placed.arrays, first, first + n), None)
-                    yield [view if placed.on_device else self._upload(view)]
-                else:  # one gather for the whole chunk: its batches are then slices
-                    yield [self._gather(placed, index)]
+            # The shuffled order drawn where the gathers run (the host's draw, exactly): on
+            # the device, queued on the loader's stream; on the host, a chunk ahead on the
+            # order thread, as the CPU backend's cache does.
+            if placed.on_device:
+                cupy = self.xp.cupy
+                orders = (rows.delivery_rows(plan, c, xp=cupy) for c in range(plan.num_chunks))
+                yield from self._served(placed, plan, orders)
+                return
+            with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
+                yield from self._served(placed, plan, ahead)
+
+    def _served(
+        self, placed: _Placed, plan: EpochPlan, orders: Iterable[Any]
+    ) -> Iterator[list[Part]]:
+        """Each chunk of ``plan`` from the placed cache, ``orders`` giving its delivery rows."""
+        rows = self.cache.rows
+        for chunk, index in enumerate(orders):
+            if index is None:  # stored order: views of the cache (copied in)
+                pieces = plan.pieces(chunk)
+                first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
+                n = sum(b - a for _, a, b in pieces)
+                view = (rows.view(placed.arrays, first, first + n), None)
+                yield [view if placed.on_device else self._upload(view)]
+            else:  # one gather for the whole chunk: its batches are then slices
+                yield [self._gather(placed, index)]
 
     def _gather(self, placed: _Placed, rows: Any) -> Part:
         """The cache's ``rows``, in that order, on the device: gathered there (one gather
@@ -278,9 +292,13 @@ class DeviceCacheBackend(CacheBackend):
         out = cupy.empty(host.shape, dtype=host.dtype)
         out.set(host, stream=self.xp.stream)
         self._copies.append((self.xp.stream.record(), host))
-        while self._copies and (len(self._copies) > _COPIES_IN_FLIGHT or self._copies[0][0].done):
-            event, _ = self._copies.popleft()
-            event.synchronize()
+        while self._copies:  # let go of the copies done; wait only when too many are not
+            event = self._copies[0][0]
+            if not event.done:
+                if len(self._copies) <= _COPIES_IN_FLIGHT:
+                    break
+                event.synchronize()
+            self._copies.popleft()
         return out
 
     def _upload(self, part: Part) -> Part:

@@ -207,7 +207,7 @@ class ndarray:
             _order.access(
                 self._history(), key, _order.issue(key), write=False, what="a copy to the host"
             )
-            _order.complete(key)
+            _order.host_wait(key)
         if out is not None:
             out[...] = self._host
             return out
@@ -307,6 +307,8 @@ class ndarray:
             key = key if any(k is Ellipsis for k in key) else (*key, Ellipsis)
             return ndarray._view(self._host[key], self._memptr, self)
         _launch(self)
+        if _has_mask(key):
+            _order.host_wait(cuda.current_key())  # the count of true elements, on the host
         # cupy wraps out-of-bounds indices around (core.pyx __getitem__ docstring); numpy,
         # and so this emulation, raises IndexError: stricter, an out-of-bounds index is a bug.
         return _to_device(np.asarray(self._host[key]))
@@ -475,6 +477,13 @@ def _index(key: Any) -> tuple[Any, bool]:
             )
         out.append(part)
     return (tuple(out) if isinstance(key, tuple) else out[0]), advanced
+
+
+def _has_mask(key: Any) -> bool:
+    """Whether a numpy index (from `_index`) holds a boolean mask: cupy then copies the
+    number of selected elements to the host before it can size the result."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(p, np.ndarray) and p.dtype == np.bool_ for p in parts)
 
 
 def _check_out(out: Any, shape: tuple[int, ...]) -> None:
@@ -665,6 +674,7 @@ def repeat(a: ndarray, repeats: Any, axis: Any = None) -> ndarray:
 def where(condition: ndarray, x: Any = None, y: Any = None) -> Any:
     if x is None and y is None:
         _launch(condition)
+        _order.host_wait(cuda.current_key())  # nonzero: the count, on the host
         return tuple(_to_device(i) for i in np.nonzero(condition._host))
     _launch(condition, x, y)
     return _to_device(np.where(condition._host, _operand(x), _operand(y)))
@@ -672,6 +682,7 @@ def where(condition: ndarray, x: Any = None, y: Any = None) -> Any:
 
 def nonzero(a: ndarray) -> tuple[ndarray, ...]:
     _launch(a)
+    _order.host_wait(cuda.current_key())  # the count of nonzero elements, on the host
     return tuple(_to_device(i) for i in np.nonzero(a._host))
 
 

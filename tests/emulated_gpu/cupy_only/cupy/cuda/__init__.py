@@ -78,7 +78,7 @@ class Device:
     def synchronize(self) -> None:
         """cudaDeviceSynchronize: all work of the device is complete."""
         runtime._check(self.id)
-        _order.complete_device(self.id)
+        _order.host_wait_device(self.id)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other.id == self.id
@@ -115,10 +115,13 @@ class Event:
 
     def synchronize(self) -> None:
         if self.key is not None:
-            _order.complete(self.key, self.count, self.covered)
+            _order.host_wait(self.key, self.count, self.covered)
 
     def query(self) -> bool:
-        self.synchronize()  # True means complete, and the host may rely on it
+        # True means complete, and the host may rely on it (a query never blocks: not
+        # counted as a host wait)
+        if self.key is not None:
+            _order.complete(self.key, self.count, self.covered)
         return True
 
     done = property(query)
@@ -165,7 +168,7 @@ class Stream:
 
     def synchronize(self) -> None:
         """cudaStreamSynchronize: the stream's work (and what it waited for) is complete."""
-        _order.complete(self._key())
+        _order.host_wait(self._key())
 
     def record(self, event: Event | None = None) -> Event:
         event = Event() if event is None else event
@@ -181,7 +184,7 @@ class Stream:
 
     @property
     def done(self) -> bool:
-        self.synchronize()
+        _order.complete(self._key())  # cudaStreamQuery: complete, never blocking
         return True
 
     def __repr__(self) -> str:

@@ -27,10 +27,19 @@ blocks per stream): memory freed on a stream is handed out again to that stream 
 wait, so its old accesses stay on record for the new owner; a pool handing it to another
 stream synchronises first, so they are dropped. Host reads (``ndarray.get``) wait for
 the current stream only.
+
+Every host wait is also counted, per thread (``host_waits``): a wait costs the host the
+time the device still needs for the work before it, so the loader's threads are held to
+a few a chunk. Besides the explicit ones above, cupy waits when it must know a size on
+the host: boolean-mask indexing and ``nonzero`` (and ``where`` with one argument) copy
+the count of true elements to the host (``int(...)`` of a device scalar, in
+``cupy/_core/_routines_indexing.pyx``; cupy's own test helper
+``cupy.testing.is_indexing_cause_synchronize`` lists boolean indexing as synchronizing).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +54,7 @@ _issued: dict[Key, int] = {}  # operations issued to each stream so far
 _done: dict[Key, int] = {}  # operations the host has waited for
 _waits: dict[Key, dict[Key, int]] = {}  # stream -> {stream it waited for: up to op}
 _blocking: dict[Key, bool] = {}
+_host_waits: collections.Counter[str] = collections.Counter()  # thread name -> host waits
 
 
 class RaceError(RuntimeError):
@@ -141,8 +151,29 @@ def complete(key: Key, n: int | None = None, covered: dict[Key, int] | None = No
             _done[other] = max(_done.get(other, 0), count)
 
 
-def complete_device(device: int) -> None:
+def host_wait(key: Key, n: int | None = None, covered: dict[Key, int] | None = None) -> None:
+    """The host blocked until ``key``'s work up to operation ``n`` was done (counted)."""
     with _lock:
+        _host_waits[threading.current_thread().name] += 1
+    complete(key, n, covered)
+
+
+def host_waits() -> dict[str, int]:
+    """The host waits so far, per thread name (the loader's threads are ``tabloader-*``)."""
+    with _lock:
+        return dict(_host_waits)
+
+
+def issued_total() -> int:
+    """Operations issued so far, on every stream of every device."""
+    with _lock:
+        return sum(_issued.values())
+
+
+def host_wait_device(device: int) -> None:
+    """The host blocked until all work of ``device`` was done (counted)."""
+    with _lock:
+        _host_waits[threading.current_thread().name] += 1
         for key in list(_issued):
             if key[0] == device:
                 _done[key] = _issued[key]
