@@ -890,8 +890,8 @@ def goals(report: dict[str, Any]) -> list[str]:
     for what, name, reference in PAIRS:
         cells = []
         for rows in by_size:
-            if name in rows and reference in rows and "first_rows_per_second" in rows[name]:
-                a, b = rows[name], rows[reference]
+            a, b = rows.get(name, {}), rows.get(reference, {})
+            if all("first_rows_per_second" in r for r in (a, b)):
                 first = a["first_rows_per_second"] / b["first_rows_per_second"]
                 later = a["later_rows_per_second"] / b["later_rows_per_second"]
                 cells.append(f"{first:.2f} first, {later:.2f} later")

@@ -93,6 +93,30 @@ def test_every_case_runs_in_its_own_process_against_the_limit(throughput, tmp_pa
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_derived_figures_of_a_report_written_midway_leave_unmeasured_cells_blank(throughput):
+    """The report is saved after every case: a pair whose reference is not measured yet
+    (or has no first epoch) is left blank, never a KeyError that stops the run."""
+    what, name, reference = throughput.PAIRS[0]
+    limit = {"name": "the limit", "group": "limit"}
+    measured = {
+        "name": name,
+        "group": "tabloader",
+        "first_rows_per_second": 2.0,
+        "later_rows_per_second": 4.0,
+    }
+    for other in ({"name": reference, "group": "tabloader"}, None):
+        results = [limit, measured] + ([other] if other else [])
+        lines = throughput.goals({"sizes": [{"rows": 1000, "results": results}]})
+        (line,) = [line for line in lines if line.startswith(f"| {what} |")]
+        assert line.endswith("| - |")
+    done = {**measured, "name": reference, "first_rows_per_second": 1.0}
+    done["later_rows_per_second"] = 1.0
+    lines = throughput.goals({"sizes": [{"rows": 1000, "results": [limit, measured, done]}]})
+    assert any(
+        line.startswith(f"| {what} |") and "2.00 first, 4.00 later" in line for line in lines
+    )
+
+
 @pytest.mark.parametrize(
     ("device", "gpu", "expected"),
     [("cpu", "", "Loader, shuffle"), ("cuda", "real", "Loader(device='cuda') (shuffle)")],

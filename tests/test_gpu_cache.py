@@ -224,6 +224,55 @@ def test_device_memory_stays_flat_over_cached_epochs(placement):
     assert len(set(between[1:])) == 1, between  # the cache placed once, nothing left behind
 
 
+@gpu
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_a_global_shuffle_is_gathered_a_window_at_a_time(monkeypatch, placement):
+    """A global shuffle's epoch is one chunk of every row. Served a window at a time, the
+    device holds the cache (where it is placed there), the epoch's order, and a few
+    windows: never a second, shuffled copy of the whole cache, and from pinned memory
+    never the cache it had no room for."""
+    import cupy
+    import rmm
+
+    from tabloader.backends import gpu as gpu_module
+    from tabloader.cache import device as device_module
+
+    window_bytes = 32 * 1024
+    monkeypatch.setattr(device_module, "DEFAULT_CHUNK_BYTES", window_bytes)
+    rows = 40_000
+    ids = np.arange(rows)
+    conts = [f"x{i}" for i in range(10)]
+    table = pa.table({"id": ids, **{c: ids * (i + 1) / 7 for i, c in enumerate(conts)}})
+    options = {"cats": ["id"], "conts": conts, "batch_size": 128, "seed": 5}
+    loader = tabloader.Loader(
+        table,
+        device="cuda",
+        shuffle="global",
+        cache="memory",
+        cache_placement=placement,
+        **options,
+    )
+    list(loader)  # fills the cache, and places it
+    gc.collect()
+    placed = gpu_module.device_bytes_in_use(rmm, cupy, 0)
+    peak = 0
+    served = []
+    for batch in loader:
+        peak = max(peak, gpu_module.device_bytes_in_use(rmm, cupy, 0) - placed)
+        served.append(batch["id"].get().ravel())
+        del batch
+    assert loader.stats().cache_placement == ("pinned host" if placement == "host" else "device")
+    cache_bytes = loader.cache.nbytes
+    assert cache_bytes >= rows * 48
+    bound = rows * 8 + 8 * window_bytes  # the order, and a few windows in flight
+    assert peak <= bound < cache_bytes / 2, (peak, bound, cache_bytes)
+    cpu = tabloader.Loader(table, device="cpu", shuffle="global", cache="memory", **options)
+    list(cpu)
+    np.testing.assert_array_equal(
+        np.concatenate(served), np.concatenate([b["id"].ravel() for b in cpu])
+    )
+
+
 def test_cache_placement_is_checked_at_construction():
     table = pa.table({"x": [1.0, 2.0]})
     with pytest.raises(InvalidArgumentError, match=r"cache_placement must be 'auto', 'device'"):

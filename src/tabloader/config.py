@@ -68,11 +68,10 @@ from tabloader.options import (
     one_spelling,
     optional_positive,
 )
-from tabloader.plan import count_batches, rank_rows, worker_row_range
+from tabloader.plan import DEFAULT_CHUNK_BYTES, count_batches, rank_rows, worker_row_range
 
 __all__ = [
     "ALIASES",
-    "DEFAULT_CHUNK_BYTES",
     "LOADER_KEYWORDS",
     "ConfigAttributes",
     "DatasetChecks",
@@ -81,8 +80,6 @@ __all__ = [
     "check_dataset",
 ]
 
-DEFAULT_CHUNK_BYTES = 128 * 2**20
-"""Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given."""
 ALIASES = {"cat_names": "cats", "cont_names": "conts", "label_names": "labels"}
 """NVTabular's names of the column options; every entry point takes both spellings."""
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
     "EpochPlan",
     "chunk_offsets",
     "chunk_permutation",
@@ -63,6 +64,10 @@ __all__ = [
     "resume_point",
     "worker_row_range",
 ]
+
+DEFAULT_CHUNK_BYTES = 128 * 2**20
+"""Decoded bytes per chunk when neither ``parts_per_chunk`` nor ``chunk_rows`` is given
+(and per window of a cache's chunk served on a GPU)."""
 
 _ORDER_STREAM = 0
 _CHUNK_STREAM = 1

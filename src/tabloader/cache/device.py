@@ -25,6 +25,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -33,6 +34,7 @@ from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.batches import Ragged
 from tabloader.cache.serve import CacheBackend, CachedList, gather_list
 from tabloader.errors import InvalidArgumentError
+from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
 from tabloader.stages import GATHER_THREADS, SplitWork, drawn_ahead, usable_cores
 
 if TYPE_CHECKING:
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
     from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Part, Segment
     from tabloader.cache.policy import DecodedCache
-    from tabloader.plan import EpochPlan
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -177,8 +178,11 @@ class DeviceCacheBackend(CacheBackend):
     def _served(
         self, placed: _Placed, plan: EpochPlan, orders: Iterable[Any]
     ) -> Iterator[list[Part]]:
-        """Each chunk of ``plan`` from the placed cache, ``orders`` giving its delivery rows."""
+        """Each chunk of ``plan`` from the placed cache, ``orders`` giving its delivery
+        rows: gathered a window at a time (whole batches, about a streamed chunk's bytes),
+        so a global shuffle's single chunk of every row is never gathered at once."""
         rows = self.cache.rows
+        window = self._window_rows(plan.batch_size)
         for chunk, index in enumerate(orders):
             if index is None:  # stored order: views of the cache (copied in)
                 pieces = plan.pieces(chunk)
@@ -186,8 +190,17 @@ class DeviceCacheBackend(CacheBackend):
                 n = sum(b - a for _, a, b in pieces)
                 view = (rows.view(placed.arrays, first, first + n), None)
                 yield [view if placed.on_device else self._upload(view)]
-            else:  # one gather for the whole chunk: its batches are then slices
-                yield [self._gather(placed, index)]
+                continue
+            # one gather per window: its batches are then slices (the first window ends
+            # where a batch does, when the chunk begins inside one)
+            ends = range((-plan.rows_before(chunk)) % plan.batch_size + window, len(index), window)
+            for lo, hi in pairwise([0, *ends, len(index)]):
+                yield [self._gather(placed, index[lo:hi])]
+
+    def _window_rows(self, batch_size: int) -> int:
+        """Rows gathered at once: whole batches, about `DEFAULT_CHUNK_BYTES` of them."""
+        row_bytes = max(1, self.cache.nbytes // max(1, self.cache.num_rows))
+        return max(1, DEFAULT_CHUNK_BYTES // row_bytes // batch_size) * batch_size
 
     def _gather(self, placed: _Placed, rows: Any) -> Part:
         """The cache's ``rows``, in that order, on the device: gathered there (one gather
