@@ -135,6 +135,21 @@ def test_slices_are_views_and_gathers_are_copies(cupy_alone):
     assert contiguous.flags.c_contiguous and contiguous.data.ptr != column.data.ptr
 
 
+def test_set_copies_into_contiguous_arrays_only_with_cupys_errors(cupy_alone):
+    cp = cupy_alone
+    block = cp.zeros((4, 3), dtype=cp.float32)
+    block[1:3].set(np.ones((2, 3), np.float32))  # rows of a C-ordered block: contiguous
+    np.testing.assert_array_equal(block.get().sum(axis=1), [0, 3, 3, 0])
+    with pytest.raises(RuntimeError, match="Cannot set to non-contiguous array"):
+        block[:, 1].set(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="float64 array cannot be set to float32 array"):
+        block.set(np.ones((4, 3)))
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        block.set(np.ones((3, 3), np.float32))
+    with pytest.raises(TypeError, match=r"Only numpy\.ndarray"):
+        block.set([[1.0] * 3] * 4)
+
+
 def test_functions_write_into_out(cupy_alone):
     cp = cupy_alone
     a = cp.arange(10, dtype=cp.int64) * 10

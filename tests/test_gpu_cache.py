@@ -42,6 +42,11 @@ def _same(cpu_batches, gpu_batches):
     assert len(cpu_batches) == len(gpu_batches)
     for c, g in zip(cpu_batches, gpu_batches, strict=True):
         assert all(_on_device(v) for v in g.values()), {k: type(v) for k, v in g.items()}
+        # columns and stacked blocks alike reach the framework without a copy
+        dense = {k: v for k, v in g.items() if not isinstance(v, tuple)}
+        assert all(v.flags.c_contiguous for v in dense.values()), {
+            k: v.strides for k, v in dense.items()
+        }
         g = _host(g)
         assert c.keys() == g.keys()
         for name, value in c.items():
@@ -158,24 +163,47 @@ def test_the_share_of_device_memory_decides_the_placement(monkeypatch):
     assert forced.stats().cache_placement == "device"
 
 
+_WHERE_DRAWN = {
+    # (placement, shuffle): (thread that draws a chunk's order, its array module, staged)
+    ("device", True): ("tabloader-reader", "cupy", False),
+    ("device", "global"): ("tabloader-reader", "cupy", False),
+    ("host", True): ("tabloader-reader", "cupy", True),
+    ("host", "global"): ("tabloader-order", "numpy", False),
+}
+
+
 @gpu
-@pytest.mark.parametrize("placement", ["device", "host"])
-def test_a_cached_chunks_order_is_drawn_where_it_is_gathered(tmp_path, monkeypatch, placement):
+@pytest.mark.parametrize(("placement", "shuffle"), list(_WHERE_DRAWN))
+def test_a_cached_chunks_order_is_drawn_where_it_is_gathered(
+    tmp_path, monkeypatch, placement, shuffle
+):
     """In GPU memory, the order is drawn on the device by the reader (queued on the
-    loader's stream); in pinned host memory, on the host a chunk ahead, by the order
-    thread, so the reader only gathers."""
-    from tabloader.cache.serve import CachedRows
+    loader's stream). In pinned host memory, a chunk of at most a window is copied to the
+    device in stored order and permuted there, its order drawn there too; a global
+    shuffle's single chunk is gathered on the host, its order drawn ahead by the order
+    thread. Batches are the CPU backend's either way."""
+    from tabloader.cache import device as device_module
+    from tabloader.cache.device import DeviceCacheBackend
+    from tabloader.plan import EpochPlan
 
     drawn: list[tuple[str, str]] = []
-    delivery_rows = CachedRows.delivery_rows
+    staged: list[int] = []
+    batch_order, stage = EpochPlan.batch_order, DeviceCacheBackend._staged
 
-    def recorded(self, plan, chunk, *, xp=np):
-        out = delivery_rows(self, plan, chunk, xp=xp)
+    def recorded(self, chunk, *, xp=np):
+        out = batch_order(self, chunk, xp=xp)
         drawn.append((threading.current_thread().name.split("_")[0], type(out).__module__))
         return out
 
-    monkeypatch.setattr(CachedRows, "delivery_rows", recorded)
-    options = {"cats": ["id"], "batch_size": 100, "shuffle": True, "seed": 3, "cache": "memory"}
+    def recorded_stage(self, placed, plan, chunk):
+        staged.append(chunk)
+        return stage(self, placed, plan, chunk)
+
+    monkeypatch.setattr(EpochPlan, "batch_order", recorded)
+    monkeypatch.setattr(DeviceCacheBackend, "_staged", recorded_stage)
+    # windows of 200 rows of 8 bytes: every row group fits one, the 470 rows do not
+    monkeypatch.setattr(device_module, "DEFAULT_CHUNK_BYTES", 200 * 8)
+    options = {"cats": ["id"], "batch_size": 100, "shuffle": shuffle, "seed": 3, "cache": "memory"}
     paths = write_dataset(tmp_path / "data", [[100, 100], [150], [120]])
     loader = tabloader.Loader(
         paths, parts_per_chunk=1, device="cuda", cache_placement=placement, **options
@@ -184,11 +212,11 @@ def test_a_cached_chunks_order_is_drawn_where_it_is_gathered(tmp_path, monkeypat
     drawn.clear()
     served = list(loader)
     assert loader.stats().cache_placement == ("pinned host" if placement == "host" else "device")
-    assert len(drawn) == loader.plan(1).num_chunks > 1
-    where = (
-        {("tabloader-reader", "cupy")} if placement == "device" else {("tabloader-order", "numpy")}
-    )
-    assert set(drawn) == where
+    chunks = loader.plan(1).num_chunks
+    assert chunks == (1 if shuffle == "global" else 4)
+    thread, module, is_staged = _WHERE_DRAWN[placement, shuffle]
+    assert drawn == [(thread, module)] * chunks
+    assert staged == (list(range(chunks)) if is_staged else [])
     cpu = tabloader.Loader(paths, parts_per_chunk=1, device="cpu", **options)
     list(cpu)
     _same(list(cpu), served)

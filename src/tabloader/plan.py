@@ -194,6 +194,8 @@ FEISTEL_ROUNDS = 4
 [`counter_permutation`][tabloader.plan.counter_permutation]."""
 _MUL_32 = (0x9E3779B1, 0x85EBCA6B)  # odd 32-bit multipliers (golden ratio; murmur3's fmix32)
 _MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts (splitmix64)
+_HOST_BLOCK = 1 << 16  # positions numpy maps at a time: 256 KiB temporaries, in cache
+_DEVICE_BLOCK = 1 << 24  # positions a GPU maps at a time: one pass for a chunk
 
 
 def counter_permutation(
@@ -201,7 +203,7 @@ def counter_permutation(
     keys: Sequence[int],
     *,
     xp: Any = np,
-    block: int = 1 << 24,
+    block: int | None = None,
     compact: Literal["mask", "scatter"] | None = None,
 ) -> Any:
     """A keyed pseudo-random permutation of ``range(num_rows)``, computed the same by
@@ -215,7 +217,9 @@ def counter_permutation(
     mapped ``block`` positions at a time, so a GPU draws a chunk's order in a few dozen
     kernels with no loop whose length depends on the data (walking each position's cycle
     until it lands inside took a round of kernels and a wait per step, about
-    ``log2(num_rows)`` of them).
+    ``log2(num_rows)`` of them). By default numpy maps `_HOST_BLOCK` positions at a
+    time, whose temporaries stay in the CPU's cache (about twice as fast as one pass),
+    and any other ``xp`` up to `_DEVICE_BLOCK` in one pass.
 
     ``compact`` says how the images kept are gathered: ``"mask"`` selects them with a
     boolean mask, for which the host learns each block's count (the fastest on a CPU);
@@ -238,6 +242,8 @@ def counter_permutation(
     n = int(num_rows)
     if n <= 1:
         return xp.arange(n, dtype=np.int64)
+    if block is None:
+        block = _HOST_BLOCK if xp is np else _DEVICE_BLOCK
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
     bits = max(2, (n - 1).bit_length())

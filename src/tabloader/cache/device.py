@@ -8,11 +8,18 @@ loader:
 
 - **in GPU memory** when it fits in a share of the device's free memory
   (`$TABLOADER_GPU_CACHE_FRACTION`, 0.5 by default) or ``cache_placement="device"``:
-  each batch is one gather per block on the device (one kernel, the rows' index copied
-  in), the columns of a dtype side by side, column-major, as streamed batches are;
-- **in pinned host memory** otherwise (``cache_placement="host"``): a batch's rows are
-  gathered on the host by a few threads, straight into pinned memory, and copied to the
-  device asynchronously on the loader's stream while the next ones are gathered.
+  a chunk's order is drawn on the device and each window of it is one gather per block
+  there, the columns of a dtype side by side, column-major, as streamed batches are;
+- **in pinned host memory** otherwise (``cache_placement="host"``): a shuffled chunk
+  is copied to the device in stored order (an asynchronous copy per run of the cache
+  and block, at the bus's speed, nothing gathered on the host) and permuted there; a
+  chunk larger than a window (a global shuffle's) has a window's rows gathered on the
+  host by a few threads, straight into pinned memory, and copied to the device while
+  the next ones are gathered.
+
+A window is whole batches, about a streamed chunk's bytes (`DEFAULT_CHUNK_BYTES`), and
+batches are slices of it: a global shuffle's single chunk of every row never makes a
+second copy of the cache on the device.
 
 A disk cache opened by a later loader is placed the same way. Batches are the same
 whatever the placement; `LoaderStats.cache_placement` says which was taken.
@@ -23,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
@@ -162,40 +169,80 @@ class DeviceCacheBackend(CacheBackend):
                 if self.cache.arrays is not None:
                     self._placed()
                 return
-            placed = self._placed()
-            plan, rows = request.plan, self.cache.rows
-            # The shuffled order drawn where the gathers run (the host's draw, exactly): on
-            # the device, queued on the loader's stream; on the host, a chunk ahead on the
-            # order thread, as the CPU backend's cache does.
-            if placed.on_device:
-                cupy = self.xp.cupy
-                orders = (rows.delivery_rows(plan, c, xp=cupy) for c in range(plan.num_chunks))
-                yield from self._served(placed, plan, orders)
-                return
-            with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
-                yield from self._served(placed, plan, ahead)
+            yield from self._serve(self._placed(), request.plan)
 
-    def _served(
-        self, placed: _Placed, plan: EpochPlan, orders: Iterable[Any]
+    def _serve(self, placed: _Placed, plan: EpochPlan) -> Iterator[list[Part]]:
+        """``plan``'s chunks from the placed cache, in three ways, the order of a chunk
+        (the host's draw, exactly) drawn where its rows are gathered:
+
+        - in GPU memory: the order drawn on the device, queued on the loader's stream;
+        - in pinned host memory, shuffled chunks of at most a window: each chunk copied
+          to the device in stored order (one copy per run of the cache and block, at the
+          bus's speed, nothing gathered on the host) and permuted there;
+        - otherwise (a global shuffle's one chunk, list columns, stored order): the rows
+          gathered on the host, the order drawn a chunk ahead on the order thread.
+
+        Rows are gathered a window at a time, so a global shuffle's chunk of every row
+        is never gathered at once.
+        """
+        rows, window = self.cache.rows, self._window_rows(plan.batch_size)
+        cupy = self.xp.cupy
+        if placed.on_device:
+            for chunk in range(plan.num_chunks):
+                index = rows.delivery_rows(plan, chunk, xp=cupy)
+                yield from self._windows(placed, plan, chunk, index, window)
+        elif self._stages_chunks(placed, plan, window):
+            for chunk in range(plan.num_chunks):
+                staged = _Placed(self._staged(placed, plan, chunk), "device")
+                order = plan.batch_order(chunk, xp=cupy)
+                yield from self._windows(staged, plan, chunk, order, window)
+        else:
+            with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
+                for chunk, index in enumerate(ahead):
+                    yield from self._windows(placed, plan, chunk, index, window)
+
+    def _windows(
+        self, placed: _Placed, plan: EpochPlan, chunk: int, index: Any, window: int
     ) -> Iterator[list[Part]]:
-        """Each chunk of ``plan`` from the placed cache, ``orders`` giving its delivery
-        rows: gathered a window at a time (whole batches, about a streamed chunk's bytes),
-        so a global shuffle's single chunk of every row is never gathered at once."""
-        rows = self.cache.rows
-        window = self._window_rows(plan.batch_size)
-        for chunk, index in enumerate(orders):
-            if index is None:  # stored order: views of the cache (copied in)
-                pieces = plan.pieces(chunk)
-                first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
-                n = sum(b - a for _, a, b in pieces)
-                view = (rows.view(placed.arrays, first, first + n), None)
-                yield [view if placed.on_device else self._upload(view)]
-                continue
-            # one gather per window: its batches are then slices (the first window ends
-            # where a batch does, when the chunk begins inside one)
-            ends = range((-plan.rows_before(chunk)) % plan.batch_size + window, len(index), window)
-            for lo, hi in pairwise([0, *ends, len(index)]):
-                yield [self._gather(placed, index[lo:hi])]
+        """Chunk ``chunk``: the rows ``index`` of ``placed`` gathered a window at a time
+        (its batches then slices), or without an index, views of the cache (copied in)."""
+        if index is None:
+            rows, pieces = self.cache.rows, plan.pieces(chunk)
+            first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
+            n = sum(b - a for _, a, b in pieces)
+            view = (rows.view(placed.arrays, first, first + n), None)
+            yield [view if placed.on_device else self._upload(view)]
+            return
+        # the first window ends where a batch does, when the chunk begins inside one
+        ends = range((-plan.rows_before(chunk)) % plan.batch_size + window, len(index), window)
+        for lo, hi in pairwise([0, *ends, len(index)]):
+            yield [self._gather(placed, index[lo:hi])]
+
+    def _stages_chunks(self, placed: _Placed, plan: EpochPlan, window: int) -> bool:
+        """Whether a pinned-host cache's chunks are permuted on the device (see `_serve`)."""
+        return (
+            not placed.on_device
+            and plan.shuffle
+            and not any(isinstance(a, CachedList) for a in placed.arrays.values())
+            and all(plan.chunk_rows(c) <= window for c in range(plan.num_chunks))
+        )
+
+    def _staged(self, placed: _Placed, plan: EpochPlan, chunk: int) -> dict[str, Any]:
+        """Chunk ``chunk``'s rows of the host-side cache ``placed``, in stored order, on
+        the device, row-major as the cache stores them: an asynchronous copy on the
+        loader's stream per run of the cache and block."""
+        base, stream = self.cache.rows.base, self.xp.stream
+        runs = [(int(base[p]) + a, b - a) for p, a, b in plan.pieces(chunk) if b > a]
+        n = sum(k for _, k in runs)
+        staged: dict[str, Any] = {}
+        for name, host in placed.arrays.items():
+            out = self.xp.empty((n, *host.shape[1:]), host.dtype)
+            at = 0
+            for first, k in runs:
+                out[at : at + k].set(host[first : first + k], stream=stream)
+                at += k
+            staged[name] = out
+        return staged
 
     def _window_rows(self, batch_size: int) -> int:
         """Rows gathered at once: whole batches, about `DEFAULT_CHUNK_BYTES` of them."""
@@ -206,11 +253,12 @@ class DeviceCacheBackend(CacheBackend):
         """The cache's ``rows``, in that order, on the device: gathered there (one gather
         per block), or on the host by a few threads into pinned memory and copied in."""
         if placed.on_device:
-            index = self.xp.cupy.asarray(rows)  # one copy a chunk, on the loader's stream
+            index = self.xp.cupy.asarray(rows)  # one copy a window, on the loader's stream
+            blocks = {b.name: b for b in self.cache.blocks}
             segment: Segment = {
                 name: gather_list(a, index)
                 if isinstance(a, CachedList)
-                else self.xp.take(a, index, axis=0)
+                else self._take(a, index, blocks.get(name))
                 for name, a in placed.arrays.items()
             }
             return segment, None
@@ -228,6 +276,19 @@ class DeviceCacheBackend(CacheBackend):
                 jobs.append((share.stop - share.start, job))
         self._work.run(jobs)
         return self._upload((gathered, None))
+
+    def _take(self, array: Any, index: Any, block: Block | None) -> Any:
+        """``array[index]`` on the device, laid out as a streamed chunk's block: each
+        column contiguous where the block is column-major, whatever ``array``'s order."""
+        if (
+            array.ndim == 2
+            and array.shape[1] > 1
+            and block is not None
+            and block.column_major
+            and array.flags.c_contiguous
+        ):
+            return self.xp.take(array.T, index, axis=1).T
+        return self.xp.take(array, index, axis=0)
 
     # -- placing a complete cache ------------------------------------------------------
 

@@ -214,11 +214,17 @@ class ndarray:
         return np.array(self._host, order=order, copy=True)
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        """Copy a host array of the same dtype and shape in (cupy.ndarray.set)."""
+        """Copy a host array of the same dtype and shape in (cupy.ndarray.set): its checks
+        and messages are cupy's (cupy/_core/core.pyx, ``_ndarray_base.set``); a
+        destination that is neither C- nor F-contiguous is refused."""
         if not isinstance(arr, np.ndarray):
             raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
-        if arr.dtype != self.dtype or arr.shape != self.shape:
-            raise ValueError(f"set() needs {self.dtype} {self.shape}, got {arr.dtype} {arr.shape}")
+        if arr.dtype != self.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if not (self._host.flags.c_contiguous or self._host.flags.f_contiguous):
+            raise RuntimeError("Cannot set to non-contiguous array")
         key = cuda.current_key() if stream is None else stream._key()
         _order.access(self._history(), key, _order.issue(key), write=True, what="a copy in")
         self._host[...] = arr
