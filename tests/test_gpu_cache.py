@@ -201,8 +201,9 @@ def test_a_cached_chunks_order_is_drawn_where_it_is_gathered(
 
     monkeypatch.setattr(EpochPlan, "batch_order", recorded)
     monkeypatch.setattr(DeviceCacheBackend, "_staged", recorded_stage)
-    # windows of 200 rows of 8 bytes: every row group fits one, the 470 rows do not
-    monkeypatch.setattr(device_module, "DEFAULT_CHUNK_BYTES", 200 * 8)
+    # windows of 100 rows of 8 bytes: a chunk of one row group (up to 150 rows) is at
+    # most two windows and is staged, the global shuffle's 470 rows are not
+    monkeypatch.setattr(device_module, "DEFAULT_CHUNK_BYTES", 100 * 8)
     options = {"cats": ["id"], "batch_size": 100, "shuffle": shuffle, "seed": 3, "cache": "memory"}
     paths = write_dataset(tmp_path / "data", [[100, 100], [150], [120]])
     loader = tabloader.Loader(

@@ -13,9 +13,9 @@ loader:
 - **in pinned host memory** otherwise (``cache_placement="host"``): a shuffled chunk
   is copied to the device in stored order (an asynchronous copy per run of the cache
   and block, at the bus's speed, nothing gathered on the host) and permuted there; a
-  chunk larger than a window (a global shuffle's) has a window's rows gathered on the
-  host by a few threads, straight into pinned memory, and copied to the device while
-  the next ones are gathered.
+  chunk larger than a streamed one (a global shuffle's) has a window's rows gathered
+  on the host by a few threads, straight into pinned memory, and copied to the device
+  while the next ones are gathered.
 
 A window is whole batches, about a streamed chunk's bytes (`DEFAULT_CHUNK_BYTES`), and
 batches are slices of it: a global shuffle's single chunk of every row never makes a
@@ -176,7 +176,7 @@ class DeviceCacheBackend(CacheBackend):
         (the host's draw, exactly) drawn where its rows are gathered:
 
         - in GPU memory: the order drawn on the device, queued on the loader's stream;
-        - in pinned host memory, shuffled chunks of at most a window: each chunk copied
+        - in pinned host memory, shuffled chunks of a streamed chunk's size: each copied
           to the device in stored order (one copy per run of the cache and block, at the
           bus's speed, nothing gathered on the host) and permuted there;
         - otherwise (a global shuffle's one chunk, list columns, stored order): the rows
@@ -219,12 +219,14 @@ class DeviceCacheBackend(CacheBackend):
             yield [self._gather(placed, index[lo:hi])]
 
     def _stages_chunks(self, placed: _Placed, plan: EpochPlan, window: int) -> bool:
-        """Whether a pinned-host cache's chunks are permuted on the device (see `_serve`)."""
+        """Whether a pinned-host cache's chunks are permuted on the device (see `_serve`):
+        shuffled chunks of at most two windows (a streamed chunk's size, whatever the
+        rounding to whole batches), without list columns."""
         return (
             not placed.on_device
             and plan.shuffle
             and not any(isinstance(a, CachedList) for a in placed.arrays.values())
-            and all(plan.chunk_rows(c) <= window for c in range(plan.num_chunks))
+            and all(plan.chunk_rows(c) <= 2 * window for c in range(plan.num_chunks))
         )
 
     def _staged(self, placed: _Placed, plan: EpochPlan, chunk: int) -> dict[str, Any]:
