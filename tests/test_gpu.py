@@ -1301,15 +1301,46 @@ def test_the_loaders_threads_never_wait_for_the_device(tmp_path, case):
         **_WAIT_CASES[case],
     )
     for _ in range(3):
-        before, chunks = order.host_waits(), loader.stats().chunks
-        batches = list(loader)
-        after = order.host_waits()
-        waits = {
-            name: after[name] - before.get(name, 0)
-            for name in after
-            if after[name] > before.get(name, 0)
-        }
-        assert waits == {}, f"threads that waited for the device: {waits}"
+        chunks = loader.stats().chunks
+        batches = _without_host_waits(order, lambda: list(loader))
         assert loader.stats().chunks - chunks >= 1
         ids = np.concatenate([b["id"].get().ravel() for b in batches])
         assert sorted(ids.tolist()) == list(range(1500))
+
+
+@gpu
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_the_pytorch_adapter_hands_batches_over_without_host_waits(tmp_path, cache):
+    """``TorchAsyncItr`` through ``DLDataLoader``: DLPack hands each batch to PyTorch on
+    its stream (``stream=``), so neither the loader's threads nor the training loop
+    wait for the device."""
+    import cupy
+
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    order = getattr(cupy.cuda, "_order", None)
+    if order is None or not hasattr(order, "host_waits"):
+        pytest.skip("host waits are counted by the emulated device only")
+    paths = write_dataset(tmp_path / "data", [[300, 300], [400]])
+    itr = TorchAsyncItr(
+        paths, cats=["id"], batch_size=64, device="cuda", shuffle=True, seed=1, cache=cache
+    )
+    loader = DLDataLoader(itr, batch_size=None, collate_fn=lambda batch: batch)
+    for _ in range(2):
+        batches = _without_host_waits(order, lambda: list(loader))
+        ids = np.concatenate([b[0].cpu().numpy().ravel() for b in batches])  # cats, [B, 1]
+        assert sorted(ids.tolist()) == list(range(1000))
+
+
+def _without_host_waits(order: Any, run: Any) -> Any:
+    """``run()``'s result, checking that no thread waited for the device meanwhile."""
+    before = order.host_waits()
+    result = run()
+    after = order.host_waits()
+    waits = {
+        name: after[name] - before.get(name, 0)
+        for name in after
+        if after[name] > before.get(name, 0)
+    }
+    assert waits == {}, f"threads that waited for the device: {waits}"
+    return result
