@@ -1332,6 +1332,39 @@ def test_the_pytorch_adapter_hands_batches_over_without_host_waits(tmp_path, cac
         assert sorted(ids.tolist()) == list(range(1000))
 
 
+@gpu
+def test_the_jax_adapter_waits_once_a_batch_also_when_it_narrows_ids(tmp_path):
+    """JAX in its 32-bit mode gets int64 ids narrowed to int32, each checked to fit: one
+    verdict for all of a batch's id columns crosses to the host, and that wait is the
+    batch's one hand-off wait (the batcher's, never the training loop's)."""
+    import cupy
+
+    jax = pytest.importorskip("jax")
+    from tabloader.jax import JaxLoader
+
+    order = getattr(cupy.cuda, "_order", None)
+    if order is None or not hasattr(order, "host_waits"):
+        pytest.skip("host waits are counted by the emulated device only")
+    if jax.config.jax_enable_x64:
+        pytest.skip("JAX runs in 64-bit mode here")
+    table = make_table(0, 640)
+    table = table.append_column("other", table["id"]).append_column("third", table["id"])
+    loader = JaxLoader(
+        table, cats=["id", "other", "third"], batch_size=64, device="cuda", shuffle=True, seed=2
+    )
+    before = order.host_waits()
+    batches = list(loader)
+    after = order.host_waits()
+    waits = {
+        name.split("_")[0]: after[name] - before.get(name, 0)
+        for name in after
+        if after[name] > before.get(name, 0)
+    }
+    assert waits == {"tabloader-batcher": len(batches)} and len(batches) == 10
+    features = batches[0][0]
+    assert {str(features[c].dtype) for c in ("id", "other", "third")} == {"int32"}
+
+
 def _without_host_waits(order: Any, run: Any) -> Any:
     """``run()``'s result, checking that no thread waited for the device meanwhile."""
     before = order.host_waits()

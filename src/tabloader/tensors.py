@@ -15,10 +15,12 @@ One place decides, for each framework, what the adapters (`tabloader.keras`,
 
 Examples:
     >>> import numpy as np
-    >>> narrowed(np.array([3, 2**31 - 1]), np.dtype("int32"), "user").dtype
+    >>> int32 = np.dtype("int32")
+    >>> narrowed({"user": np.array([3, 2**31 - 1])}, {"user": int32})["user"].dtype
     dtype('int32')
     >>> try:
-    ...     narrowed(np.array([2**31]), np.dtype("int32"), "user")
+    ...     narrowed({"item": np.array([7]), "user": np.array([2**31])},
+    ...              {"item": int32, "user": int32})
     ... except ValueError as err:
     ...     print(str(err).split(", the dtype")[0])
     column 'user' holds 2147483648, which does not fit int32
@@ -87,28 +89,45 @@ def dlpack_place(array: Any) -> tuple[Literal["cpu", "cuda"], int]:
     return "cpu", 0
 
 
-def narrowed(array: Any, dtype: np.dtype[Any], name: str) -> Any:
-    """``array`` (numpy or cupy) cast to the narrower integer ``dtype``, after checking
-    that every value fits: a framework that holds no 64-bit integers (JAX's 32-bit
-    mode) would otherwise wrap them around in silence. One verdict crosses to the host.
+def narrowed(columns: Mapping[Any, Any], dtypes: Mapping[Any, np.dtype[Any]]) -> dict[Any, Any]:
+    """``columns`` (numpy or cupy arrays, keyed by column name or ``(name, part)``) cast
+    to the narrower integer ``dtypes``, after checking that every value fits: a
+    framework that holds no 64-bit integers (JAX's 32-bit mode) would otherwise wrap
+    them around in silence.
+
+    One verdict for all the columns crosses to the host, after the casts are issued: on
+    a GPU that is the batch's one wait, which also completes the casts.
     """
-    info = np.iinfo(dtype)
-    if len(array):
-        low, high = array.min(), array.max()
-        bad = (high > info.max) | (low < info.min)
-        get = getattr(bad, "get", None)
-        if bool(get() if callable(get) else bad):
-            lo = int(low.get() if hasattr(low, "get") else low)
-            hi = int(high.get() if hasattr(high, "get") else high)
-            value = hi if hi > info.max else lo
+    out = {key: array.astype(dtypes[key]) for key, array in columns.items()}
+    verdicts = []
+    for key, array in columns.items():
+        if len(array):
+            info = np.iinfo(dtypes[key])
+            verdicts.append((array.max() > info.max) | (array.min() < info.min))
+    if not verdicts:
+        return out
+    module = type(next(iter(columns.values()))).__module__.split(".")[0]
+    xp = np if module == "numpy" else importlib.import_module(module)
+    if not bool(_host_scalar(xp.stack(verdicts).any())):
+        return out
+    for key, array in columns.items():  # the first column that does not fit
+        low, high = (int(_host_scalar(v)) for v in (array.min(), array.max()))
+        info = np.iinfo(dtypes[key])
+        if high > info.max or low < info.min:
+            name = key[0] if isinstance(key, tuple) else key
             raise InvalidArgumentError(
-                f"column {name!r} holds {value}, which does not fit {dtype}, the dtype JAX "
-                f"is handed in its 32-bit mode (whole numbers from {info.min} to "
-                f"{info.max}): it would wrap around. Enable 64-bit mode "
-                "(jax.config.update('jax_enable_x64', True), or JAX_ENABLE_X64=1) and pass "
-                "cat_dtype='int64', or renumber the ids"
+                f"column {name!r} holds {high if high > info.max else low}, which does not "
+                f"fit {dtypes[key]}, the dtype JAX is handed in its 32-bit mode (whole "
+                f"numbers from {info.min} to {info.max}): it would wrap around. Enable "
+                "64-bit mode (jax.config.update('jax_enable_x64', True), or "
+                "JAX_ENABLE_X64=1) and pass cat_dtype='int64', or renumber the ids"
             )
-    return array.astype(dtype)
+    return out
+
+
+def _host_scalar(value: Any) -> Any:
+    get = getattr(value, "get", None)
+    return get() if callable(get) else value
 
 
 def tensorflow_gpu_index(
@@ -526,20 +545,31 @@ class BatchConverter:
                 arrays[(name, "offsets")] = self.aligned(value[1])
             else:
                 arrays[name] = self.aligned(value)
-        for name, dtype in self.narrow.items():
-            for key in (name, (name, "values")):
-                if key in arrays:
-                    arrays[key] = self.aligned(narrowed(arrays[key], dtype, name))
+        narrow = {
+            key: dtype
+            for name, dtype in self.narrow.items()
+            for key in (name, (name, "values"))
+            if key in arrays
+        }
+        # Our copies, like the batch's own writes, complete before the framework reads
+        # (TensorFlow's streams are not ordered with ours): one wait of the host. When
+        # ids are narrowed, the check's verdict is that wait, unless a copy follows it.
+        complete = False
+        if narrow:
+            cast = narrowed({key: arrays[key] for key in narrow}, narrow)
+            complete = any(len(array) for array in cast.values())
+            for key, array in cast.items():
+                arrays[key] = self.aligned(array)
+                complete = complete and arrays[key] is array
+        if self.device.is_cuda and not complete:
+            self.xp.cuda.get_current_stream().synchronize()
         return arrays
 
     def tensors_of(self, arrays: Mapping[Any, Any]) -> dict[Any, Any]:
-        """The framework's tensors of ``arrays`` (from `arrays`), sharing their memory."""
-        if self.device.is_cuda:
-            # Our copies, like the batch's own writes, complete before the framework reads
-            # (TensorFlow's streams are not ordered with ours).
-            self.xp.cuda.get_current_stream().synchronize()
-            if self.lender is not None:
-                arrays = self.lender.lend(arrays)
+        """The framework's tensors of ``arrays`` (from `arrays`, complete on the device),
+        sharing their memory."""
+        if self.device.is_cuda and self.lender is not None:
+            arrays = self.lender.lend(arrays)
         return {key: self.tensors.tensor(array) for key, array in arrays.items()}
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
