@@ -374,3 +374,24 @@ def test_a_jitted_step_trains_on_gpu_batches(dataset_dir, list_paths):
             table, value = step(table, features, labels, mask)
             losses.append(float(value))
     assert losses[-1] < losses[0] / 2
+
+
+def test_narrowing_names_the_column_that_does_not_fit_beside_empty_list_values():
+    """Several columns narrowed at once (a batch's ids and a list column's values, which
+    may be empty): one verdict for all, and the error names the column that holds the
+    value, never a failure of the empty one."""
+    from tabloader.tensors import narrowed
+
+    int32 = np.dtype("int32")
+    columns = {
+        ("tags", "values"): np.array([], np.int64),
+        "item": np.array([4, 2**31 - 1]),
+        "user": np.array([3, -(2**31) - 1]),
+    }
+    dtypes = dict.fromkeys(columns, int32)
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"'user' holds -2147483649"):
+        narrowed(columns, dtypes)
+    columns["user"] = np.array([3, -(2**31)])
+    out = narrowed(columns, dtypes)
+    assert {key: a.dtype for key, a in out.items()} == dict.fromkeys(columns, int32)
+    assert out["user"].tolist() == [3, -(2**31)] and out[("tags", "values")].size == 0

@@ -29,7 +29,9 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +41,7 @@ import numpy as np
 
 from tabloader import _deps
 from tabloader.backends.cpu import BufferPool, PooledNumpy
+from tabloader.batches import host_int
 from tabloader.device import Device
 from tabloader.errors import InvalidArgumentError
 from tabloader.memory import ALIGN, address, aligned_columns, aligned_rows
@@ -99,35 +102,27 @@ def narrowed(columns: Mapping[Any, Any], dtypes: Mapping[Any, np.dtype[Any]]) ->
     a GPU that is the batch's one wait, which also completes the casts.
     """
     out = {key: array.astype(dtypes[key]) for key, array in columns.items()}
-    verdicts = []
-    for key, array in columns.items():
-        if len(array):
-            info = np.iinfo(dtypes[key])
-            verdicts.append((array.max() > info.max) | (array.min() < info.min))
-    if not verdicts:
+    checked = [key for key, array in columns.items() if len(array)]  # min() needs a value
+    misfits = {key: _outside(columns[key], np.iinfo(dtypes[key])) for key in checked}
+    if not misfits or not host_int(functools.reduce(operator.or_, misfits.values())):
         return out
-    module = type(next(iter(columns.values()))).__module__.split(".")[0]
-    xp = np if module == "numpy" else importlib.import_module(module)
-    if not bool(_host_scalar(xp.stack(verdicts).any())):
-        return out
-    for key, array in columns.items():  # the first column that does not fit
-        low, high = (int(_host_scalar(v)) for v in (array.min(), array.max()))
-        info = np.iinfo(dtypes[key])
-        if high > info.max or low < info.min:
-            name = key[0] if isinstance(key, tuple) else key
-            raise InvalidArgumentError(
-                f"column {name!r} holds {high if high > info.max else low}, which does not "
-                f"fit {dtypes[key]}, the dtype JAX is handed in its 32-bit mode (whole "
-                f"numbers from {info.min} to {info.max}): it would wrap around. Enable "
-                "64-bit mode (jax.config.update('jax_enable_x64', True), or "
-                "JAX_ENABLE_X64=1) and pass cat_dtype='int64', or renumber the ids"
-            )
-    return out
+    key = next(key for key, misfit in misfits.items() if host_int(misfit))
+    array, info = columns[key], np.iinfo(dtypes[key])
+    low, high = host_int(array.min()), host_int(array.max())
+    name = key[0] if isinstance(key, tuple) else key
+    raise InvalidArgumentError(
+        f"column {name!r} holds {high if high > info.max else low}, which does not "
+        f"fit {dtypes[key]}, the dtype JAX is handed in its 32-bit mode (whole "
+        f"numbers from {info.min} to {info.max}): it would wrap around. Enable "
+        "64-bit mode (jax.config.update('jax_enable_x64', True), or "
+        "JAX_ENABLE_X64=1) and pass cat_dtype='int64', or renumber the ids"
+    )
 
 
-def _host_scalar(value: Any) -> Any:
-    get = getattr(value, "get", None)
-    return get() if callable(get) else value
+def _outside(array: Any, info: np.iinfo[Any]) -> Any:
+    """Whether any of ``array`` lies outside ``info``'s range: a 0-d array, on the device
+    for a cupy array (nothing crosses to the host)."""
+    return (array.max() > info.max) | (array.min() < info.min)
 
 
 def tensorflow_gpu_index(
