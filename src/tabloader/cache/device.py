@@ -282,13 +282,7 @@ class DeviceCacheBackend(CacheBackend):
     def _take(self, array: Any, index: Any, block: Block | None) -> Any:
         """``array[index]`` on the device, laid out as a streamed chunk's block: each
         column contiguous where the block is column-major, whatever ``array``'s order."""
-        if (
-            array.ndim == 2
-            and array.shape[1] > 1
-            and block is not None
-            and block.column_major
-            and array.flags.c_contiguous
-        ):
+        if _by_column(array, block) and array.flags.c_contiguous:
             return self.xp.take(array.T, index, axis=1).T
         return self.xp.take(array, index, axis=0)
 
@@ -352,7 +346,7 @@ class DeviceCacheBackend(CacheBackend):
 
     def _block_to_device(self, host: NDArray[Any], block: Block | None) -> Any:
         cupy = self.xp.cupy
-        if host.ndim == 2 and host.shape[1] > 1 and block is not None and block.column_major:
+        if _by_column(host, block):
             # gathered row by row on the host: made column-major on the device, as streamed
             rows = self._copy_in(host)
             out = cupy.empty((host.shape[1], host.shape[0]), dtype=host.dtype)
@@ -396,6 +390,12 @@ class DeviceCacheBackend(CacheBackend):
         if index is not None and not _is_device(index):
             index = self._copy_in(np.asarray(index))
         return moved, index
+
+
+def _by_column(array: Any, block: Block | None) -> bool:
+    """Whether ``array`` holds several columns of a block laid out column-major (each
+    column contiguous), as streamed chunks are."""
+    return array.ndim == 2 and array.shape[1] > 1 and block is not None and block.column_major
 
 
 def _is_device(array: Any) -> bool:
