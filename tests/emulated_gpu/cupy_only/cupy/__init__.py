@@ -679,9 +679,7 @@ def repeat(a: ndarray, repeats: Any, axis: Any = None) -> ndarray:
 
 def where(condition: ndarray, x: Any = None, y: Any = None) -> Any:
     if x is None and y is None:
-        _launch(condition)
-        _order.host_wait(cuda.current_key())  # nonzero: the count, on the host
-        return tuple(_to_device(i) for i in np.nonzero(condition._host))
+        return nonzero(condition)  # as cupy: where(condition) is nonzero(condition)
     _launch(condition, x, y)
     return _to_device(np.where(condition._host, _operand(x), _operand(y)))
 

@@ -29,8 +29,8 @@ stream synchronises first, so they are dropped. Host reads (``ndarray.get``) wai
 the current stream only.
 
 Every host wait is also counted, per thread (``host_waits``): a wait costs the host the
-time the device still needs for the work before it, so the loader's threads are held to
-a few a chunk. Besides the explicit ones above, cupy waits when it must know a size on
+time the device still needs for the work before it, so the tests hold the loader's
+threads to none. Besides the explicit ones above, cupy waits when it must know a size on
 the host: boolean-mask indexing and ``nonzero`` (and ``where`` with one argument) copy
 the count of true elements to the host (``int(...)`` of a device scalar, in
 ``cupy/_core/_routines_indexing.pyx``; cupy's own test helper
@@ -162,12 +162,6 @@ def host_waits() -> dict[str, int]:
     """The host waits so far, per thread name (the loader's threads are ``tabloader-*``)."""
     with _lock:
         return dict(_host_waits)
-
-
-def issued_total() -> int:
-    """Operations issued so far, on every stream of every device."""
-    with _lock:
-        return sum(_issued.values())
 
 
 def host_wait_device(device: int) -> None:
