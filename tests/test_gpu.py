@@ -1284,11 +1284,7 @@ def test_the_loaders_threads_never_wait_for_the_device(tmp_path, case):
     device without the host learning a count, batches are handed over by events, pinned
     staging memory is let go when its copy's event says it is done. Counted by the
     emulated device (``cupy.cuda._order``), which real cupy does not offer."""
-    import cupy
-
-    order = getattr(cupy.cuda, "_order", None)
-    if order is None or not hasattr(order, "host_waits"):
-        pytest.skip("host waits are counted by the emulated device only")
+    _wait_counter()  # skips on a real GPU
     paths = write_dataset(tmp_path / "data", [[300, 300], [400], [250, 250]])
     loader = tabloader.Loader(
         paths,
@@ -1302,7 +1298,7 @@ def test_the_loaders_threads_never_wait_for_the_device(tmp_path, case):
     )
     for _ in range(3):
         chunks = loader.stats().chunks
-        batches = _without_host_waits(order, lambda: list(loader))
+        batches = _without_host_waits(lambda: list(loader))
         assert loader.stats().chunks - chunks >= 1
         ids = np.concatenate([b["id"].get().ravel() for b in batches])
         assert sorted(ids.tolist()) == list(range(1500))
@@ -1314,20 +1310,16 @@ def test_the_pytorch_adapter_hands_batches_over_without_host_waits(tmp_path, cac
     """``TorchAsyncItr`` through ``DLDataLoader``: DLPack hands each batch to PyTorch on
     its stream (``stream=``), so neither the loader's threads nor the training loop
     wait for the device."""
-    import cupy
-
     from tabloader.torch import DLDataLoader, TorchAsyncItr
 
-    order = getattr(cupy.cuda, "_order", None)
-    if order is None or not hasattr(order, "host_waits"):
-        pytest.skip("host waits are counted by the emulated device only")
+    _wait_counter()  # skips on a real GPU
     paths = write_dataset(tmp_path / "data", [[300, 300], [400]])
     itr = TorchAsyncItr(
         paths, cats=["id"], batch_size=64, device="cuda", shuffle=True, seed=1, cache=cache
     )
     loader = DLDataLoader(itr, batch_size=None, collate_fn=lambda batch: batch)
     for _ in range(2):
-        batches = _without_host_waits(order, lambda: list(loader))
+        batches = _without_host_waits(lambda: list(loader))
         ids = np.concatenate([b[0].cpu().numpy().ravel() for b in batches])  # cats, [B, 1]
         assert sorted(ids.tolist()) == list(range(1000))
 
@@ -1337,14 +1329,10 @@ def test_the_jax_adapter_waits_once_a_batch_also_when_it_narrows_ids(tmp_path):
     """JAX in its 32-bit mode gets int64 ids narrowed to int32, each checked to fit: one
     verdict for all of a batch's id columns crosses to the host, and that wait is the
     batch's one hand-off wait (the batcher's, never the training loop's)."""
-    import cupy
-
     jax = pytest.importorskip("jax")
     from tabloader.jax import JaxLoader
 
-    order = getattr(cupy.cuda, "_order", None)
-    if order is None or not hasattr(order, "host_waits"):
-        pytest.skip("host waits are counted by the emulated device only")
+    _wait_counter()  # skips on a real GPU
     if jax.config.jax_enable_x64:
         pytest.skip("JAX runs in 64-bit mode here")
     table = make_table(0, 640)
@@ -1352,28 +1340,40 @@ def test_the_jax_adapter_waits_once_a_batch_also_when_it_narrows_ids(tmp_path):
     loader = JaxLoader(
         table, cats=["id", "other", "third"], batch_size=64, device="cuda", shuffle=True, seed=2
     )
+    batches, waits = _host_waits_during(lambda: list(loader))
+    assert waits == {"tabloader-batcher": len(batches)} and len(batches) == 10
+    features = batches[0][0]
+    assert {str(features[c].dtype) for c in ("id", "other", "third")} == {"int32"}
+
+
+def _wait_counter() -> Any:
+    """The emulated device's count of host waits (``cupy.cuda._order``); the test is
+    skipped on a real GPU, whose cupy keeps none."""
+    import cupy
+
+    order = getattr(cupy.cuda, "_order", None)
+    if order is None or not hasattr(order, "host_waits"):
+        pytest.skip("host waits are counted by the emulated device only")
+    return order
+
+
+def _host_waits_during(run: Any) -> tuple[Any, dict[str, int]]:
+    """``run()``'s result, and the host waits meanwhile per thread (``tabloader-batcher``
+    and the like, without the suffix that numbers a thread)."""
+    order = _wait_counter()
     before = order.host_waits()
-    batches = list(loader)
+    result = run()
     after = order.host_waits()
     waits = {
         name.split("_")[0]: after[name] - before.get(name, 0)
         for name in after
         if after[name] > before.get(name, 0)
     }
-    assert waits == {"tabloader-batcher": len(batches)} and len(batches) == 10
-    features = batches[0][0]
-    assert {str(features[c].dtype) for c in ("id", "other", "third")} == {"int32"}
+    return result, waits
 
 
-def _without_host_waits(order: Any, run: Any) -> Any:
+def _without_host_waits(run: Any) -> Any:
     """``run()``'s result, checking that no thread waited for the device meanwhile."""
-    before = order.host_waits()
-    result = run()
-    after = order.host_waits()
-    waits = {
-        name: after[name] - before.get(name, 0)
-        for name in after
-        if after[name] > before.get(name, 0)
-    }
+    result, waits = _host_waits_during(run)
     assert waits == {}, f"threads that waited for the device: {waits}"
     return result
