@@ -257,14 +257,22 @@ def counter_permutation(
     round_keys = [kind(int(k) & ((1 << width) - 1)) for k in keys]
 
     def network(x: Any) -> Any:
-        left, right = x >> kind(half), x & mask
+        """The network's images of the positions ``x``, computed in place (``x`` is
+        overwritten): two temporaries, whatever the number of rounds, so a GPU allocates
+        four arrays a block, not one per operation."""
+        left = xp.right_shift(x, kind(half))
+        right = xp.bitwise_and(x, mask, out=x)
+        t, u = xp.empty_like(x), xp.empty_like(x)
         for key in round_keys:
-            t = (right ^ key) * kind(mul1)
-            t ^= t >> kind(width // 2)
-            t *= kind(mul2)
-            t ^= t >> kind(width // 2 - 3)
-            left, right = right, left ^ (t & mask)
-        return (left << kind(half)) | right
+            xp.bitwise_xor(right, key, out=t)
+            xp.multiply(t, kind(mul1), out=t)
+            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2), out=u), out=t)
+            xp.multiply(t, kind(mul2), out=t)
+            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2 - 3), out=u), out=t)
+            xp.bitwise_xor(left, xp.bitwise_and(t, mask, out=t), out=left)
+            left, right = right, left
+        xp.left_shift(left, kind(half), out=left)
+        return xp.bitwise_or(left, right, out=left)
 
     domain = 1 << bits
     scatter = (xp is not np) if compact is None else compact == "scatter"
@@ -272,12 +280,17 @@ def counter_permutation(
     filled: Any = 0  # images kept so far (a device scalar when scattering)
     with np.errstate(over="ignore"):  # the multiplications wrap around, by design
         for start in range(0, domain, block):
-            images = network(xp.arange(start, min(start + block, domain), dtype=kind))
+            stop = min(start + block, domain)
+            images = network(xp.arange(start, stop, dtype=kind))
             inside = images < kind(n)
             if scatter:
                 places = xp.cumsum(inside, dtype=np.int64)
-                out[xp.where(inside, places + (filled - 1), n)] = images
-                filled = filled + places[-1]
+                if stop < domain:  # the count so far, for the next block's places
+                    later = filled + places[-1]
+                xp.add(places, filled - 1, out=places)
+                out[xp.where(inside, places, n)] = images
+                if stop < domain:
+                    filled = later
             else:
                 kept = images[inside]
                 out[filled : filled + len(kept)] = kept

@@ -727,6 +727,7 @@ class DeviceArrays:
         self.cupy = cupy
         self.device = device
         self.stream = stream
+        self._events = threading.local()  # each thread's event for the default stream
         self.last_event: Any = None
         """The event `hand_over` last recorded: a consumer on a non-blocking stream
         of its own waits for it before reading the batch handed over."""
@@ -782,8 +783,16 @@ class DeviceArrays:
 
     def follow_default_stream(self) -> None:
         """Order the loader's stream after the work issued so far on the default stream
-        (cudf's): what cudf wrote is complete for the loader's next kernels."""
-        self.stream.wait_event(self.cupy.cuda.Stream.null.record())
+        (cudf's): what cudf wrote is complete for the loader's next kernels.
+
+        Each thread records into an event of its own, made once: a stream waits for an
+        event's latest record when it is told to (``cudaStreamWaitEvent``), so recording
+        the same event again later changes nothing for that wait, and an allocation costs
+        a record and a wait, not an event made and destroyed too."""
+        event = getattr(self._events, "event", None)
+        if event is None:
+            event = self._events.event = self.cupy.cuda.Event(disable_timing=True)
+        self.stream.wait_event(self.cupy.cuda.Stream.null.record(event))
 
     def hand_over(self) -> None:
         """Order the default stream (and the blocking streams) after the work issued so

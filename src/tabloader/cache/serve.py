@@ -132,7 +132,8 @@ class CachedRows:
         if all(a + n == b for (a, n), (b, _) in pairwise(runs)):  # one run of the cache
             first = runs[0][0] if runs else 0
             if order is not None:
-                return order + first  # one pass over the order
+                order += first  # one pass over the order, in place (it is this call's)
+                return order
             return xp.arange(first, first + sum(n for _, n in runs), dtype=np.int64)
         rows = xp.concatenate([xp.arange(a, a + n, dtype=np.int64) for a, n in runs])
         return rows if order is None else rows[order]

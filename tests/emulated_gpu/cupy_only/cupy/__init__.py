@@ -653,6 +653,36 @@ def _unary(func: Any) -> Any:
 
 
 isnan, isinf, isfinite = _unary(np.isnan), _unary(np.isinf), _unary(np.isfinite)
+
+
+def _ufunc_function(func: Any) -> Any:
+    """A cupy ufunc called as a function: ``out=`` takes the result, in place when it is
+    one of the inputs. cupy's ufuncs cast into ``out`` under ``casting="same_kind"`` and
+    raise numpy's ``UFuncTypeError`` (a ``TypeError``) otherwise
+    (cupy/_core/_kernel.pyx ``ufunc.__call__`` and ``_check_should_use_min_scalar``)."""
+
+    def call(*inputs: Any, out: Any = None, dtype: Any = None) -> ndarray:
+        _launch(*inputs)
+        result = np.asarray(func(*(_operand(x) for x in inputs), dtype=dtype))
+        if out is not None and not np.can_cast(result.dtype, out.dtype, "same_kind"):
+            raise TypeError(
+                f"Cannot cast ufunc '{func.__name__}' output from {result.dtype} to "
+                f"{out.dtype} with casting rule 'same_kind'"
+            )
+        return _write(result.astype(out.dtype, copy=False) if out is not None else result, out)
+
+    call.__name__ = func.__name__
+    return call
+
+
+add, subtract, multiply = (
+    _ufunc_function(np.add),
+    _ufunc_function(np.subtract),
+    _ufunc_function(np.multiply),
+)
+bitwise_and, bitwise_or = _ufunc_function(np.bitwise_and), _ufunc_function(np.bitwise_or)
+bitwise_xor = _ufunc_function(np.bitwise_xor)
+left_shift, right_shift = _ufunc_function(np.left_shift), _ufunc_function(np.right_shift)
 diff, argsort = _unary(np.diff), _unary(np.argsort)
 sort, unique = _unary(np.sort), _unary(np.unique)
 
