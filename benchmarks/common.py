@@ -87,6 +87,10 @@ class Case:
     project's environment (None: the one running the benchmark)."""
     pythonpath: tuple[str, ...] = ()
     """Folders put first on the case's ``PYTHONPATH`` (packages staged for it alone)."""
+    epochs: int = 0
+    """At least this many passes in the case's process (0: the benchmark's ``--epochs``):
+    a case whose second pass is a one-off too (a cache placed) needs four, so that the
+    median of its later passes is a steady one."""
 
 
 FACTS: dict[str, Any] = {}

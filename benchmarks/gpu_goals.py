@@ -154,6 +154,18 @@ def _training_cell(
     return cell
 
 
+def _placing_cell(result: dict[str, Any] | None) -> str:
+    """The first cached epoch (which places the cache) against a steady one, in seconds."""
+    if result is None:
+        return "-"
+    good = [x for x in result.get("runs", []) if "error" not in x and len(x["seconds"]) > 2]
+    if not good:
+        return "-" if "first_rows_per_second" in result else "failed"
+    placing = statistics.median(x["seconds"][1] for x in good)
+    steady = statistics.median(s for x in good for s in x["seconds"][2:])
+    return f"{placing:.3f} s, then {steady:.3f} s"
+
+
 def _device_growth(result: dict[str, Any] | None) -> str:
     """GPU memory after the last epoch against after the second (the first cached one)."""
     if result is None:
@@ -183,6 +195,10 @@ def goals(report: dict[str, Any]) -> list[str]:
         cells = [_ratio_cell(rows.get(name), measure, goal) for rows in by_size]
         shown = f">= {goal:g}{limit}" if goal else ""
         lines.append(f"| {what} | {shown} | {' | '.join(cells)} |")
+    for what, name in (("cache='memory'", MEMORY_SHUFFLE), ("pinned host", PINNED_SHUFFLE)):
+        cells = [_placing_cell(rows.get(name)) for rows in by_size]
+        lines.append(f"| {what}, shuffle: the epoch placing the cache, then a cached one | "
+                     f"| {' | '.join(cells)} |")  # fmt: skip
     cells = [_device_growth(rows.get(MEMORY_SHUFFLE)) for rows in by_size]
     lines.append(
         f"| cache='memory', shuffle: GPU memory, last epoch / second | flat | {' | '.join(cells)} |"

@@ -269,10 +269,10 @@ def main(argv: list[str] | None = None) -> str:
         f"Cached GPU epochs, {args.rows:,} rows, batch {args.batch_size:,} (cuda:{args.device})"
     ]
     header = ["rows/s", "first batch ms", "gap p50 ms", "gap p90 ms", "epoch ms"]
-    lines.append(f"{'case':<44}" + "".join(f"{h:>16}" for h in header))
+    lines.append(f"{'case':<50}" + "".join(f"{h:>16}" for h in header))
 
     def row(name: str, figures: dict[str, float]) -> None:
-        lines.append(f"{name:<44}" + "".join(f"{figures[h]:>16,.2f}" for h in header))
+        lines.append(f"{name:<50}" + "".join(f"{figures[h]:>16,.2f}" for h in header))
         print(lines[-1], flush=True)
 
     rows = args.rows

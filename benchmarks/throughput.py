@@ -360,7 +360,7 @@ def measure_size(
         pair = [_rates(before)] if "error" not in before else []
         limits.append(pair[0] if pair else (math.nan, math.nan))
         for case in others:
-            result = run(case, rows, args.epochs)
+            result = run(case, rows, max(args.epochs, case.epochs))
             result["load_before"] = os.getloadavg()
             runs[case.name].append(result)
             if "error" not in result:

@@ -251,11 +251,10 @@ def test_every_gpu_case_runs_on_the_emulated_device(
         result = first[name]
         if refusal is None:
             assert "error" not in result, result["error"]
-            assert [s["from_cache"] for s in result["facts"]["stats_after_epoch"]] == [
-                False,
-                True,
-                True,
-            ]
+            # filling, placing, then steady cached epochs (the median of the later ones)
+            served = [s["from_cache"] for s in result["facts"]["stats_after_epoch"]]
+            assert served == [False] + [True] * (cases_gpu_cache.CACHE_EPOCHS - 1)
+            assert len(result["runs"][0]["seconds"]) == cases_gpu_cache.CACHE_EPOCHS
         else:
             assert refusal in result["error"], result["error"]
     pinned = first[cases_gpu_cache.PINNED_SHUFFLE]
@@ -267,6 +266,7 @@ def test_every_gpu_case_runs_on_the_emulated_device(
     text = table.read_text()
     assert text.startswith("**Not benchmark figures: measured on the EMULATED GPU")
     assert "**GPU goals**" in text and "| Loader shuffle (columns), later epochs | >= 0.8x" in text
+    assert re.search(r"the epoch placing the cache, then a cached one \| \| [\d.]+ s, then ", text)
     assert re.search(
         r"\| TorchAsyncItr \+ DLDataLoader / Loader stacked, shuffle \| >= 0.9 \| \d", text
     )
@@ -375,6 +375,76 @@ def test_the_profile_reports_the_loader_threads_on_the_emulated_device(
         assert "busiest lines" in section and "functions on the stack" in section
     refusal = _cache_refusal()
     assert cache.startswith("cache\nfailed:") == (refusal is not None)  # reported, not raised
+
+
+def test_the_cache_profile_runs_on_the_emulated_device_beside_its_floor(
+    emulated_gpu, tmp_path, monkeypatch, quiet_loader_warnings
+):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    _forget_benchmark_modules()
+    import profile_gpu_cache
+
+    out = tmp_path / "cache.txt"
+    profile_gpu_cache.main(
+        [
+            *("--rows", "20000", "--rows-per-file", "10000", "--row-group-size", "2500"),
+            *("--batch-size", "2048", "--epochs", "1", "--data", str(tmp_path / "data")),
+            *("--out", str(out)),
+        ]
+    )
+    _forget_benchmark_modules()
+    rows = out.read_text().splitlines()[2:]
+    names = [r[:50].strip() for r in rows]
+    assert names == [
+        "Loader cache='memory' shuffle=True columns",
+        "Loader cache='memory' shuffle=True stacked",
+        "Loader cache='memory' shuffle='global' columns",
+        "Loader cache='memory' shuffle='global' stacked",
+        "floor: cupy loop, columns",
+        "floor: cupy loop, stacked",
+    ]
+    for r in rows:
+        rate, first, p50, p90, epoch = (float(x.replace(",", "")) for x in r[50:].split())
+        assert rate > 0 and epoch > 0 and 0 <= p50 <= p90 and first >= 0
+
+
+def test_the_cache_profile_tells_the_gil_from_queues_and_leaves_the_filling_epoch_out(
+    monkeypatch,
+):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    _forget_benchmark_modules()
+    import profile_gpu_cache
+
+    reader = (
+        "thread (11): tabloader-reader;thread_run (libpython3.12.so);"
+        "_produce (tabloader/stages.py:120);_read_chunks (tabloader/stages.py:401)"
+    )
+    raw = "\n".join(
+        [
+            # waiting for the GIL: a condition variable straight under interpreted code
+            f"{reader};network (tabloader/plan.py:270);pthread_cond_timedwait (libc.so.6);"
+            "0x7f (libc.so.6) 30",
+            f"{reader};network (tabloader/plan.py:271) 10",  # running (a line merged)
+            f"{reader};cumsum (cupy/_math/sumprod.py:80);cuLaunchKernel (libcuda.so.1) 20",
+            # a queue: the interpreter's lock, whatever the libc frames below it
+            "thread (12): tabloader-batcher;_produce (tabloader/stages.py:120);batch_stream "
+            "(tabloader/stages.py:460);Prefetcher.__next__ (tabloader/stages.py:216);"
+            "PyThread_acquire_lock_timed (libpython3.12.so);pthread_cond_timedwait (libc.so.6) 40",
+            # the cache-filling epoch's reader, left out by its thread id
+            "thread (9): tabloader-reader;_produce (tabloader/stages.py:120);_read_chunks "
+            "(tabloader/stages.py:401);decode (tabloader/backends/gpu.py:900) 500",
+            "thread (1): MainThread;<module> (<string>:3);import_module (importlib:1) 99",  # no
+        ]
+    )
+    text = profile_gpu_cache.summarise(raw, top=5, skip=frozenset({9}))
+    _forget_benchmark_modules()
+    assert "decode" not in text and "import_module" not in text
+    reader_part, batcher_part = text.split("== batcher")
+    assert reader_part.startswith("== reader: 60 samples")
+    assert "50.0%  waiting for the GIL" in reader_part
+    assert "33.3%  in the CUDA driver" in reader_part and "16.7%  running" in reader_part
+    assert re.search(r"50.0%  waiting for the GIL +network \(tabloader/plan.py\)", reader_part)
+    assert batcher_part.startswith(": 40 samples") and "100.0%  waiting on a queue" in batcher_part
 
 
 @pytest.mark.slow
