@@ -1157,6 +1157,42 @@ def test_the_loader_works_on_a_non_blocking_stream_of_its_own():
     assert stream.device_id == loader.device.index
 
 
+@gpu
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_a_consumer_on_a_stream_of_its_own_reads_a_batch_after_waiting_for_last_event(cache):
+    """docs/gpu.md's first hand-off rule for a non-blocking stream of the consumer's own:
+    after taking a batch, wait for ``last_event`` (the event of the last batch handed
+    over). The emulated device refuses a read it would not order (``RaceError``), and does
+    so without the wait."""
+    import cupy
+
+    rows = 4000
+    loader = tabloader.Loader(
+        _table(rows), cats=["id"], conts=["x"], labels=["label"], batch_size=256,
+        shuffle=True, seed=0, device="cuda", cache=cache,
+    )  # fmt: skip
+    mine = cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.Device(loader.device.index):
+        for _ in range(3):  # streamed or filling a cache, then served from it
+            total = 0
+            for batch in loader:
+                mine.wait_event(loader.backend.xp.last_event)
+                with mine:
+                    total += int(batch["id"].sum().get())
+                cupy.cuda.Stream.null.wait_event(mine.record())  # the second rule
+            assert total == rows * (rows - 1) // 2
+        if getattr(cupy, "__emulated__", False):  # the same reads, not ordered
+            from cupy.cuda._order import RaceError
+
+            def read_unordered() -> None:
+                for batch in loader:
+                    with mine:
+                        batch["id"].sum()
+
+            with pytest.raises(RaceError):
+                read_unordered()
+
+
 # -- the self-test --------------------------------------------------------------------------------
 
 

@@ -727,10 +727,11 @@ class DeviceArrays:
         self.cupy = cupy
         self.device = device
         self.stream = stream
-        self._events = threading.local()  # each thread's event for the default stream
+        self._events = threading.local()  # each thread's event (see `_event`)
         self.last_event: Any = None
-        """The event `hand_over` last recorded: a consumer on a non-blocking stream
-        of its own waits for it before reading the batch handed over."""
+        """The event `hand_over` last recorded, at the last batch handed over: a consumer
+        on a non-blocking stream of its own makes it wait for this event after taking a
+        batch (which it covers, with perhaps a batch or two after it)."""
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
@@ -781,24 +782,30 @@ class DeviceArrays:
         with self._errors("joining a batch across chunks"):
             return self.cupy.concatenate(list(arrays), axis=axis, out=out)
 
+    def _event(self, on: str) -> Any:
+        """The calling thread's event for records on stream ``on`` (``"default"`` or
+        ``"loader"``), made once and recorded again for every order it passes on: a
+        stream waits for an event's latest record at the time it is told to
+        (``cudaStreamWaitEvent``), so a record and a wait back to back need no event of
+        their own, and a wait told later, on an event only ever recorded on one stream,
+        waits for a later point of that stream, never an earlier one. Each order then
+        costs two driver calls, not four (an event made and destroyed)."""
+        event = getattr(self._events, on, None)
+        if event is None:
+            event = self.cupy.cuda.Event(disable_timing=True)
+            setattr(self._events, on, event)
+        return event
+
     def follow_default_stream(self) -> None:
         """Order the loader's stream after the work issued so far on the default stream
-        (cudf's): what cudf wrote is complete for the loader's next kernels.
-
-        Each thread records into an event of its own, made once: a stream waits for an
-        event's latest record when it is told to (``cudaStreamWaitEvent``), so recording
-        the same event again later changes nothing for that wait, and an allocation costs
-        a record and a wait, not an event made and destroyed too."""
-        event = getattr(self._events, "event", None)
-        if event is None:
-            event = self._events.event = self.cupy.cuda.Event(disable_timing=True)
-        self.stream.wait_event(self.cupy.cuda.Stream.null.record(event))
+        (cudf's): what cudf wrote is complete for the loader's next kernels."""
+        self.stream.wait_event(self.cupy.cuda.Stream.null.record(self._event("default")))
 
     def hand_over(self) -> None:
         """Order the default stream (and the blocking streams) after the work issued so
         far on the loader's stream: the batch about to be handed over is complete for
         whatever the consumer issues next. No host wait."""
-        self.last_event = self.stream.record()
+        self.last_event = self.stream.record(self._event("loader"))
         self.cupy.cuda.Stream.null.wait_event(self.last_event)
 
     def synchronize(self) -> None:
