@@ -1294,6 +1294,75 @@ def test_counter_permutation_on_the_device_is_the_hosts(n: int) -> None:
     np.testing.assert_array_equal(cupy.asnumpy(on_device), counter_permutation(n, keys))
 
 
+@pytest.mark.gpu
+@settings(max_examples=60, deadline=None)
+@given(
+    base=st.integers(0, 3000),
+    sizes=st.lists(st.sampled_from(["base", "base", "other"]), min_size=1, max_size=8),
+    others=st.lists(st.integers(0, 6000), min_size=8, max_size=8),
+    positions=st.sampled_from([4, 64, 4096, 1 << 22]),
+    seed=st.integers(0, 2**63),
+)
+def test_chunk_permutations_drawn_together_on_the_device_are_each_chunks_own(
+    base: int, sizes: list[str], others: list[int], positions: int, seed: int
+) -> None:
+    """Several chunks' permutations in one pass (chunks of one size, as an epoch's are but
+    its last, and others between them) are each chunk's `counter_permutation`, the
+    host's draw, whatever the group's bound."""
+    import cupy
+
+    from tabloader.plan import chunk_keys, counter_permutation, counter_permutations
+
+    rows = [base if s == "base" else others[i] for i, s in enumerate(sizes)]
+    keys = [chunk_keys(seed=seed, epoch=1, rank=0, worker=0, chunk=c) for c in range(len(rows))]
+    with cupy.cuda.Device(0):
+        drawn = [
+            cupy.asnumpy(o) for o in counter_permutations(rows, keys, xp=cupy, positions=positions)
+        ]
+    assert len(drawn) == len(rows)
+    for order, n, k in zip(drawn, rows, keys, strict=True):
+        assert order.dtype == np.int64
+        np.testing.assert_array_equal(order, counter_permutation(n, k))
+
+
+@pytest.mark.gpu
+def test_a_cached_epoch_draws_its_chunks_orders_in_a_few_passes(tmp_path, monkeypatch):
+    """The reader's kernel launches in a shuffled epoch from a cache in GPU memory: the
+    chunks' permutations drawn together cost a few dozen launches a group, not a few
+    dozen a chunk (each launch gives the GIL away and waits to take it back). Counted on
+    the emulated device, whose every kernel goes through ``cupy._launch``."""
+    import cupy
+
+    if not getattr(cupy, "__emulated__", False):
+        pytest.skip("kernel launches are counted by the emulated device only")
+    launches: dict[str, int] = {}
+    launch = cupy._launch
+
+    def counted(*arrays, read=True):
+        name = threading.current_thread().name
+        launches[name] = launches.get(name, 0) + 1
+        return launch(*arrays, read=read)
+
+    rows = 40_000  # 40 chunks of one row group of 1,000 rows each
+    paths = write_dataset(tmp_path / "data", [[1_000] * 10] * 4)
+    loader = tabloader.Loader(
+        paths, cats=["id"], conts=["x"], labels=["label"], batch_size=250, shuffle=True,
+        seed=1, device="cuda", cache="memory", parts_per_chunk=1,
+    )  # fmt: skip
+    list(loader)  # fills the cache, and places it
+    assert loader.stats().cache_placement == "device"
+    monkeypatch.setattr(cupy, "_launch", counted)
+    served = sorted(int(i) for b in loader for i in b["id"].get().ravel())
+    assert served == list(range(rows))
+    chunks = loader.plan(1).num_chunks
+    assert chunks >= 40
+    reader = launches["tabloader-reader"]
+    # one pass for all 40 chunks (domains of 2**10 positions), then per chunk its offset
+    # and its window's gathers: 220 launches as counted here; drawn chunk by chunk, about
+    # 90 a chunk (3,600)
+    assert reader < 50 + 10 * chunks, (reader, chunks)
+
+
 # -- what the loader's threads cost the host ---------------------------------------------------
 
 _WAIT_CASES = {

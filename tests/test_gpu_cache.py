@@ -188,18 +188,25 @@ def test_a_cached_chunks_order_is_drawn_where_it_is_gathered(
 
     drawn: list[tuple[str, str]] = []
     staged: list[int] = []
-    batch_order, stage = EpochPlan.batch_order, DeviceCacheBackend._staged
+    batch_order, batch_orders = EpochPlan.batch_order, EpochPlan.batch_orders
+    stage = DeviceCacheBackend._staged
+
+    def record(order):
+        drawn.append((threading.current_thread().name.split("_")[0], type(order).__module__))
+        return order
 
     def recorded(self, chunk, *, xp=np):
-        out = batch_order(self, chunk, xp=xp)
-        drawn.append((threading.current_thread().name.split("_")[0], type(out).__module__))
-        return out
+        return record(batch_order(self, chunk, xp=xp))
+
+    def recorded_all(self, *, xp=np):  # each chunk's order recorded as it is taken
+        return map(record, batch_orders(self, xp=xp))
 
     def recorded_stage(self, placed, plan, chunk):
         staged.append(chunk)
         return stage(self, placed, plan, chunk)
 
     monkeypatch.setattr(EpochPlan, "batch_order", recorded)
+    monkeypatch.setattr(EpochPlan, "batch_orders", recorded_all)
     monkeypatch.setattr(DeviceCacheBackend, "_staged", recorded_stage)
     # windows of 100 rows of 8 bytes: a chunk of one row group (up to 150 rows) is at
     # most two windows and is staged, the global shuffle's 470 rows are not

@@ -319,6 +319,18 @@ def test_counter_permutation_of_wide_domains_is_a_bijection(n):
     np.testing.assert_array_equal(scattered, order)
 
 
+def test_chunk_permutations_drawn_together_are_each_chunks_own_on_the_host():
+    from tabloader.plan import chunk_keys, counter_permutations
+
+    sizes = [1000, 1000, 7, 0, 1, 1000]
+    keys = [chunk_keys(seed=3, epoch=2, rank=1, worker=0, chunk=c) for c in range(6)]
+    orders = list(counter_permutations(sizes, keys))
+    for order, n, k in zip(orders, sizes, keys, strict=True):
+        np.testing.assert_array_equal(order, counter_permutation(n, k))
+    with pytest.raises(ValueError, match="2 sizes but 1 key lists"):
+        list(counter_permutations([3, 4], keys[:1]))
+
+
 def test_counter_permutation_refuses_an_unknown_compaction():
     with pytest.raises(ValueError, match="compact must be"):
         counter_permutation(10, [1, 2, 3, 4], compact="sort")  # type: ignore[arg-type]

@@ -38,8 +38,9 @@ How an epoch is laid out:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -184,9 +185,16 @@ def chunk_permutation(
         >>> sorted(order.tolist()) == list(range(10)), order.dtype
         (True, dtype('int64'))
     """
+    keys = chunk_keys(seed=seed, epoch=epoch, rank=rank, worker=worker, chunk=chunk)
+    return counter_permutation(num_rows, keys, xp=xp)
+
+
+def chunk_keys(*, seed: int, epoch: int, rank: int, worker: int, chunk: int) -> list[int]:
+    """The round keys of one chunk's permutation (see
+    [`chunk_permutation`][tabloader.plan.chunk_permutation])."""
     key = [seed, epoch, _CHUNK_STREAM, rank, worker, chunk]
     keys = np.random.SeedSequence(key).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
-    return counter_permutation(num_rows, keys.tolist(), xp=xp)
+    return [int(k) for k in keys]
 
 
 FEISTEL_ROUNDS = 4
@@ -196,6 +204,7 @@ _MUL_32 = (0x9E3779B1, 0x85EBCA6B)  # odd 32-bit multipliers (golden ratio; murm
 _MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts (splitmix64)
 _HOST_BLOCK = 1 << 16  # positions numpy maps at a time: 256 KiB temporaries, in cache
 _DEVICE_BLOCK = 1 << 24  # positions a GPU maps at a time: one pass for a chunk
+_GROUP_POSITIONS = 1 << 22  # positions of the chunks a GPU permutes in one pass, at most
 
 
 def counter_permutation(
@@ -246,8 +255,7 @@ def counter_permutation(
         block = _HOST_BLOCK if xp is np else _DEVICE_BLOCK
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
-    bits = max(2, (n - 1).bit_length())
-    bits += bits & 1
+    bits = _domain_bits(n)
     half = bits // 2
     wide = half > 16
     kind = np.uint64 if wide else np.uint32
@@ -298,6 +306,105 @@ def counter_permutation(
     if scatter:
         return out[:n]
     return out
+
+
+def counter_permutations(
+    sizes: Sequence[int],
+    keys: Sequence[Sequence[int]],
+    *,
+    xp: Any = np,
+    positions: int = _GROUP_POSITIONS,
+) -> Iterator[Any]:
+    """``counter_permutation(sizes[i], keys[i], xp=xp)`` for each ``i`` in turn, the same
+    permutations; on a GPU, drawn for several chunks in one pass.
+
+    Consecutive chunks whose domains have the same number of bits (every chunk of an
+    epoch but perhaps its last), ``positions`` positions of them at most, go through the
+    network together: each position's chunk is its high bits, its round keys and its
+    chunk's size are looked up by it, and one prefix sum places the images kept of all
+    of them, chunk after chunk. A chunk's order then costs a share of a few dozen kernels
+    rather than a few dozen of its own (each kernel launch a call that lets the GIL go and
+    waits to take it back, while the loader's other threads run). The orders of a group
+    are views of one array; a group is drawn when its first order is asked for. numpy
+    draws each on its own (its temporaries stay in the CPU's cache that way).
+
+    Examples:
+        >>> orders = list(counter_permutations([5, 6, 3], [[1, 2], [3, 4], [5, 6]]))
+        >>> [o.tolist() == counter_permutation(n, k).tolist()
+        ...  for o, n, k in zip(orders, [5, 6, 3], [[1, 2], [3, 4], [5, 6]])]
+        [True, True, True]
+    """
+    if len(sizes) != len(keys):
+        raise ValueError(f"{len(sizes)} sizes but {len(keys)} key lists")
+    if xp is np:
+        for n, k in zip(sizes, keys, strict=True):
+            yield counter_permutation(n, k)
+        return
+    i = 0
+    while i < len(sizes):
+        bits = _domain_bits(sizes[i])
+        group = 1
+        while (
+            i + group < len(sizes)
+            and sizes[i] > 1
+            and sizes[i + group] > 1
+            and bits <= 32
+            and _domain_bits(sizes[i + group]) == bits
+            and len(keys[i + group]) == len(keys[i])
+            and (group + 1) << bits <= positions
+        ):
+            group += 1
+        if group == 1:
+            yield counter_permutation(sizes[i], keys[i], xp=xp)
+        else:
+            yield from _grouped_permutations(sizes[i : i + group], keys[i : i + group], bits, xp)
+        i += group
+
+
+def _domain_bits(num_rows: int) -> int:
+    """Bits of the smallest domain of an even number of bits holding ``num_rows``."""
+    bits = max(2, (int(num_rows) - 1).bit_length())
+    return bits + (bits & 1)
+
+
+def _grouped_permutations(
+    sizes: Sequence[int], keys: Sequence[Sequence[int]], bits: int, xp: Any
+) -> list[Any]:
+    """The permutations of chunks whose domains have ``bits`` bits (at most 32), in one
+    pass over all their positions (see `counter_permutations`)."""
+    kind, half, width = np.uint32, bits // 2, 32
+    mul1, mul2 = _MUL_32
+    mask = kind((1 << half) - 1)
+    rounds = len(keys[0])
+    round_keys = xp.asarray(  # [round, chunk], copied in once
+        np.array([[int(k) & 0xFFFFFFFF for k in ks] for ks in keys], dtype=kind).T.copy()
+    )
+    x = xp.arange(len(sizes) << bits, dtype=kind)
+    chunk = xp.right_shift(x, kind(bits))  # each position's chunk
+    xp.bitwise_and(x, kind((1 << bits) - 1), out=x)  # its position in its chunk's domain
+    left = xp.right_shift(x, kind(half))
+    right = xp.bitwise_and(x, mask, out=x)
+    t, u = xp.empty_like(x), xp.empty_like(x)
+    with np.errstate(over="ignore"):  # the multiplications wrap around, by design
+        for r in range(rounds):
+            xp.take(round_keys[r], chunk, out=u)
+            xp.bitwise_xor(right, u, out=t)
+            xp.multiply(t, kind(mul1), out=t)
+            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2), out=u), out=t)
+            xp.multiply(t, kind(mul2), out=t)
+            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2 - 3), out=u), out=t)
+            xp.bitwise_xor(left, xp.bitwise_and(t, mask, out=t), out=left)
+            left, right = right, left
+    xp.left_shift(left, kind(half), out=left)
+    images = xp.bitwise_or(left, right, out=left)
+    inside = images < xp.take(xp.asarray(np.array(sizes, dtype=kind)), chunk, out=u)
+    places = xp.cumsum(inside, dtype=np.int64)
+    total = int(sum(sizes))
+    xp.add(places, -1, out=places)
+    out = xp.empty(total + 1, dtype=np.int64)  # total + 1: the slot for the rest
+    out[xp.where(inside, places, total)] = images
+    bounds = np.cumsum([0, *sizes]).tolist()
+    return [out[a:b] for a, b in pairwise(bounds)]
 
 
 def inverse_permutation(permutation: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -457,6 +564,22 @@ class EpochPlan:
             return chunk_permutation(self.chunk_rows(chunk), **key, xp=xp)
         dealt = self.deal(chunk, chunk_permutation(self.chunk_rows(chunk), **key))
         return dealt if xp is np else xp.asarray(dealt)
+
+    def batch_orders(self, *, xp: Any = np) -> Iterator[Any]:
+        """`batch_order` of each chunk in turn, the same orders; on a GPU, the
+        permutations of several chunks are drawn in one pass (see
+        [`counter_permutations`][tabloader.plan.counter_permutations])."""
+        if not (self.shuffle and self.shuffle_within_batch):
+            for chunk in range(self.num_chunks):
+                yield self.batch_order(chunk, xp=xp)
+            return
+        chunks = range(self.num_chunks)
+        keys = [
+            chunk_keys(seed=self.seed, epoch=self.epoch, rank=self.rank, worker=self.worker,
+                       chunk=self.first_chunk + c)
+            for c in chunks
+        ]  # fmt: skip
+        yield from counter_permutations([self.chunk_rows(c) for c in chunks], keys, xp=xp)
 
     def deal(self, chunk: int, order: NDArray[np.int64]) -> NDArray[np.int64]:
         """Chunk ``chunk``'s delivery ``order`` with each batch's rows in stored order.

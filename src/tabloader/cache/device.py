@@ -175,7 +175,8 @@ class DeviceCacheBackend(CacheBackend):
         """``plan``'s chunks from the placed cache, in three ways, the order of a chunk
         (the host's draw, exactly) drawn where its rows are gathered:
 
-        - in GPU memory: the order drawn on the device, queued on the loader's stream;
+        - in GPU memory: the order drawn on the device, queued on the loader's stream (the
+          permutations of several chunks in one pass, see `EpochPlan.batch_orders`);
         - in pinned host memory, shuffled chunks of a streamed chunk's size: each copied
           to the device in stored order (one copy per run of the cache and block, at the
           bus's speed, nothing gathered on the host) and permuted there;
@@ -188,14 +189,17 @@ class DeviceCacheBackend(CacheBackend):
         rows, window = self.cache.rows, self._window_rows(plan.batch_size)
         cupy = self.xp.cupy
         if placed.on_device:
+            # next() rather than zip(): zip keeps its last items, here an order the index
+            # may no longer need
+            orders = plan.batch_orders(xp=cupy)  # several chunks' at once
             for chunk in range(plan.num_chunks):
-                index = rows.delivery_rows(plan, chunk, xp=cupy)
+                index = rows.delivery_rows(plan, chunk, xp=cupy, order=next(orders))
                 yield from self._windows(placed, plan, chunk, index, window)
         elif self._stages_chunks(placed, plan, window):
+            orders = plan.batch_orders(xp=cupy)
             for chunk in range(plan.num_chunks):
                 staged = _Placed(self._staged(placed, plan, chunk), "device")
-                order = plan.batch_order(chunk, xp=cupy)
-                yield from self._windows(staged, plan, chunk, order, window)
+                yield from self._windows(staged, plan, chunk, next(orders), window)
         else:
             with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
                 for chunk, index in enumerate(ahead):

@@ -121,11 +121,13 @@ class CachedRows:
         self.layout = layout
         self.base = base
 
-    def delivery_rows(self, plan: EpochPlan, chunk: int, *, xp: Any = np) -> Any:
+    def delivery_rows(self, plan: EpochPlan, chunk: int, *, xp: Any = np, order: Any = None) -> Any:
         """The cache rows of chunk ``chunk`` of ``plan`` in delivery order, an array of
         ``xp`` (numpy, or cupy: worked out on the device); None when the chunk is served as
-        views of the cache (stored order, stored layout)."""
-        order = plan.batch_order(chunk, xp=xp)
+        views of the cache (stored order, stored layout). ``order`` is the chunk's
+        `EpochPlan.batch_order` when drawn already (it is then offset in place)."""
+        if order is None:
+            order = plan.batch_order(chunk, xp=xp)
         if order is None and self.blocks == self.layout.blocks:
             return None
         runs = [(int(self.base[p]) + s, e - s) for p, s, e in plan.pieces(chunk) if e > s]
