@@ -567,8 +567,8 @@ class EpochPlan:
 
     def batch_orders(self, *, xp: Any = np) -> Iterator[Any]:
         """`batch_order` of each chunk in turn, the same orders; on a GPU, the
-        permutations of several chunks are drawn in one pass (see
-        [`counter_permutations`][tabloader.plan.counter_permutations])."""
+        permutations of several chunks are drawn in one pass (see ``counter_permutations``
+        in this module)."""
         if not (self.shuffle and self.shuffle_within_batch):
             for chunk in range(self.num_chunks):
                 yield self.batch_order(chunk, xp=xp)
