@@ -13,12 +13,16 @@
 #               (the data is written in the background from the start, on all cores)
 #   frameworks  framework_checks below: Keras on JAX and on torch, the JAX adapter, dask-cudf
 #   profile     benchmarks/profile_threads.py: where shuffled GPU epochs spend their time
+#   cache       benchmarks/profile_gpu_cache.py: cached epochs against the floor of a bare
+#               cupy loop, with a py-spy profile when py-spy is staged (its wheel under
+#               .gpu-host/py-spy/: pip download py-spy --no-deps -d .gpu-host/py-spy)
 # The limits share one budget (GPU_RUN_BUDGET seconds, 500 by default): a step gets its
 # cap, or less when the steps after it would otherwise lose their floor.
 #
-# What comes back ($OUT, 5 files): summary.txt (also printed at the end), gpu.json and
+# What comes back ($OUT, 6 files): summary.txt (also printed at the end), gpu.json and
 # gpu.md (the benchmark's report, written after every case, so a stopped run keeps what it
-# measured), profile.txt, logs.tar.gz (every step's full output, and env.txt).
+# measured), profile.txt, cache-profile.txt, logs.tar.gz (every step's full output, and
+# env.txt).
 # logs.tar.gz is refreshed after every step, so a call cut short still brings the logs.
 # Then, on the development machine: copy gpu.json to benchmarks/results/gpu.json and run
 #     python benchmarks/throughput.py --from-json benchmarks/results/gpu.json \
@@ -30,7 +34,8 @@
 # GPU_RUN_ROW_GROUP (131072), GPU_RUN_BATCH (65536), GPU_RUN_CASES (a regular expression:
 # the benchmark cases to run), GPU_RUN_TESTS (tests), GPU_RUN_FRAMEWORK_TESTS (the file
 # patterns framework_checks runs), GPU_RUN_DATA (/tmp/tabloader-bench-data),
-# GPU_RUN_PROFILE_MODES (columns,stacked,torch,cache), GPU_RUN_PROFILE_SECONDS (0).
+# GPU_RUN_PROFILE_MODES (columns,stacked,torch,cache), GPU_RUN_PROFILE_SECONDS (0),
+# GPU_RUN_PY_SPY (py-spy's path; by default the staged wheel's, if any).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -38,7 +43,7 @@ mkdir -p "$OUT"
 
 PY=${PYTHON:-python3}
 BUDGET=${GPU_RUN_BUDGET:-500}
-STEPS=${GPU_RUN_STEPS:-tests selftest bench frameworks profile}
+STEPS=${GPU_RUN_STEPS:-tests selftest bench frameworks profile cache}
 SIZES=${GPU_RUN_SIZES:-4000000,16000000}
 ROWS_PER_FILE=${GPU_RUN_ROWS_PER_FILE:-500000}
 ROW_GROUP=${GPU_RUN_ROW_GROUP:-131072}
@@ -59,8 +64,8 @@ DATA_SIZES="--sizes $SIZES --rows-per-file $ROWS_PER_FILE --row-group-size $ROW_
 
 # step: cap and floor (seconds). A step's limit is its cap, cut so that every later step
 # still gets its floor; what is left at the end packs the files.
-declare -A CAP=([tests]=150 [selftest]=60 [bench]=330 [frameworks]=90 [profile]=60)
-declare -A FLOOR=([tests]=45 [selftest]=20 [bench]=120 [frameworks]=30 [profile]=25)
+declare -A CAP=([tests]=150 [selftest]=60 [bench]=330 [frameworks]=90 [profile]=60 [cache]=90)
+declare -A FLOOR=([tests]=45 [selftest]=20 [bench]=120 [frameworks]=30 [profile]=25 [cache]=30)
 PACKING=10
 
 limit_for() {  # limit_for STEP: seconds this step may take now
@@ -179,11 +184,29 @@ step_profile() {
     --data "$DATA" --modes "$PROFILE_MODES" --seconds "$PROFILE_SECONDS" --out "$OUT/profile.txt"
 }
 
+py_spy() {  # py-spy's path: GPU_RUN_PY_SPY, or the staged wheel's binary, unpacked once
+  if [ -n "${GPU_RUN_PY_SPY:-}" ]; then echo "$GPU_RUN_PY_SPY"; return 0; fi
+  local wheel target=/tmp/gpu-host/py-spy binary
+  wheel=$(ls .gpu-host/py-spy/py_spy-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || return 1
+  [ -d "$target" ] || "$PY" -m zipfile -e "$wheel" "$target" || return 1
+  binary=$(ls "$target"/py_spy-*.data/scripts/py-spy 2>/dev/null | head -n 1)
+  [ -n "$binary" ] && chmod +x "$binary" && echo "$binary"
+}
+
+step_cache() {
+  local spy extra=()
+  spy=$(py_spy) && extra+=(--py-spy "$spy") || echo "py-spy: not staged (.gpu-host/py-spy/)"
+  limited "$PY" benchmarks/profile_gpu_cache.py --rows "${SIZES%%,*}" \
+    --rows-per-file "$ROWS_PER_FILE" --row-group-size "$ROW_GROUP" --batch-size "$BATCH" \
+    --data "$DATA" --out "$OUT/cache-profile.txt" "${extra[@]}"
+}
+
 # -- the run -------------------------------------------------------------------------------
 
 echo "GPU run: steps '$STEPS', budget ${BUDGET} s, logs in $LOGS, results in $OUT"
 case " $STEPS " in
-  *" bench "* | *" profile "*)
+  *" bench "* | *" profile "* | *" cache "*)
     # shellcheck disable=SC2086
     "$PY" benchmarks/throughput.py --prepare $DATA_SIZES --data "$DATA" >"$LOGS/datagen.log" 2>&1 &
     DATAGEN_PID=$!
@@ -197,11 +220,11 @@ for step in $STEPS; do
     selftest) run_step selftest step_selftest ;;
     bench) run_step bench step_bench ;;
     frameworks) run_step frameworks framework_checks ;;
-    profile)
+    profile | cache)
       [ -n "${DATAGEN_PID:-}" ] && wait "$DATAGEN_PID" 2>/dev/null
-      run_step profile step_profile
+      run_step "$step" "step_$step"
       ;;
-    *) echo "unknown step $step (tests, selftest, bench, frameworks, profile)" ;;
+    *) echo "unknown step $step (tests, selftest, bench, frameworks, profile, cache)" ;;
   esac
 done
 [ -n "${DATAGEN_PID:-}" ] && wait "$DATAGEN_PID" 2>/dev/null

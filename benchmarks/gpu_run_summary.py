@@ -112,6 +112,9 @@ def summary(logs: Path, out: Path, budget: float, seconds: float) -> str:
         lines += [f"{len(missed)} goal rows missed or failed", ""]
     if (out / "profile.txt").exists():
         lines += ["== profile (profile.txt)", *profile_lines((out / "profile.txt").read_text())]
+    if (out / "cache-profile.txt").exists():  # its table: cached epochs and the floor
+        table = (out / "cache-profile.txt").read_text().split("\n\n")[0]
+        lines += ["", "== cached epochs (cache-profile.txt)", *table.splitlines()]
     return "\n".join(lines) + "\n"
 
 

@@ -255,8 +255,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--data", type=Path, default=HERE / "data")
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs per case")
     parser.add_argument("--py-spy", help="py-spy's path: also profile the shuffled epochs")
-    parser.add_argument("--py-spy-epochs", type=int, default=30)
-    parser.add_argument("--rate", type=int, default=1000, help="py-spy's samples a second")
+    parser.add_argument("--py-spy-epochs", type=int, default=10)
+    parser.add_argument(
+        "--rate", type=int, default=250,
+        help="py-spy's samples a second (native stacks of every thread slow the process)",
+    )  # fmt: skip
     parser.add_argument("--top", type=int, default=12, help="frames per thread")
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)

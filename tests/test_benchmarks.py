@@ -486,7 +486,7 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 1, output  # the profile step failed, nothing else did
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["gpu.json", "gpu.md", "logs.tar.gz", "summary.txt"], files
+    assert files == ["cache-profile.txt", "gpu.json", "gpu.md", "logs.tar.gz", "summary.txt"]
     assert all(
         re.fullmatch(r"[A-Za-z0-9._-]+", f) and (out / f).stat().st_size < 16 << 20 for f in files
     )
@@ -494,7 +494,7 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     assert summary in output  # printed at the end
     steps = dict(
         re.findall(
-            r"^(tests|selftest|bench|frameworks|profile) +(ok|failed \(exit \d+\)|timed out)",
+            r"^(tests|selftest|bench|frameworks|profile|cache) +(ok|failed \(exit \d+\)|timed out)",
             summary,
             re.M,
         )
@@ -505,7 +505,9 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
         "bench": "ok",
         "frameworks": "ok",
         "profile": "failed (exit 1)",
+        "cache": "ok",
     }, summary
+    assert re.search(r"^floor: cupy loop, columns +[\d,.]+ ", summary, re.M)  # the cache step
     assert "unknown modes ['no-such-mode']" in summary
     assert re.search(r"^tests .* 1 passed", summary, re.M)
     assert re.search(r"^selftest .* 0 failed, \d+ passed", summary, re.M)
@@ -526,5 +528,6 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
         "selftest.log",
         "bench.log",
         "profile.log",
+        "cache.log",
         "summary.txt",
     } <= names
