@@ -38,7 +38,7 @@ How an epoch is laid out:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
@@ -256,53 +256,33 @@ def counter_permutation(
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
     bits = _domain_bits(n)
-    half = bits // 2
-    wide = half > 16
-    kind = np.uint64 if wide else np.uint32
-    mul1, mul2 = _MUL_64 if wide else _MUL_32
-    width = 64 if wide else 32
-    mask = kind((1 << half) - 1)
-    round_keys = [kind(int(k) & ((1 << width) - 1)) for k in keys]
+    kind = np.uint64 if bits > 32 else np.uint32
+    round_keys = [kind(int(k) & ((1 << (8 * kind().itemsize)) - 1)) for k in keys]
 
-    def network(x: Any) -> Any:
-        """The network's images of the positions ``x``, computed in place (``x`` is
-        overwritten): two temporaries, whatever the number of rounds, so a GPU allocates
-        four arrays a block, not one per operation."""
-        left = xp.right_shift(x, kind(half))
-        right = xp.bitwise_and(x, mask, out=x)
-        t, u = xp.empty_like(x), xp.empty_like(x)
-        for key in round_keys:
-            xp.bitwise_xor(right, key, out=t)
-            xp.multiply(t, kind(mul1), out=t)
-            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2), out=u), out=t)
-            xp.multiply(t, kind(mul2), out=t)
-            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2 - 3), out=u), out=t)
-            xp.bitwise_xor(left, xp.bitwise_and(t, mask, out=t), out=left)
-            left, right = right, left
-        xp.left_shift(left, kind(half), out=left)
-        return xp.bitwise_or(left, right, out=left)
+    def round_key(r: int, _: Any) -> Any:
+        return round_keys[r]
 
     domain = 1 << bits
     scatter = (xp is not np) if compact is None else compact == "scatter"
     out = xp.empty(n + 1 if scatter else n, dtype=np.int64)  # n + 1: the slot for the rest
     filled: Any = 0  # images kept so far (a device scalar when scattering)
-    with np.errstate(over="ignore"):  # the multiplications wrap around, by design
-        for start in range(0, domain, block):
-            stop = min(start + block, domain)
-            images = network(xp.arange(start, stop, dtype=kind))
-            inside = images < kind(n)
-            if scatter:
-                places = xp.cumsum(inside, dtype=np.int64)
-                if stop < domain:  # the count so far, for the next block's places
-                    later = filled + places[-1]
-                xp.add(places, filled - 1, out=places)
-                out[xp.where(inside, places, n)] = images
-                if stop < domain:
-                    filled = later
-            else:
-                kept = images[inside]
-                out[filled : filled + len(kept)] = kept
-                filled += len(kept)
+    for start in range(0, domain, block):
+        stop = min(start + block, domain)
+        positions = xp.arange(start, stop, dtype=kind)
+        images = _network(positions, bits // 2, len(round_keys), round_key, xp)
+        inside = images < kind(n)
+        if scatter:
+            places = xp.cumsum(inside, dtype=np.int64)
+            if stop < domain:  # the count so far, for the next block's places
+                later = filled + places[-1]
+            xp.add(places, filled - 1, out=places)
+            out[xp.where(inside, places, n)] = images
+            if stop < domain:
+                filled = later
+        else:
+            kept = images[inside]
+            out[filled : filled + len(kept)] = kept
+            filled += len(kept)
     if scatter:
         return out[:n]
     return out
@@ -367,28 +347,25 @@ def _domain_bits(num_rows: int) -> int:
     return bits + (bits & 1)
 
 
-def _grouped_permutations(
-    sizes: Sequence[int], keys: Sequence[Sequence[int]], bits: int, xp: Any
-) -> list[Any]:
-    """The permutations of chunks whose domains have ``bits`` bits (at most 32), in one
-    pass over all their positions (see `counter_permutations`)."""
-    kind, half, width = np.uint32, bits // 2, 32
-    mul1, mul2 = _MUL_32
+def _network(x: Any, half: int, rounds: int, round_key: Callable[[int, Any], Any], xp: Any) -> Any:
+    """The balanced Feistel network's images of the positions ``x`` (their halves of
+    ``half`` bits), computed in place (``x`` is overwritten): two temporaries whatever
+    the number of rounds, so a GPU allocates four arrays a pass, not one per operation.
+    ``round_key(r, out)`` is round ``r``'s key: a scalar of ``x``'s dtype, or an array of
+    one key per position (which it may write into ``out``, a temporary of ``x``'s shape
+    free at that moment). The round function is a multiply-xorshift hash of the right
+    half and the key: murmur3's fmix32 constants for 32-bit positions, splitmix64's for
+    64-bit ones."""
+    kind = x.dtype.type
+    width = 8 * x.dtype.itemsize
+    mul1, mul2 = _MUL_64 if width == 64 else _MUL_32
     mask = kind((1 << half) - 1)
-    rounds = len(keys[0])
-    round_keys = xp.asarray(  # [round, chunk], copied in once
-        np.array([[int(k) & 0xFFFFFFFF for k in ks] for ks in keys], dtype=kind).T.copy()
-    )
-    x = xp.arange(len(sizes) << bits, dtype=kind)
-    chunk = xp.right_shift(x, kind(bits))  # each position's chunk
-    xp.bitwise_and(x, kind((1 << bits) - 1), out=x)  # its position in its chunk's domain
     left = xp.right_shift(x, kind(half))
     right = xp.bitwise_and(x, mask, out=x)
     t, u = xp.empty_like(x), xp.empty_like(x)
     with np.errstate(over="ignore"):  # the multiplications wrap around, by design
         for r in range(rounds):
-            xp.take(round_keys[r], chunk, out=u)
-            xp.bitwise_xor(right, u, out=t)
+            xp.bitwise_xor(right, round_key(r, u), out=t)
             xp.multiply(t, kind(mul1), out=t)
             xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2), out=u), out=t)
             xp.multiply(t, kind(mul2), out=t)
@@ -396,8 +373,27 @@ def _grouped_permutations(
             xp.bitwise_xor(left, xp.bitwise_and(t, mask, out=t), out=left)
             left, right = right, left
     xp.left_shift(left, kind(half), out=left)
-    images = xp.bitwise_or(left, right, out=left)
-    inside = images < xp.take(xp.asarray(np.array(sizes, dtype=kind)), chunk, out=u)
+    return xp.bitwise_or(left, right, out=left)
+
+
+def _grouped_permutations(
+    sizes: Sequence[int], keys: Sequence[Sequence[int]], bits: int, xp: Any
+) -> list[Any]:
+    """The permutations of chunks whose domains have ``bits`` bits (at most 32), in one
+    pass over all their positions (see `counter_permutations`)."""
+    kind = np.uint32
+    table = xp.asarray(  # each round's key of each chunk, [round, chunk], copied in once
+        np.array([[int(k) & 0xFFFFFFFF for k in ks] for ks in keys], dtype=kind).T.copy()
+    )
+    x = xp.arange(len(sizes) << bits, dtype=kind)
+    chunk = xp.right_shift(x, kind(bits))  # each position's chunk
+    xp.bitwise_and(x, kind((1 << bits) - 1), out=x)  # its position in its chunk's domain
+
+    def round_key(r: int, out: Any) -> Any:
+        return xp.take(table[r], chunk, out=out)
+
+    images = _network(x, bits // 2, len(keys[0]), round_key, xp)
+    inside = images < xp.take(xp.asarray(np.array(sizes, dtype=kind)), chunk)
     places = xp.cumsum(inside, dtype=np.int64)
     total = int(sum(sizes))
     xp.add(places, -1, out=places)
