@@ -204,7 +204,8 @@ _MUL_32 = (0x9E3779B1, 0x85EBCA6B)  # odd 32-bit multipliers (golden ratio; murm
 _MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts (splitmix64)
 _HOST_BLOCK = 1 << 16  # positions numpy maps at a time: 256 KiB temporaries, in cache
 _DEVICE_BLOCK = 1 << 24  # positions a GPU maps at a time: one pass for a chunk
-_GROUP_POSITIONS = 1 << 22  # positions of the chunks a GPU permutes in one pass, at most
+_GROUP_POSITIONS = 1 << 22  # positions of chunks a GPU permutes in one pass, at most: about
+# 40 bytes each while drawn (160 MiB), as much as one chunk of 4M rows takes alone
 
 
 def counter_permutation(
