@@ -120,9 +120,12 @@ def _median_row(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def cached_epochs(
     files: list[str], device: int, batch_size: int, epochs: int, shuffle: Any, layout: str
-) -> tuple[dict[str, float], int]:
-    """The median of ``epochs`` cached epochs, and the rows of an epoch."""
+) -> tuple[dict[str, float], int, int]:
+    """The median of ``epochs`` cached epochs; the cache's rows, and the rows it gathers
+    at once (its window)."""
     import cupy
+
+    from tabloader.cache.device import window_rows
 
     loader = _loader(files, device, batch_size, shuffle, layout)
     with cupy.cuda.Device(device) as current:
@@ -132,7 +135,7 @@ def cached_epochs(
     stats = loader.stats()
     if not stats.from_cache:
         raise RuntimeError("a timed epoch was not served from the cache")
-    return _median_row(runs), stats.rows // (epochs + 1)
+    return _median_row(runs), loader.cache.num_rows, window_rows(loader.cache, batch_size)
 
 
 def floor_epochs(
@@ -264,7 +267,6 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
-    from tabloader.plan import DEFAULT_CHUNK_BYTES
     from throughput import dataset
 
     files = dataset(args.rows, args.rows_per_file, args.row_group_size, args.data)
@@ -278,15 +280,13 @@ def main(argv: list[str] | None = None) -> str:
         lines.append(f"{name:<50}" + "".join(f"{figures[h]:>16,.2f}" for h in header))
         print(lines[-1], flush=True)
 
-    rows = args.rows
+    rows, window = args.rows, args.batch_size
     for shuffle in SHUFFLES:
         for layout in LAYOUTS:
-            figures, rows = cached_epochs(
+            figures, rows, window = cached_epochs(
                 files, args.device, args.batch_size, args.epochs, shuffle, layout
             )
             row(f"Loader cache='memory' shuffle={shuffle!r} {layout}", figures)
-    row_bytes = 26 * 8 + 14 * 4
-    window = max(1, DEFAULT_CHUNK_BYTES // row_bytes // args.batch_size) * args.batch_size
     for stacked in (False, True):
         figures = floor_epochs(rows, args.device, args.batch_size, window, args.epochs, stacked)
         row(f"floor: cupy loop, {'stacked' if stacked else 'columns'}", figures)

@@ -186,7 +186,7 @@ class DeviceCacheBackend(CacheBackend):
         Rows are gathered a window at a time, so a global shuffle's chunk of every row
         is never gathered at once.
         """
-        rows, window = self.cache.rows, self._window_rows(plan.batch_size)
+        rows, window = self.cache.rows, window_rows(self.cache, plan.batch_size)
         cupy = self.xp.cupy
         if placed.on_device:
             # next() rather than zip(): zip keeps its last items, here an order the index
@@ -249,11 +249,6 @@ class DeviceCacheBackend(CacheBackend):
                 at += k
             staged[name] = out
         return staged
-
-    def _window_rows(self, batch_size: int) -> int:
-        """Rows gathered at once: whole batches, about `DEFAULT_CHUNK_BYTES` of them."""
-        row_bytes = max(1, self.cache.nbytes // max(1, self.cache.num_rows))
-        return max(1, DEFAULT_CHUNK_BYTES // row_bytes // batch_size) * batch_size
 
     def _gather(self, placed: _Placed, rows: Any) -> Part:
         """The cache's ``rows``, in that order, on the device: gathered there (one gather
@@ -394,6 +389,13 @@ class DeviceCacheBackend(CacheBackend):
         if index is not None and not _is_device(index):
             index = self._copy_in(np.asarray(index))
         return moved, index
+
+
+def window_rows(cache: DecodedCache, batch_size: int) -> int:
+    """Rows of ``cache`` gathered at once: whole batches, about `DEFAULT_CHUNK_BYTES` of
+    them."""
+    row_bytes = max(1, cache.nbytes // max(1, cache.num_rows))
+    return max(1, DEFAULT_CHUNK_BYTES // row_bytes // batch_size) * batch_size
 
 
 def _by_column(array: Any, block: Block | None) -> bool:
