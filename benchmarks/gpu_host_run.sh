@@ -12,7 +12,8 @@
 #   bench       benchmarks/throughput.py --device cuda at 4M and 16M rows, every GPU case
 #               (the data is written in the background from the start, on all cores)
 #   frameworks  framework_checks below: Keras on JAX and on torch, the JAX adapter, dask-cudf
-#   profile     benchmarks/profile_threads.py: where shuffled GPU epochs spend their time
+#   profile     benchmarks/profile_threads.py: where shuffled GPU epochs spend their time,
+#               the first epochs sampled apart
 #   cache       benchmarks/profile_gpu_cache.py: cached epochs against the floor of a bare
 #               cupy loop, with a py-spy profile when py-spy is staged (its wheel under
 #               .gpu-host/py-spy/: pip download py-spy --no-deps -d .gpu-host/py-spy)
@@ -181,7 +182,8 @@ framework_checks() {
 step_profile() {
   limited "$PY" benchmarks/profile_threads.py --device cuda --rows "${SIZES%%,*}" \
     --rows-per-file "$ROWS_PER_FILE" --row-group-size "$ROW_GROUP" --batch-size "$BATCH" \
-    --data "$DATA" --modes "$PROFILE_MODES" --seconds "$PROFILE_SECONDS" --out "$OUT/profile.txt"
+    --data "$DATA" --modes "$PROFILE_MODES" --seconds "$PROFILE_SECONDS" --first \
+    --out "$OUT/profile.txt"
 }
 
 py_spy() {  # py-spy's path: GPU_RUN_PY_SPY, or the staged wheel's binary, unpacked once

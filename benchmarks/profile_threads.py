@@ -4,11 +4,12 @@
     python benchmarks/profile_threads.py --device cuda --modes columns,torch --out p.txt
 
 For hosts without py-spy or perf (the GPU host). For each mode, in this one process: the
-loader is built, runs one epoch unsampled (the first epoch, whose costs differ), then
-``--epochs`` more under the sampler (at least ``--seconds`` of them), and the report gives
-each epoch's rate, ``loader.stats()``, and per thread (the reader, the batcher, the
-training loop's main thread) the share spent waiting, the shares by library and the
-busiest lines and functions. Modes, all shuffled:
+loader is built, runs one epoch unsampled (the first epoch, whose costs differ; sampled
+and reported apart with ``--first``), then ``--epochs`` more under the sampler (at
+least ``--seconds`` of them), and the report gives each epoch's rate,
+``loader.stats()``, and per thread (the reader, the batcher, the training loop's main
+thread) the share spent waiting, the shares by library and the busiest lines and
+functions. Modes, all shuffled:
 
 - ``columns``, ``stacked``: the core ``Loader`` in that layout;
 - ``torch``: ``TorchAsyncItr`` through ``DLDataLoader`` (what a training loop iterates);
@@ -87,16 +88,29 @@ def profile_mode(
     seconds: float,
     interval: float,
     top: int,
+    first: bool = False,
 ) -> str:
-    """The report of one mode (its error's traceback when it fails)."""
+    """The report of one mode (its error's traceback when it fails); with ``first``, the
+    first epoch sampled and reported on its own too."""
     from sampler import Sampler
 
     try:
         run = _epoch_runner(mode, files, device, batch_size)
-        started = time.perf_counter()
-        rows = run()
-        lines = [f"first epoch (not sampled): {rows / (time.perf_counter() - started):,.0f} rows/s"]
+        lines = []
         sampler = Sampler(interval)
+        started = time.perf_counter()
+        if first:
+            with sampler:
+                rows = run()
+        else:
+            rows = run()
+        took = time.perf_counter() - started
+        sampled = "sampled" if first else "not sampled"
+        lines.append(f"first epoch ({sampled}): {rows / took:,.0f} rows/s, {took:.3f} s")
+        if first:
+            lines.append(sampler.report(top=top, threads=THREADS))
+            lines.append("-- later epochs")
+            sampler = Sampler(interval)
         done = 0
         with sampler:
             begun = time.perf_counter()
@@ -128,6 +142,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seconds", type=float, default=0.0, help="sample at least this long")
     parser.add_argument("--interval", type=float, default=0.005, help="seconds between samples")
     parser.add_argument("--top", type=int, default=10, help="lines and functions per thread")
+    parser.add_argument(
+        "--first", action="store_true",
+        help="sample each mode's first epoch too (the first mode's is the process's first)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
@@ -152,6 +170,7 @@ def main(argv: list[str] | None = None) -> str:
             seconds=args.seconds,
             interval=args.interval,
             top=args.top,
+            first=args.first,
         )
         sections.append(f"\n######## {mode}\n{report}")
         if args.out:  # after every mode: a run stopped half-way keeps the modes done
