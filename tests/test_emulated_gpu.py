@@ -78,6 +78,38 @@ def test_numpy_conversion_of_a_device_array_is_refused_with_cupys_message(cupy_a
     np.testing.assert_array_equal(cupy_alone.asnumpy(a), [0, 1, 2, 3])
 
 
+def test_a_fused_function_is_one_kernel_over_device_arrays(cupy_alone, monkeypatch):
+    """``cupy.fuse``: over device arrays, one launch and the function's numpy results in
+    new device memory; host arrays refused like a kernel's; with no device array, the
+    function as it is (cupy/_core/fusion.pyx ``Fusion.__call__``). In-place operators
+    write into the array, as cupy's."""
+    cupy = cupy_alone
+
+    @cupy.fuse(kernel_name="mix")
+    def mix(x, y, k):
+        t = x ^ y
+        t *= k
+        return t, t >> np.uint32(1)
+
+    x, y = np.arange(6, dtype=np.uint32), np.full(6, 5, np.uint32)
+    launches = []
+    launch = cupy._launch
+    monkeypatch.setattr(cupy, "_launch", lambda *a, **k: launches.append(a) or launch(*a, **k))
+    t, u = mix(cupy.asarray(x), cupy.asarray(y), np.uint32(3))
+    assert len(launches) == 1
+    np.testing.assert_array_equal(t.get(), (x ^ y) * 3)
+    np.testing.assert_array_equal(u.get(), ((x ^ y) * 3) >> 1)
+    assert mix(x, y, np.uint32(3))[0].tolist() == ((x ^ y) * 3).tolist()  # numpy, as is
+    with pytest.raises(TypeError, match="Unsupported type"):
+        mix(cupy.asarray(x), y, np.uint32(3))
+    with pytest.raises(TypeError, match="Invalid argument type"):
+        mix(cupy.asarray(x), [1] * 6, np.uint32(3))
+    a = cupy.asarray(x)
+    view = a[2:]
+    view += np.uint32(10)
+    np.testing.assert_array_equal(a.get(), [0, 1, 12, 13, 14, 15])
+
+
 @pytest.mark.parametrize(
     "convert",
     [float, int, bool, list, lambda a: a.tolist(), lambda a: a.item(), lambda a: [1, 2][a]],

@@ -1295,6 +1295,37 @@ def test_counter_permutation_on_the_device_is_the_hosts(n: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_the_feistel_network_is_one_kernel_with_the_hosts_images(dtype, monkeypatch) -> None:
+    """The network of a permutation runs as one fused kernel on the device, 32- and 64-bit
+    positions alike, round keys one per round or one per position, with the images numpy
+    computes (on the emulated device, its launches counted too)."""
+    import cupy
+
+    from tabloader.plan import _network
+
+    width = 8 * np.dtype(dtype).itemsize
+    half = width // 2 - 2
+    positions = np.arange(0, 1 << (2 * half), (1 << (2 * half)) // 5000, dtype=dtype)
+    scalars = [dtype((2**64 - 1 - 2**63 * r) % 2**width) for r in range(4)]
+    per_position = [(positions * dtype(r + 3)) ^ dtype(r) for r in range(4)]
+    emulated = getattr(cupy, "__emulated__", False)
+    launches: list[int] = []
+    if emulated:
+        launch = cupy._launch
+        monkeypatch.setattr(cupy, "_launch", lambda *a, **k: launches.append(1) or launch(*a, **k))
+    for keys in (scalars, per_position):
+        expected = _network(positions.copy(), half, keys, np)
+        device_keys = [k if np.isscalar(k) else cupy.asarray(k) for k in keys]
+        device_positions = cupy.asarray(positions)
+        launches.clear()
+        images = _network(device_positions, half, device_keys, cupy)
+        assert len(launches) == (1 if emulated else 0)
+        assert images.dtype == dtype
+        np.testing.assert_array_equal(cupy.asnumpy(images), expected)
+
+
+@pytest.mark.gpu
 @settings(max_examples=60, deadline=None)
 @given(
     base=st.integers(0, 3000),
@@ -1357,10 +1388,11 @@ def test_a_cached_epoch_draws_its_chunks_orders_in_a_few_passes(tmp_path, monkey
     chunks = loader.plan(1).num_chunks
     assert chunks >= 40
     reader = launches["tabloader-reader"]
-    # one pass for all 40 chunks (domains of 2**10 positions), then per chunk its offset
-    # and its window's gathers: 220 launches as counted here; drawn chunk by chunk, about
-    # 90 a chunk (3,600)
-    assert reader < 50 + 10 * chunks, (reader, chunks)
+    # one pass for all 40 chunks (domains of 2**10 positions; the network one fused
+    # kernel), then per chunk its offset, the rows carried into it joined, and its
+    # window's gathers: 135 launches as counted here; with the network's rounds a kernel
+    # per operation, 220; drawn chunk by chunk, about 90 a chunk (3,600)
+    assert reader < 20 + 4 * chunks, (reader, chunks)
 
 
 # -- what the loader's threads cost the host ---------------------------------------------------

@@ -327,3 +327,58 @@ def test_the_device_share_is_a_fraction(monkeypatch):
         monkeypatch.setenv(FRACTION_ENV, bad)
         with pytest.raises(InvalidArgumentError, match=rf"{FRACTION_ENV}='{bad}' must be"):
             device_share()
+
+
+@gpu
+@pytest.mark.parametrize("stop", [0, 1, 4, 7])
+def test_a_cached_epoch_is_gathered_in_whole_windows_across_chunks(tmp_path, monkeypatch, stop):
+    """From a cache in GPU memory, the rows after a chunk's last whole window are carried
+    into the next chunk's first window: every gather is a window that ends where a batch
+    does (the epoch's last but one), so no batch is joined from two gathers, with chunks
+    that end inside batches, and an epoch resumed mid-way on the same loader (its first
+    chunk then begins inside a batch). Batches are the CPU backend's."""
+    from tabloader.backends.gpu import DeviceArrays
+    from tabloader.cache import device as device_module
+
+    batch, window = 64, 3 * 64
+    monkeypatch.setattr(device_module, "DEFAULT_CHUNK_BYTES", window * 8)  # rows of 8 bytes
+    options = {"cats": ["id"], "batch_size": batch, "shuffle": True, "seed": 7, "cache": "memory"}
+    paths = write_dataset(tmp_path / "data", [[100, 70], [150, 130], [90, 200]])
+    loader = tabloader.Loader(paths, parts_per_chunk=1, device="cuda", **options)
+    cpu = tabloader.Loader(paths, parts_per_chunk=1, device="cpu", **options)
+    list(loader), list(cpu)  # fill the caches
+    expected = list(cpu)
+    assert loader.plan(1).num_chunks == 6
+
+    served = []
+    iterator = iter(loader)
+    served += [_host(next(iterator)) for _ in range(stop)]
+    state = loader.state_dict()
+    iterator.close()
+    loader.load_state_dict(state)
+    gathered: list[int] = []
+    joined: list[int] = []
+    gather, concatenate = device_module.DeviceCacheBackend._gather, DeviceArrays.concatenate
+
+    def counted_gather(self, placed, rows):
+        gathered.append(len(rows))
+        return gather(self, placed, rows)
+
+    def counted_concatenate(self, arrays, axis=0, out=None):
+        joined.append(len(arrays))
+        return concatenate(self, arrays, axis=axis, out=out)
+
+    monkeypatch.setattr(device_module.DeviceCacheBackend, "_gather", counted_gather)
+    monkeypatch.setattr(DeviceArrays, "concatenate", counted_concatenate)
+    served += [_host(b) for b in loader]
+    assert loader.stats().from_cache and loader.stats().cache_placement == "device"
+    assert [len(b["id"]) for b in served] == [len(b["id"]) for b in expected]
+    np.testing.assert_array_equal(
+        np.concatenate([b["id"] for b in served]), np.concatenate([b["id"] for b in expected])
+    )
+    # the resumed epoch's rows (from the start of the chunk holding the first batch not
+    # served, whose rows before that batch the batcher drops): whole windows in between
+    assert sum(gathered) >= 740 - stop * batch
+    assert len(gathered) >= 2 and all(n == window for n in gathered[1:-1]), gathered
+    assert max(gathered) <= window + batch, gathered
+    assert joined == [], joined  # the carried rows' indices are joined, not batches' blocks

@@ -205,7 +205,7 @@ _MUL_64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # their 64-bit counterparts 
 _HOST_BLOCK = 1 << 16  # positions numpy maps at a time: 256 KiB temporaries, in cache
 _DEVICE_BLOCK = 1 << 24  # positions a GPU maps at a time: one pass for a chunk
 _GROUP_POSITIONS = 1 << 22  # positions of chunks a GPU permutes in one pass, at most: about
-# 40 bytes each while drawn (160 MiB), as much as one chunk of 4M rows takes alone
+# 36 bytes each while drawn (150 MiB), as much as one chunk of 4M rows takes alone
 
 
 def counter_permutation(
@@ -259,10 +259,6 @@ def counter_permutation(
     bits = _domain_bits(n)
     kind = np.uint64 if bits > 32 else np.uint32
     round_keys = [kind(int(k) & ((1 << (8 * kind().itemsize)) - 1)) for k in keys]
-
-    def round_key(r: int, _: Any) -> Any:
-        return round_keys[r]
-
     domain = 1 << bits
     scatter = (xp is not np) if compact is None else compact == "scatter"
     out = xp.empty(n + 1 if scatter else n, dtype=np.int64)  # n + 1: the slot for the rest
@@ -270,7 +266,7 @@ def counter_permutation(
     for start in range(0, domain, block):
         stop = min(start + block, domain)
         positions = xp.arange(start, stop, dtype=kind)
-        images = _network(positions, bits // 2, len(round_keys), round_key, xp)
+        images = _network(positions, bits // 2, round_keys, xp)
         inside = images < kind(n)
         if scatter:
             places = xp.cumsum(inside, dtype=np.int64)
@@ -348,33 +344,58 @@ def _domain_bits(num_rows: int) -> int:
     return bits + (bits & 1)
 
 
-def _network(x: Any, half: int, rounds: int, round_key: Callable[[int, Any], Any], xp: Any) -> Any:
+def _network(x: Any, half: int, keys: Sequence[Any], xp: Any) -> Any:
     """The balanced Feistel network's images of the positions ``x`` (their halves of
-    ``half`` bits), computed in place (``x`` is overwritten): two temporaries whatever
-    the number of rounds, so a GPU allocates four arrays a pass, not one per operation.
-    ``round_key(r, out)`` is round ``r``'s key: a scalar of ``x``'s dtype, or an array of
-    one key per position (which it may write into ``out``, a temporary of ``x``'s shape
-    free at that moment). The round function is a multiply-xorshift hash of the right
-    half and the key: murmur3's fmix32 constants for 32-bit positions, splitmix64's for
-    64-bit ones."""
+    ``half`` bits), one round per key in ``keys``: each a scalar of ``x``'s dtype, or an
+    array of one key per position. The round function is a multiply-xorshift hash of the
+    right half and the key: murmur3's fmix32 constants for 32-bit positions, splitmix64's
+    for 64-bit ones.
+
+    Elementwise arithmetic only (`_feistel`), so a GPU runs the whole network as one
+    fused kernel (``cupy.fuse``): one launch and one pass over the positions instead of
+    six of each a round, the launches being what costs (each lets the GIL go and waits
+    to take it back while the loader's other threads run). numpy runs the same
+    function, operation by operation.
+    """
     kind = x.dtype.type
     width = 8 * x.dtype.itemsize
     mul1, mul2 = _MUL_64 if width == 64 else _MUL_32
-    mask = kind((1 << half) - 1)
-    left = xp.right_shift(x, kind(half))
-    right = xp.bitwise_and(x, mask, out=x)
-    t, u = xp.empty_like(x), xp.empty_like(x)
+    constants = (kind(half), kind((1 << half) - 1), kind(mul1), kind(mul2))
+    shifts = (kind(width // 2), kind(width // 2 - 3))
+    network = _feistel if xp is np else _fused(xp)
     with np.errstate(over="ignore"):  # the multiplications wrap around, by design
-        for r in range(rounds):
-            xp.bitwise_xor(right, round_key(r, u), out=t)
-            xp.multiply(t, kind(mul1), out=t)
-            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2), out=u), out=t)
-            xp.multiply(t, kind(mul2), out=t)
-            xp.bitwise_xor(t, xp.right_shift(t, kind(width // 2 - 3), out=u), out=t)
-            xp.bitwise_xor(left, xp.bitwise_and(t, mask, out=t), out=left)
-            left, right = right, left
-    xp.left_shift(left, kind(half), out=left)
-    return xp.bitwise_or(left, right, out=left)
+        return network(x, *constants, *shifts, *keys)
+
+
+def _feistel(
+    x: Any, half: Any, mask: Any, mul1: Any, mul2: Any, shift1: Any, shift2: Any, *keys: Any
+) -> Any:
+    """`_network`'s arithmetic, every operand of ``x``'s dtype (see `_network`)."""
+    left, right = x >> half, x & mask  # new arrays: the operations below write into them
+    for key in keys:
+        t = right ^ key
+        t *= mul1
+        t ^= t >> shift1
+        t *= mul2
+        t ^= t >> shift2
+        t &= mask
+        left ^= t
+        left, right = right, left
+    left <<= half
+    left |= right
+    return left
+
+
+_FUSED: dict[str, Callable[..., Any]] = {}
+"""`_feistel` fused by each array module that fuses (``cupy``), made once: the module
+caches a fused function's kernels by its arguments' types."""
+
+
+def _fused(xp: Any) -> Callable[..., Any]:
+    fused = _FUSED.get(xp.__name__)
+    if fused is None:
+        fused = _FUSED[xp.__name__] = xp.fuse(kernel_name="tabloader_feistel")(_feistel)
+    return fused
 
 
 def _grouped_permutations(
@@ -390,10 +411,11 @@ def _grouped_permutations(
     chunk = xp.right_shift(x, kind(bits))  # each position's chunk
     xp.bitwise_and(x, kind((1 << bits) - 1), out=x)  # its position in its chunk's domain
 
-    def round_key(r: int, out: Any) -> Any:
-        return xp.take(table[r], chunk, out=out)
-
-    images = _network(x, bits // 2, len(keys[0]), round_key, xp)
+    # each position's key of each round, looked up before the network (a fused kernel
+    # gathers nothing)
+    by_position = xp.take(table, chunk, axis=1)  # [round, position], one gather
+    images = _network(x, bits // 2, [by_position[r] for r in range(len(keys[0]))], xp)
+    del x, by_position
     inside = images < xp.take(xp.asarray(np.array(sizes, dtype=kind)), chunk)
     places = xp.cumsum(inside, dtype=np.int64)
     total = int(sum(sizes))

@@ -192,9 +192,16 @@ class DeviceCacheBackend(CacheBackend):
             # next() rather than zip(): zip keeps its last items, here an order the index
             # may no longer need
             orders = plan.batch_orders(xp=cupy)  # several chunks' at once
+            carried: Any = None  # the rows after a chunk's last whole window
             for chunk in range(plan.num_chunks):
                 index = rows.delivery_rows(plan, chunk, xp=cupy, order=next(orders))
-                yield from self._windows(placed, plan, chunk, index, window)
+                begins = plan.rows_before(chunk)
+                if carried is not None:
+                    index, begins = cupy.concatenate([carried, index]), begins - len(carried)
+                    carried = None
+                if index is not None and chunk + 1 < plan.num_chunks:
+                    index, carried = self._whole_windows(plan, index, begins, window)
+                yield from self._windows(placed, plan, chunk, index, window, begins)
         elif self._stages_chunks(placed, plan, window):
             orders = plan.batch_orders(xp=cupy)
             for chunk in range(plan.num_chunks):
@@ -205,11 +212,33 @@ class DeviceCacheBackend(CacheBackend):
                 for chunk, index in enumerate(ahead):
                     yield from self._windows(placed, plan, chunk, index, window)
 
+    @staticmethod
+    def _whole_windows(plan: EpochPlan, index: Any, begins: int, window: int) -> tuple[Any, Any]:
+        """Delivery rows ``index`` (the epoch's from row ``begins`` on) split where its
+        last whole window ends (see `_windows`): the rows to gather now, and the rest,
+        carried into the next chunk's first window. A chunk of a cache in GPU memory then
+        ends no batch of its own, so no batch is joined from two gathers (a copy of the
+        batch's every block), and its gathers are whole windows."""
+        first = (-begins) % plan.batch_size  # where its first batch ends, if it begins in one
+        whole = (len(index) - first) // window
+        keep = first + whole * window if whole else 0
+        if keep >= len(index):
+            return index, None
+        return index[:keep], index[keep:]
+
     def _windows(
-        self, placed: _Placed, plan: EpochPlan, chunk: int, index: Any, window: int
+        self,
+        placed: _Placed,
+        plan: EpochPlan,
+        chunk: int,
+        index: Any,
+        window: int,
+        begins: int | None = None,
     ) -> Iterator[list[Part]]:
-        """Chunk ``chunk``: the rows ``index`` of ``placed`` gathered a window at a time
-        (its batches then slices), or without an index, views of the cache (copied in)."""
+        """The rows ``index`` of ``placed`` (the epoch's delivery from row ``begins`` on,
+        chunk ``chunk``'s first row by default) gathered a window at a time, each window
+        ending where a batch does (its batches then slices); or without an index, chunk
+        ``chunk`` as views of the cache (copied in)."""
         if index is None:
             rows, pieces = self.cache.rows, plan.pieces(chunk)
             first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
@@ -217,8 +246,12 @@ class DeviceCacheBackend(CacheBackend):
             view = (rows.view(placed.arrays, first, first + n), None)
             yield [view if placed.on_device else self._upload(view)]
             return
-        # the first window ends where a batch does, when the chunk begins inside one
-        ends = range((-plan.rows_before(chunk)) % plan.batch_size + window, len(index), window)
+        if len(index) == 0:
+            return
+        if begins is None:
+            begins = plan.rows_before(chunk)
+        # the first window ends where a batch does, when the index begins inside one
+        ends = range((-begins) % plan.batch_size + window, len(index), window)
         for lo, hi in pairwise([0, *ends, len(index)]):
             yield [self._gather(placed, index[lo:hi])]
 

@@ -137,8 +137,16 @@ class CachedRows:
                 order += first  # one pass over the order, in place (it is this call's)
                 return order
             return xp.arange(first, first + sum(n for _, n in runs), dtype=np.int64)
-        rows = xp.concatenate([xp.arange(a, a + n, dtype=np.int64) for a, n in runs])
-        return rows if order is None else rows[order]
+        if order is None:
+            return xp.concatenate([xp.arange(a, a + n, dtype=np.int64) for a, n in runs])
+        # a position's run is found among the runs' first positions, and the run's first
+        # cache row less its first position added to it: in place, two arrays of the
+        # order's length whatever the number of runs (not one per run, and a gather)
+        firsts = np.cumsum([0] + [n for _, n in runs[:-1]])
+        table = xp.asarray(np.concatenate([firsts[1:], [a for a, _ in runs] - firsts]))
+        which = xp.searchsorted(table[: len(runs) - 1], order, side="right")
+        order += xp.take(table[len(runs) - 1 :], which, out=which)
+        return order
 
     def batch_tasks(
         self,

@@ -375,6 +375,10 @@ def _binary(ufunc: Any, swap: bool = False) -> Any:
     return lambda self, other: _ufunc(ufunc, self, other)
 
 
+def _inplace(ufunc: Any) -> Any:
+    return lambda self, other: _ufunc_function(ufunc)(self, other, out=self)
+
+
 for _name, _func in {
     "add": np.add,
     "sub": np.subtract,
@@ -391,6 +395,9 @@ for _name, _func in {
 }.items():
     setattr(ndarray, f"__{_name}__", _binary(_func))
     setattr(ndarray, f"__r{_name}__", _binary(_func, swap=True))
+    # in place, as cupy's ``__iadd__`` and the others (cupy/_core/core.pyx: the ufunc with
+    # ``out=self``, same_kind casting)
+    setattr(ndarray, f"__i{_name}__", _inplace(_func))
 for _name, _func in {
     "eq": np.equal,
     "ne": np.not_equal,
@@ -729,3 +736,40 @@ def searchsorted(a: ndarray, v: Any, side: str = "left", sorter: Any = None) -> 
 def array_equal(a1: ndarray, a2: ndarray, equal_nan: bool = False) -> ndarray:
     _launch(a1, a2)
     return _to_device(np.asarray(np.array_equal(a1._host, a2._host, equal_nan=equal_nan)))
+
+
+class _Fusion:
+    """A function decorated by `fuse`: called with a device array among its arguments, it
+    runs as one elementwise kernel, as cupy's ``Fusion.__call__`` (cupy/_core/fusion.pyx)
+    compiles it (one launch reading the array arguments, each result in new device
+    memory); emulated by running the function on the arguments' values with numpy.
+    Arguments as cupy accepts them (``_acceptable_types`` there: device arrays, numpy
+    scalars, Python numbers, None) and positional only; without a device array the
+    function runs as it is, as cupy's does."""
+
+    def __init__(self, func: Any, name: str | None) -> None:
+        self.func = func
+        self.name = name or func.__name__
+
+    def __call__(self, *args: Any) -> Any:
+        if not any(isinstance(a, ndarray) for a in args):
+            return self.func(*args)
+        for a in args:
+            accepted = (ndarray, np.ndarray, np.generic, int, float, complex, bool, type(None))
+            if not isinstance(a, accepted):
+                types = ", ".join(repr(type(x)) for x in args)
+                raise TypeError(f"Invalid argument type for '{self.name}': ({types})")
+        _launch(*args)  # refuses host arrays, as the fused kernel's launch does
+        result = self.func(*(a._host if isinstance(a, ndarray) else a for a in args))
+        if result is None:
+            return None
+        if isinstance(result, tuple):
+            return tuple(_to_device(np.asarray(r)) for r in result)
+        return _to_device(np.asarray(result))
+
+
+def fuse(*args: Any, kernel_name: str | None = None) -> Any:
+    """``cupy.fuse``, as a decorator with or without ``kernel_name`` (see `_Fusion`)."""
+    if len(args) == 1 and callable(args[0]):
+        return _Fusion(args[0], kernel_name)
+    return lambda func: _Fusion(func, kernel_name)
