@@ -224,8 +224,8 @@ def counter_permutation(
     round per key, a multiply-xorshift hash of the right half and the round's key as its
     round function); the images below ``num_rows``, in the order of the positions that
     gave them, are the permutation. The domain is at most four times ``num_rows`` and is
-    mapped ``block`` positions at a time, so a GPU draws a chunk's order in a few dozen
-    kernels with no loop whose length depends on the data (walking each position's cycle
+    mapped ``block`` positions at a time, so a GPU draws a chunk's order in a handful of
+    kernels (the network one fused kernel) with no loop whose length depends on the data (walking each position's cycle
     until it lands inside took a round of kernels and a wait per step, about
     ``log2(num_rows)`` of them). By default numpy maps `_HOST_BLOCK` positions at a
     time, whose temporaries stay in the CPU's cache (about twice as fast as one pass),
@@ -299,8 +299,8 @@ def counter_permutations(
     epoch but perhaps its last), ``positions`` positions of them at most, go through the
     network together: each position's chunk is its high bits, its round keys and its
     chunk's size are looked up by it, and one prefix sum places the images kept of all
-    of them, chunk after chunk. A chunk's order then costs a share of a few dozen kernels
-    rather than a few dozen of its own (each kernel launch a call that lets the GIL go and
+    of them, chunk after chunk. A chunk's order then costs a share of a dozen kernels
+    rather than a handful of its own (each kernel launch a call that lets the GIL go and
     waits to take it back, while the loader's other threads run). The orders of a group
     are views of one array; a group is drawn when its first order is asked for. numpy
     draws each on its own (its temporaries stay in the CPU's cache that way).
