@@ -225,11 +225,11 @@ def counter_permutation(
     round function); the images below ``num_rows``, in the order of the positions that
     gave them, are the permutation. The domain is at most four times ``num_rows`` and is
     mapped ``block`` positions at a time, so a GPU draws a chunk's order in a handful of
-    kernels (the network one fused kernel) with no loop whose length depends on the data (walking each position's cycle
-    until it lands inside took a round of kernels and a wait per step, about
-    ``log2(num_rows)`` of them). By default numpy maps `_HOST_BLOCK` positions at a
-    time, whose temporaries stay in the CPU's cache (about twice as fast as one pass),
-    and any other ``xp`` up to `_DEVICE_BLOCK` in one pass.
+    kernels (the network one fused kernel) with no loop whose length depends on the
+    data (walking each position's cycle until it lands inside took a round of kernels
+    and a wait per step, about ``log2(num_rows)`` of them). By default numpy maps
+    `_HOST_BLOCK` positions at a time, whose temporaries stay in the CPU's cache (about
+    twice as fast as one pass), and any other ``xp`` up to `_DEVICE_BLOCK` in one pass.
 
     ``compact`` says how the images kept are gathered: ``"mask"`` selects them with a
     boolean mask, for which the host learns each block's count (the fastest on a CPU);
