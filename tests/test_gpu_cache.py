@@ -382,3 +382,37 @@ def test_a_cached_epoch_is_gathered_in_whole_windows_across_chunks(tmp_path, mon
     assert len(gathered) >= 2 and all(n == window for n in gathered[1:-1]), gathered
     assert max(gathered) <= window + batch, gathered
     assert joined == [], joined  # the carried rows' indices are joined, not batches' blocks
+
+
+@gpu
+def test_a_chunk_of_several_cache_runs_is_gathered_as_on_the_cpu(tmp_path, monkeypatch):
+    """Partitions are dealt into chunks anew each epoch, so a chunk's rows may lie in
+    several runs of the cache (filled in another epoch's order): each position of its
+    order finds its run on the device (one search), and the batches are the CPU
+    backend's, epoch after epoch."""
+    import cupy
+
+    searched: list[int] = []
+    search = cupy.searchsorted
+
+    def counted(a, v, *args, **kwargs):
+        searched.append(len(a))
+        return search(a, v, *args, **kwargs)
+
+    monkeypatch.setattr(cupy, "searchsorted", counted)
+    options = {
+        "cats": ["id"],
+        "conts": ["x"],
+        "batch_size": 48,
+        "shuffle": True,
+        "seed": 11,
+        "cache": "memory",
+        "parts_per_chunk": 3,
+    }
+    paths = write_dataset(tmp_path / "data", [[40, 30, 50], [60, 20], [70, 35, 45], [25]])
+    gpu_loader = tabloader.Loader(paths, device="cuda", **options)
+    cpu = tabloader.Loader(paths, device="cpu", **options)
+    for _ in range(4):
+        _same(list(cpu), list(gpu_loader))
+    assert gpu_loader.stats().from_cache
+    assert searched  # some chunk lay in two runs of the cache or more
