@@ -386,15 +386,15 @@ def _feistel(
     return left
 
 
-_FUSED: dict[str, Callable[..., Any]] = {}
-"""`_feistel` fused by each array module that fuses (``cupy``), made once: the module
-caches a fused function's kernels by its arguments' types."""
+_FUSED: dict[Any, Callable[..., Any]] = {}
+"""`_feistel` fused by each array module that fuses (``cupy``), made once per module
+object: the fused function caches its kernels by its arguments' types."""
 
 
 def _fused(xp: Any) -> Callable[..., Any]:
-    fused = _FUSED.get(xp.__name__)
+    fused = _FUSED.get(xp)
     if fused is None:
-        fused = _FUSED[xp.__name__] = xp.fuse(kernel_name="tabloader_feistel")(_feistel)
+        fused = _FUSED[xp] = xp.fuse(kernel_name="tabloader_feistel")(_feistel)
     return fused
 
 
