@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
@@ -198,10 +198,10 @@ class DeviceCacheBackend(CacheBackend):
                 begins = plan.rows_before(chunk)
                 if carried is not None:
                     index, begins = cupy.concatenate([carried, index]), begins - len(carried)
-                    carried = None
-                if index is not None and chunk + 1 < plan.num_chunks:
-                    index, carried = self._whole_windows(plan, index, begins, window)
-                yield from self._windows(placed, plan, chunk, index, window, begins)
+                carry = chunk + 1 < plan.num_chunks
+                carried = yield from self._windows(
+                    placed, plan, chunk, index, window, begins, carry=carry
+                )
         elif self._stages_chunks(placed, plan, window):
             orders = plan.batch_orders(xp=cupy)
             for chunk in range(plan.num_chunks):
@@ -212,20 +212,6 @@ class DeviceCacheBackend(CacheBackend):
                 for chunk, index in enumerate(ahead):
                     yield from self._windows(placed, plan, chunk, index, window)
 
-    @staticmethod
-    def _whole_windows(plan: EpochPlan, index: Any, begins: int, window: int) -> tuple[Any, Any]:
-        """Delivery rows ``index`` (the epoch's from row ``begins`` on) split where its
-        last whole window ends (see `_windows`): the rows to gather now, and the rest,
-        carried into the next chunk's first window. A chunk of a cache in GPU memory then
-        ends no batch of its own, so no batch is joined from two gathers (a copy of the
-        batch's every block), and its gathers are whole windows."""
-        first = (-begins) % plan.batch_size  # where its first batch ends, if it begins in one
-        whole = (len(index) - first) // window
-        keep = first + whole * window if whole else 0
-        if keep >= len(index):
-            return index, None
-        return index[:keep], index[keep:]
-
     def _windows(
         self,
         placed: _Placed,
@@ -234,26 +220,37 @@ class DeviceCacheBackend(CacheBackend):
         index: Any,
         window: int,
         begins: int | None = None,
-    ) -> Iterator[list[Part]]:
+        *,
+        carry: bool = False,
+    ) -> Generator[list[Part], None, Any]:
         """The rows ``index`` of ``placed`` (the epoch's delivery from row ``begins`` on,
         chunk ``chunk``'s first row by default) gathered a window at a time, each window
         ending where a batch does (its batches then slices); or without an index, chunk
-        ``chunk`` as views of the cache (copied in)."""
+        ``chunk`` as views of the cache (copied in).
+
+        With ``carry``, only whole windows are gathered, and the rows after the last one
+        are returned (None when there are none), for the next chunk's first window: a
+        chunk of a cache in GPU memory then ends no batch of its own, so no batch is
+        joined from two gathers (a copy of the batch's every block)."""
         if index is None:
             rows, pieces = self.cache.rows, plan.pieces(chunk)
             first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
             n = sum(b - a for _, a, b in pieces)
             view = (rows.view(placed.arrays, first, first + n), None)
             yield [view if placed.on_device else self._upload(view)]
-            return
-        if len(index) == 0:
-            return
+            return None
         if begins is None:
             begins = plan.rows_before(chunk)
         # the first window ends where a batch does, when the index begins inside one
-        ends = range((-begins) % plan.batch_size + window, len(index), window)
+        ends = list(range((-begins) % plan.batch_size + window, len(index) + 1, window))
+        rest = None
+        if carry:
+            keep = ends.pop() if ends else 0
+            index, rest = index[:keep], (index[keep:] if keep < len(index) else None)
         for lo, hi in pairwise([0, *ends, len(index)]):
-            yield [self._gather(placed, index[lo:hi])]
+            if hi > lo:
+                yield [self._gather(placed, index[lo:hi])]
+        return rest
 
     def _stages_chunks(self, placed: _Placed, plan: EpochPlan, window: int) -> bool:
         """Whether a pinned-host cache's chunks are permuted on the device (see `_serve`):
