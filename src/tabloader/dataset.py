@@ -147,21 +147,26 @@ class _Partitions:
         return self._source.partition_values(partition)
 
     def file_identities(self) -> list[dict[str, Any]]:
-        """What each file's content was when it was listed, as JSON-ready dicts: its
-        path, size and footer digest, and for objects the ETag, version id or generation
-        the store reports. The footer holds every row group's and column chunk's sizes,
-        offsets and statistics, so a file rewritten with other data has another
-        identity, even with its size and modification time kept. Empty for in-memory
-        sources.
+        """What each file was when it was listed, as JSON-ready dicts: its path, size
+        and footer digest, and what a rewrite cannot keep: a local file's modification
+        and change times and inode, an object's ETag, version id or generation. A file
+        rewritten in place has another identity, even with its size, its modification
+        time and its footer (byte for byte) kept. Empty for in-memory sources.
 
         Examples:
             >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
             >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
             >>> pq.write_table(pa.table({"a": [1, 2]}), path)
             >>> sorted(tabloader.Dataset(path).file_identities()[0])
-            ['footer', 'path', 'size']
+            ['ctime_ns', 'footer', 'inode', 'mtime_ns', 'path', 'size']
         """
         return self._source.identities()
+
+    def content_digest(self) -> str | None:
+        """For an in-memory table or a Dask DataFrame, a digest of its rows (a hash of
+        the table's values; Dask's own token of the frame), None where dask cannot give
+        one; None for a dataset of files, which `file_identities` describes."""
+        return self._source.content_digest()
 
     def changed_files(self) -> list[str]:
         """The files deleted or rewritten since they were listed (one ``stat`` or metadata

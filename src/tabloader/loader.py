@@ -169,6 +169,10 @@ class _Position(_Options):
         the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
         refused (default: when this loader was created without ``seed``).
         """
+        if self.cache is not None and self.config.global_shuffle:
+            # Whether this loader's epochs are shuffled globally depends on whether its
+            # cache is used: found out now, as the first epoch would.
+            _ = self.cache.lookup() or self.cache.decide(stacklevel=4)
         return Cursor.from_state(
             state,
             self.fingerprint(),
@@ -181,7 +185,17 @@ class _Position(_Options):
     def fingerprint(self) -> Fingerprint:
         """What a saved state must match to resume here: the dataset and the options that
         decide the order of rows."""
-        return Fingerprint(dataset_fingerprint(self.dataset), self.config.order_options())
+        options = self.config.order_options()
+        notes = {}
+        if self.config.global_shuffle and self.cache is not None and not self.cache.usable:
+            # Its epochs stream with shuffle=True's chunks: what a state must say.
+            options["shuffle"] = True
+            notes["shuffle"] = (
+                f"this loader's cache is not used ({self.cache.refused}), and without it "
+                "shuffle='global' shuffles chunks. Resume where the cache can be used, or "
+                "start the epoch over"
+            )
+        return Fingerprint(dataset_fingerprint(self.dataset), options, notes)
 
 
 class Loader(_Position):

@@ -38,6 +38,7 @@ __all__ = [
     "Cursor",
     "Fingerprint",
     "check_state_shape",
+    "dataset_difference",
     "dataset_fingerprint",
 ]
 
@@ -61,28 +62,83 @@ STATE_OPTIONS = "options"
 @dataclass(frozen=True)
 class Fingerprint:
     """What must match to resume a saved state: the dataset's fingerprint (see
-    `dataset_fingerprint`) and the options that decide the order of rows."""
+    `dataset_fingerprint`) and the options that decide the order of rows, as the
+    epochs are actually planned (``notes`` say why an option's value is what it is,
+    for the message that refuses a state saved with another)."""
 
     dataset: Mapping[str, Any]
     options: Mapping[str, Any]
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
-    """What of a dataset must match to resume: the files' names (not where they are, so a
-    run resumes on a copy of the data), row counts and footer digests (which their
-    contents decide), or for an in-memory source its row counts and schema."""
+    """What of a dataset must match to resume.
+
+    ``digest`` covers the files' names (not where they are, so a run resumes on a copy
+    of the data), row counts and footer digests, or for an in-memory table or Dask
+    DataFrame its schema and a digest of its rows (see `Dataset.content_digest`).
+    ``place`` is a digest of where the files are and ``stamps`` of their whole
+    identities: at the same place, a file rewritten since the state was saved (another
+    modification or change time, inode, ETag or version) is told even when its footer
+    came out byte for byte the same (see `dataset_difference`).
+    """
     rows = dataset.partition_rows.tolist()
+    identities = dataset.file_identities()
     names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in dataset.files]
-    contents = [f["footer"] for f in dataset.file_identities()]
-    if not names:
-        contents = [str(dataset.schema)]
-    text = json.dumps([names, rows, contents])
+    fingerprint: dict[str, Any] = {"files": len(names), "partitions": len(rows)}
+    if names:
+        contents: list[Any] = [f["footer"] for f in identities]
+        fingerprint["place"] = _digest([f["path"] for f in identities])
+        fingerprint["stamps"] = _digest(identities)
+    else:
+        content = dataset.content_digest()
+        contents = [str(dataset.schema), content]
+        fingerprint["content"] = content
     return {
-        "files": len(names),
-        "partitions": len(rows),
+        **fingerprint,
         "rows": int(sum(rows)),
-        "digest": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "digest": _digest([names, rows, contents]),
     }
+
+
+def dataset_difference(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """Why a state saved with dataset fingerprint ``saved`` cannot resume on a dataset
+    of fingerprint ``now`` (see `dataset_fingerprint`), or None when it can.
+
+    Examples:
+        >>> a = {"files": 1, "partitions": 1, "rows": 5, "digest": "d", "place": "p",
+        ...      "stamps": "s"}
+        >>> dataset_difference(a, a) is None
+        True
+        >>> dataset_difference(a, {**a, "place": "q", "stamps": "t"}) is None  # a copy
+        True
+        >>> dataset_difference(a, {**a, "stamps": "t"})[:54]  # the same place, rewritten
+        'the dataset: its files were rewritten in place since t'
+
+    """
+    keys = ("files", "partitions", "rows", "digest")
+    if any(saved.get(k) != now.get(k) for k in keys):
+        return (
+            f"the dataset (saved: {_describe_fingerprint(saved)}; now: "
+            f"{_describe_fingerprint(now)})"
+        )
+    if "content" in now and now["content"] is None:
+        return (
+            "the dataset: dask cannot give this Dask DataFrame a deterministic token, so "
+            "nothing tells whether its rows are those the state was saved on. Build the "
+            "frame from files (dask.dataframe.read_parquet) or from a pandas frame"
+        )
+    if saved.get("place") == now.get("place") and saved.get("stamps") != now.get("stamps"):
+        return (
+            "the dataset: its files were rewritten in place since the state was saved (the "
+            "same names, rows and footers, but other modification or change times, inodes "
+            "or object versions)"
+        )
+    return None
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -163,16 +219,17 @@ class Cursor:
         check_state_shape(state)
         worker, num_workers = share
         differences = []
-        saved_dataset = state[STATE_DATASET]
-        if saved_dataset != fingerprint.dataset:
-            differences.append(
-                f"the dataset (saved: {_describe_fingerprint(saved_dataset)}; now: "
-                f"{_describe_fingerprint(fingerprint.dataset)})"
-            )
+        dataset = dataset_difference(state[STATE_DATASET], fingerprint.dataset)
+        if dataset is not None:
+            differences.append(dataset)
         saved_options = state[STATE_OPTIONS]
         for name, value in fingerprint.options.items():
             if saved_options.get(name) != value:
-                differences.append(f"{name} (saved: {saved_options.get(name)!r}; now: {value!r})")
+                note = fingerprint.notes.get(name)
+                differences.append(
+                    f"{name} (saved: {saved_options.get(name)!r}; now: {value!r}"
+                    + (f": {note})" if note else ")")
+                )
         for name, value in ((STATE_WORKER, worker), (STATE_NUM_WORKERS, num_workers)):
             if state.get(name, 0 if name == STATE_WORKER else 1) != value:
                 differences.append(f"{name} (saved: {state.get(name)!r}; now: {value!r})")

@@ -338,15 +338,20 @@ class DecodedCache:
             stats.cache_bytes = self.nbytes
             return serve(write=False)
         stats.from_cache = False
-        if self.refused is None:
-            reason = self.why_not()
-            if reason is not None:
-                self.refuse(reason, stacklevel=5)
-                return backend
-            self.refused = ""
-        if self.refused:
+        if not self.decide(stacklevel=5):
             return backend
         return serve(write=True)
+
+    def decide(self, *, stacklevel: int = 2) -> bool:
+        """Whether this cache is used: a published or complete one is; else one that
+        fits (found out now, once: one that does not is refused and said)."""
+        if self.refused is None and self.arrays is None:
+            reason = self.why_not()
+            if reason is not None:
+                self.refuse(reason, stacklevel=stacklevel + 1)
+                return False
+            self.refused = ""
+        return self.usable
 
     def refuse(self, reason: str, *, stacklevel: int = 2) -> None:
         """Stop caching (every epoch streams from now on), and say why, once."""

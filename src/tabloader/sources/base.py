@@ -181,6 +181,12 @@ class Source(Protocol):
         [`Dataset.file_identities`][tabloader.Dataset.file_identities])."""
         return []
 
+    def content_digest(self) -> str | None:
+        """For a source without files, a digest of its rows that another source with
+        other rows does not share (None: a source of files, which their identities
+        describe)."""
+        return None
+
     def file_of(self, partition: int) -> int:
         """The index of the file partition ``partition`` is in (-1: not from a file)."""
         return -1

@@ -85,6 +85,18 @@ class DaskSource(Source):
         self.schemas = [pa.Schema.from_pandas(meta, preserve_index=False).remove_metadata()]
         self.files = []
 
+    def content_digest(self) -> str | None:
+        """Dask's own deterministic token of the frame (its graph: the files it reads,
+        or the data it was made from), or None when dask cannot give one."""
+        import dask
+        from dask.base import tokenize
+
+        try:
+            with dask.config.set({"tokenize.ensure-deterministic": True}):
+                return str(tokenize(self.frame))
+        except Exception:  # dask raises its own error types for objects it cannot hash
+            return None
+
     def describe(self, index: int) -> str:
         return f"Dask partition {int(self.part_index[index])}"
 

@@ -5,10 +5,12 @@ that start with ``_`` or ``.`` and files still being written; Hive ``key=value``
 directories become partition keys, which ``filters`` select files by), reads every
 file's footer once (in parallel: local files on a few threads, objects with
 ``max_concurrent_reads`` requests in flight, see `tabloader.sources.remote`) and splits
-the files into row groups. A file's identity is what its content decides (its size and
-footer digest, and an object's ETag or version), so a file rewritten in place is told
-from an unchanged one; `ParquetSource.relist` lists again for ``refresh=True``,
-reading only the footers of files that are new or changed.
+the files into row groups. A file's identity is its footer digest with what a rewrite
+cannot keep: locally its size, modification and change times and inode (no user can set
+a change time back), an object's ETag or version; so a file rewritten in place is told
+from an unchanged one even when its footer comes out byte for byte the same.
+`ParquetSource.relist` lists again for ``refresh=True``, reading only the footers of
+files that are new or changed.
 """
 
 from __future__ import annotations
@@ -262,23 +264,9 @@ class ParquetSource(Source):
 
     def changed(self, index: int) -> bool:
         """Whether a file was deleted, truncated or rewritten since it was listed: its
-        stamp is the fast path, and a file whose stamp changed (touched, copied back)
-        has its footer read again, which its content decides."""
-        path = self.files[index]
-        stamp = file_stamps([path], self.remote)[0]
-        if stamp is None:
-            return True
-        if stamp == self._stamps[index]:
-            return False
-        try:
-            if self.remote is None:
-                stamp, footer = _local_footer(path)
-            else:
-                footer = self.remote.read_footer(path, stamp[0])
-        except (OSError, ValueError, pa.ArrowException, TabloaderError):
-            return True
-        now = identity(path, stamp, digest(footer), self.remote)
-        return now != identity(path, self._stamps[index], self._digests[index], self.remote)
+        stamp is part of its identity, so one ``stat`` (or metadata request) tells."""
+        stamp = file_stamps([self.files[index]], self.remote)[0]
+        return stamp is None or stamp != self._stamps[index]
 
     def identities(self) -> list[dict[str, Any]]:
         """Each file's identity when it was listed (see `identity`)."""
@@ -483,11 +471,23 @@ def file_stamps(files: list[str], remote: RemoteStore | None) -> list[Any]:
 
 
 def identity(path: str, stamp: Any, digest: str, remote: RemoteStore | None) -> dict[str, Any]:
-    """What a file's content decides: its size and footer digest, and for objects
-    the ETag, version or generation the store keeps (the stamp's other parts, such
-    as local modification times, only say when to look again)."""
+    """A file's identity: its footer digest and its whole stamp (see `file_stamps`).
+
+    The footer alone is not enough: a file rewritten with one column's values
+    permuted against the others can have a footer identical byte for byte (same
+    sizes, same statistics). A rewrite cannot keep a local file's change time or
+    inode, nor an object's ETag or version, so those are part of it too.
+    """
     if remote is None:
-        return {"path": os.path.abspath(path), "size": stamp[0], "footer": digest}
+        size, mtime_ns, ctime_ns, inode = stamp
+        return {
+            "path": os.path.abspath(path),
+            "size": size,
+            "mtime_ns": mtime_ns,
+            "ctime_ns": ctime_ns,
+            "inode": inode,
+            "footer": digest,
+        }
     return {
         "path": remote.display(path),
         "size": stamp[0],
