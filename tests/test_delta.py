@@ -330,9 +330,32 @@ def test_deletion_vectors_enabled_but_unused_load_and_used_ones_are_refused(tmp_
     ds = tabloader.Dataset.from_delta(path)  # (deltalake's own reader refuses this table)
     np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), np.arange(5, 20))
     # delta-rs cannot write deletion vectors; the refusal a table with them gets:
-    message = deletion_vector_message("the Delta table 't' (version 3)", 2, "part-0.parquet")
+    message = deletion_vector_message(
+        "the Delta table 't' (version 3)", "on 2 file(s) (first: part-0.parquet)"
+    )
     assert "deletion vectors on 2 file(s) (first: part-0.parquet)" in message
     assert "would deliver deleted rows" in message and "PURGE" in message
+
+
+def test_a_version_whose_deletion_vector_file_is_missing_is_refused_naming_it(tmp_path):
+    """A log that names a deletion vector whose file is gone (vacuumed, or not copied):
+    tabloader's refusal, not deltalake's error."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), rows(0, 20), configuration={"delta.enableDeletionVectors": "true"})
+    (commit,) = sorted((path / "_delta_log").glob("*.json"))
+    actions = [json.loads(line) for line in commit.read_text().splitlines()]
+    for action in actions:
+        if "add" in action:  # the spec's example of a vector stored in its own file
+            action["add"]["deletionVector"] = {
+                "storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 4,
+                "sizeInBytes": 40, "cardinality": 6,
+            }  # fmt: skip
+    commit.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    with pytest.raises(tabloader.UnsupportedTableError, match="has deletion vectors") as info:
+        tabloader.Dataset.from_delta(str(path))
+    message = str(info.value)
+    assert "reading them failed" in message and "deletion_vector_" in message
+    assert "would deliver deleted rows" in message
 
 
 def test_missing_deltalake_is_an_install_hint(monkeypatch, tmp_path):

@@ -235,23 +235,33 @@ class DeltaLog(TableLog):
                 f"Features it honours: {', '.join(sorted(HONOURED_READER_FEATURES))}"
             )
         if "deletionVectors" in features:
-            vectors = pa.table(table.deletion_vectors())
+            try:
+                vectors = pa.table(table.deletion_vectors())
+            except Exception as err:  # deltalake's DeltaError: a vector's file is missing
+                raise UnsupportedTableError(
+                    deletion_vector_message(
+                        where, f"on its files, and reading them failed ({err})"
+                    )
+                ) from err
             if vectors.num_rows:
                 first = vectors.column(0)[0].as_py()
                 raise UnsupportedTableError(
-                    deletion_vector_message(where, vectors.num_rows, str(first))
+                    deletion_vector_message(
+                        where, f"on {vectors.num_rows} file(s) (first: {first})"
+                    )
                 )
 
 
-def deletion_vector_message(where: str, files: int, first: str) -> str:
-    """The refusal of a version whose files carry deletion vectors.
+def deletion_vector_message(where: str, which: str) -> str:
+    """The refusal of a version whose files carry deletion vectors (``which`` says on
+    which files).
 
     Examples:
-        >>> deletion_vector_message("the Delta table 't' (version 4)", 2, "a.parquet")[:62]
+        >>> deletion_vector_message("the Delta table 't' (version 4)", "on 2 file(s)")[:62]
         "the Delta table 't' (version 4) has deletion vectors on 2 file"
     """
     return (
-        f"{where} has deletion vectors on {files} file(s) (first: {first}): rows were "
+        f"{where} has deletion vectors {which}: rows were "
         "deleted without rewriting the files, and tabloader does not apply deletion "
         "vectors, so it would deliver deleted rows. Purge them first (REORG TABLE ... APPLY "
         "(PURGE) in Spark or Databricks, or an OPTIMIZE that rewrites those files), or "
