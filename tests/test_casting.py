@@ -238,6 +238,39 @@ def test_list_values_are_checked_like_columns(tmp_path):
 # -- the GPU backend follows the same rule ------------------------------------------------
 
 
+def _edit_a_page_value(path: Path, old: int, new: int, dtype: str) -> None:
+    """Change one stored value in place (PLAIN encoding, no compression), leaving the
+    footer's statistics as they were: a damaged or hand-edited file."""
+    data = path.read_bytes()
+    was, now = np.array([old], dtype).tobytes(), np.array([new], dtype).tobytes()
+    assert data.count(was) == 1
+    path.write_bytes(data.replace(was, now))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    ("column", "values", "edit", "options"),
+    [
+        ("id", np.arange(7_000_000, 7_001_000), 2**40 + 5, {"cats": ["id"], "cat_dtype": "int32"}),
+        ("x", np.linspace(-1, 1, 1000), 1e300, {"conts": ["x"]}),
+    ],
+    ids=["int64-as-int32", "float64-as-float32"],
+)
+def test_a_value_beyond_what_the_statistics_say_is_refused_when_read(
+    tmp_path, device, column, values, edit, options
+):
+    path = tmp_path / "edited.parquet"
+    table = pa.table({column: values})
+    pq.write_table(table, path, compression="none", use_dictionary=False)
+    _edit_a_page_value(path, values[500].item(), edit, str(values.dtype))
+    stats = pq.ParquetFile(path).metadata.row_group(0).column(0).statistics
+    assert stats.max == values.max()  # the footer still vouches for the column
+    assert pq.read_table(path).column(column)[500].as_py() == edit
+    loader = tabloader.Loader(str(path), batch_size=100, device=device, **options)
+    with pytest.raises(tabloader.ValueRangeError, match=re.escape(f"column '{column}' holds {edit}")):
+        list(loader)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("table", "options", "match"),

@@ -11,12 +11,14 @@ checked, so that nothing wraps around or is cut off in silence:
   which is what a float is), and NaN and infinities as stored.
 
 The checks come first from the parquet footers' statistics (the smallest and largest
-value of every row group, read at construction): a row group whose statistics fit is
-not checked again, and one whose statistics do not fit is an error before any data is
-read. Columns without statistics, and float columns delivered as integers (statistics
-cannot tell 2.5 from 2), are checked when their data is read, on both backends, by
-`check_values`. Option values that end up in the data (``fill_null``,
-``sparse_pad``) follow the same rule, checked by `fits`.
+value of every row group, read at construction): one whose statistics do not fit is an
+error before any data is read. Statistics are written by whoever wrote the file and
+can be wrong (a page edited, a writer's bug), so every column whose cast could lose
+something is checked again when its data is read, on both backends, by `check_values`:
+its smallest and largest value (two reductions over the column, on a GPU with one
+read back to the host per column and piece), and only where those do not fit (or for floats delivered as integers, whose fractions statistics cannot show)
+the values one by one, to name the first that does not fit. Option values that end up
+in the data (``fill_null``, ``sparse_pad``) follow the same rule, checked by `fits`.
 
 Every function here is pure and works on numpy or cupy arrays alike (the array module
 is taken from the array); only a verdict (one value) is copied to the host.
@@ -58,7 +60,6 @@ if TYPE_CHECKING:
     from tabloader.batches import Block, Layout
 
 __all__ = [
-    "bounded",
     "checked_layout",
     "check_block",
     "check_values",
@@ -178,19 +179,6 @@ def misfit_message(
     )
 
 
-def bounded(extremes: Range | None) -> bool:
-    """Whether a row group's statistics bound its values: both ends known and finite
-    (a maximum of infinity says nothing of the finite values below it).
-
-    Examples:
-        >>> bounded((1, 5)), bounded((0.5, float("inf"))), bounded(None)
-        (True, False, False)
-    """
-    if extremes is None:
-        return False
-    return all(isinstance(v, Real) and math.isfinite(v) for v in extremes)
-
-
 def _module(array: Any) -> Any:
     """numpy or cupy, whichever ``array`` belongs to."""
     return sys.modules[type(array).__module__.split(".")[0]]
@@ -229,6 +217,19 @@ def _misfits(values: Any, target: np.dtype[Any], xp: Any) -> Any:
     return abs(values.astype(np.float64)) > limit
 
 
+def _within(values: Any, target: np.dtype[Any]) -> bool:
+    """Whether the smallest and the largest of ``values`` fit ``target`` (so every value
+    does), from two reductions and one read back to the host; False when they do not,
+    when one is NaN, or for floats delivered as integers (a fraction hides between)."""
+    if values.dtype.kind == "f" and target.kind in "iu":
+        return False
+    xp = _module(values)
+    with np.errstate(invalid="ignore"):
+        low, high = (v.item() for v in _host(xp.stack([values.min(), values.max()])))
+    lo, hi = _bounds(target)
+    return bool(lo <= low and high <= hi)
+
+
 def check_values(
     values: Any,
     target: np.dtype[Any],
@@ -252,7 +253,7 @@ def check_values(
         that holds every value (cat_dtype=, cont_dtype= or label_dtype=), or change the data
     """
     target = np.dtype(target)
-    if len(values) == 0 or lossless(values.dtype, target):
+    if len(values) == 0 or lossless(values.dtype, target) or _within(values, target):
         return
     xp = _module(values)
     with np.errstate(invalid="ignore"):  # (numpy: infinity % 1 is NaN, which is no fit)

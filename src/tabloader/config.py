@@ -40,7 +40,6 @@ from tabloader.batches import Layout, lists_as_output
 from tabloader.cache import CacheMode, cache_directory
 from tabloader.cache.device import CachePlacement
 from tabloader.casting import (
-    bounded,
     checked_layout,
     describe_range,
     fits,
@@ -611,9 +610,9 @@ def _check_ranges(
     value that does not fit the column's delivered dtype.
 
     A column whose stored type fits its dtype needs no check; otherwise every row
-    group's statistics must fit it, and the column is checked as it is read where
-    they are missing or cannot tell (an infinite bound, a float delivered as an
-    integer).
+    group's statistics must fit it, and the column is checked again as it is read:
+    statistics can be missing, unable to tell (an infinite bound, a float delivered
+    as an integer) or wrong (a page edited under its footer).
     """
     checks = set()
     for name, kind in types.items():
@@ -633,8 +632,7 @@ def _check_ranges(
                             option=config.dtype_option(name),
                         )
                     )
-        if (source.kind == "f" and target.kind in "iu") or not all(map(bounded, ranges)):
-            checks.add(name)
+        checks.add(name)
     return frozenset(checks)
 
 
