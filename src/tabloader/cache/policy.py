@@ -38,6 +38,7 @@ from tabloader.cache.store import (
     TempVanished,
     file_checksums,
     read_in,
+    shrunk,
     write_npy,
 )
 from tabloader.errors import CacheWarning, InvalidArgumentError
@@ -260,7 +261,26 @@ class DecodedCache:
         checksums verified). A damaged one is said, deleted and written again; one
         that may not be used is said, and the loader streams."""
         if self.arrays is not None:
-            return True
+            parts = (
+                p
+                for a in self.arrays.values()
+                for p in ((a.values, a.spans) if isinstance(a, CachedList) else (a,))
+            )
+            cut = next(filter(None, map(shrunk, parts)), None)
+            if cut is None:
+                return True
+            # Served from a file cut short since it was mapped: reading past its new
+            # end would kill the process (SIGBUS), so it is not read again.
+            warnings.warn(
+                f"the decoded cache in {self.path} was cut short while in use ({cut}): it "
+                "is deleted and written again; this epoch reads the files",
+                CacheWarning,
+                stacklevel=5,
+            )
+            self.arrays, self.placed = None, {}
+            if self.store is not None:
+                self.store.remove(self.digest)
+            return False
         if self.store is None or self.refused:
             return False
         self.wait()

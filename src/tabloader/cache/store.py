@@ -71,6 +71,7 @@ __all__ = [
     "file_checksums",
     "owner_record",
     "read_npy",
+    "shrunk",
     "writer_gone",
     "write_npy",
 ]
@@ -948,13 +949,36 @@ class AppendFile:
             self._fd = None
 
 
+def _memmap_of(array: Any) -> Any:
+    """The ``np.memmap`` an array is a view of, or None."""
+    while isinstance(array, np.ndarray) and not isinstance(array, np.memmap):
+        array = array.base
+    return array if isinstance(array, np.memmap) else None
+
+
+def shrunk(array: Any) -> str | None:
+    """Why a file-mapped ``array`` can no longer be read whole, or None: its file was
+    cut short since it was mapped, and reading the pages past its new end would kill
+    the process (``SIGBUS``). One ``fstat`` of the mapping's own descriptor."""
+    mapped = _memmap_of(array)
+    mapping = getattr(mapped, "_mmap", None)
+    if mapping is None:
+        return None
+    try:
+        size = mapping.size()
+    except (OSError, ValueError) as error:
+        return f"its mapping cannot be looked at ({error})"
+    need = int(mapped.offset) + int(mapped.nbytes)
+    if size < need:
+        return f"one of its files has {size} bytes, not {need}"
+    return None
+
+
 def read_in(array: Any) -> None:
     """Map all of a file-mapped ``array`` in now, in large sequential reads where the
     system allows (``MADV_POPULATE_READ``, Linux 5.14), else ask for it to be read ahead.
     """
-    while isinstance(array, np.ndarray) and not isinstance(array, np.memmap):
-        array = array.base
-    mapping = getattr(array, "_mmap", None)
+    mapping = getattr(_memmap_of(array), "_mmap", None)
     if mapping is None or sys.platform != "linux":
         return
     try:
