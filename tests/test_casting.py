@@ -267,7 +267,8 @@ def test_a_value_beyond_what_the_statistics_say_is_refused_when_read(
     assert stats.max == values.max()  # the footer still vouches for the column
     assert pq.read_table(path).column(column)[500].as_py() == edit
     loader = tabloader.Loader(str(path), batch_size=100, device=device, **options)
-    with pytest.raises(tabloader.ValueRangeError, match=re.escape(f"column '{column}' holds {edit}")):
+    message = re.escape(f"column '{column}' holds {edit}")
+    with pytest.raises(tabloader.ValueRangeError, match=message):
         list(loader)
 
 

@@ -513,10 +513,14 @@ def test_a_cache_planted_under_the_key_by_another_user_is_never_served(files, tm
     for path in [directory, *directory.iterdir()]:
         os.chown(path, OTHER_USER, OTHER_USER)
     loader = tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=root)
-    with pytest.warns(tabloader.CacheWarning, match=f"owned by user id {OTHER_USER}"):
+    with pytest.warns(tabloader.CacheWarning, match=f"owned by user id {OTHER_USER}") as said:
         batches = run(loader)
     assert ids(batches) == list(range(ROWS)) and not loader.stats().from_cache
     check_rows_intact(batches)
+    # It stays (another user's is never deleted), so the warning says how to clear it.
+    (message,) = [str(w.message) for w in said if "owned by user id" in str(w.message)]
+    assert f"delete {directory} (rm -r, as its owner or root)" in message
+    assert "cache_dir=" in message and directory.exists()
 
 
 @pytest.mark.skipif(not ROOT, reason="running as another user needs root")
@@ -654,6 +658,22 @@ def test_cleanup_deletes_only_temporary_directories_whose_writer_has_ended(tmp_p
 
 
 @pytest.mark.skipif(not ROOT, reason="making a directory another user's needs root")
+def test_a_killed_writers_temporary_directory_goes_when_the_published_cache_is_opened(
+    files, tmp_path
+):
+    from tabloader.cache.store import owner_record
+
+    root = tmp_path / "c"
+    _publish(files, root)
+    mine = owner_record()
+    dead = _temp_dir(root, {**mine, "pid": _dead_pid()})
+    alive = _temp_dir(root, mine)  # this process: a writer still at work
+    loader = tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=root)
+    batches = run(loader)
+    assert loader.stats().from_cache and ids(batches) == list(range(ROWS))
+    assert not dead.exists() and alive.exists()
+
+
 def test_cleanup_never_deletes_another_users_directory(tmp_path):
     from tabloader.cache.store import CacheStore, owner_record
 
@@ -903,6 +923,28 @@ def test_a_cache_dir_under_a_read_only_directory_is_a_clear_error(files, tmp_pat
     )
     assert result.stdout.startswith("InvalidArgumentError cache_dir '/mnt/cache' cannot be used")
     assert "Read-only file system" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"cache_dir": "CACHE"},
+        {"cache_max_bytes": 10**9},
+        {"cache_placement": "host"},
+        {"cache_dir": "CACHE", "cache_placement": "host"},
+    ],
+)
+def test_cache_options_without_a_cache_are_a_warning(files, tmp_path, options):
+    options = {k: str(tmp_path / v) if v == "CACHE" else v for k, v in options.items()}
+    with pytest.warns(tabloader.CacheWarning, match="cache= is not given") as said:
+        loader = tabloader.Loader(files, **COLS, batch_size=50, **options)
+    assert said[0].filename == __file__  # pointed at the call
+    for name, value in options.items():
+        assert f"{name}={value!r}" in str(said[0].message)
+    assert loader.cache is None and ids(run(loader)) == list(range(ROWS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tabloader.Loader(files, **COLS, batch_size=50, cache="disk", **options)
 
 
 def test_storage_options_for_local_files_are_refused(files):

@@ -205,7 +205,8 @@ def test_a_state_saved_while_the_cache_was_refused_resumes_exactly_where_it_is_r
     assert all(np.array_equal(a, b) for a, b in zip(again, rest, strict=True))
     ids = np.concatenate(before + again)
     assert sorted(ids.tolist()) == list(range(8000))
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"shuffle \(saved: True; now: 'global'"):
+    refused = r"shuffle \(saved: True; now: 'global'"
+    with pytest.raises(tabloader.InvalidArgumentError, match=refused):
         _global(tmp_path, parts, tmp_path / "private").load_state_dict(state)
 
 

@@ -16,9 +16,10 @@ error before any data is read. Statistics are written by whoever wrote the file 
 can be wrong (a page edited, a writer's bug), so every column whose cast could lose
 something is checked again when its data is read, on both backends, by `check_values`:
 its smallest and largest value (two reductions over the column, on a GPU with one
-read back to the host per column and piece), and only where those do not fit (or for floats delivered as integers, whose fractions statistics cannot show)
-the values one by one, to name the first that does not fit. Option values that end up
-in the data (``fill_null``, ``sparse_pad``) follow the same rule, checked by `fits`.
+read back to the host per column and piece), and only where those do not fit (or for
+floats delivered as integers, whose fractions statistics cannot show) the values one
+by one, to name the first that does not fit. Option values that end up in the data
+(``fill_null``, ``sparse_pad``) follow the same rule, checked by `fits`.
 
 Every function here is pure and works on numpy or cupy arrays alike (the array module
 is taken from the array); only a verdict (one value) is copied to the host.

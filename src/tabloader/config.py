@@ -50,6 +50,7 @@ from tabloader.casting import (
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device
 from tabloader.errors import (
+    CacheWarning,
     ColumnTypeError,
     EmptyDatasetError,
     EmptyEpochWarning,
@@ -347,6 +348,19 @@ class LoaderConfig:
             chunk_rows = max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
         if options["cache_dir"] is not None:
             cache_directory(options["cache_dir"])  # a path, or a clear error whatever cache
+        given_for_a_cache = [
+            f"{name}={options[name]!r}"
+            for name in ("cache_dir", "cache_max_bytes", "cache_placement")
+            if options[name] != _DEFAULTS[name]
+        ]
+        if cache is None and given_for_a_cache:
+            warnings.warn(
+                f"{', '.join(given_for_a_cache)} configure the decoded cache, but cache= is "
+                "not given, so nothing is cached and every epoch reads the files. Pass "
+                "cache='disk' (or 'memory') to cache, or leave these out",
+                CacheWarning,
+                stacklevel=3,
+            )
         config = cls(
             batch_size=batch_size,
             cats=cats,

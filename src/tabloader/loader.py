@@ -58,6 +58,7 @@ class _Position(_Options):
 
     config: LoaderConfig
     dataset: Dataset
+    cache: DecodedCache | None
     _next: Cursor
     _resume: Cursor | None
     _live: EpochProgress | None

@@ -284,10 +284,19 @@ class DecodedCache:
         if self.store is None or self.refused:
             return False
         self.wait()
+        # What writers killed mid-write left behind goes, not only when a cache is
+        # written again (a published cache may be found for months).
+        self.store.remove_abandoned()
         try:
             files = self.store.open(self.digest, self.key, self.file_specs())
         except CacheRefused as error:
-            self.refuse(f"the published cache may not be used: {error}", stacklevel=5)
+            self.refuse(
+                f"the published cache may not be used: {error}. It stays until it is deleted "
+                f"(tabloader never deletes what it cannot trust as this user's own): delete "
+                f"{self.path} (rm -r, as its owner or root), or pass cache_dir= (or set "
+                "TABLOADER_CACHE_DIR) to a directory of your own",
+                stacklevel=5,
+            )
             return False
         except CacheDamaged as error:
             warnings.warn(

@@ -239,9 +239,7 @@ class DeltaLog(TableLog):
                 vectors = pa.table(table.deletion_vectors())
             except Exception as err:  # deltalake's DeltaError: a vector's file is missing
                 raise UnsupportedTableError(
-                    deletion_vector_message(
-                        where, f"on its files, and reading them failed ({err})"
-                    )
+                    deletion_vector_message(where, f"on its files, and reading them failed ({err})")
                 ) from err
             if vectors.num_rows:
                 first = vectors.column(0)[0].as_py()

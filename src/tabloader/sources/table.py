@@ -14,6 +14,7 @@ Examples:
 from __future__ import annotations
 
 import hashlib
+import io
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -110,19 +111,16 @@ class TableSource(Source):
         return ranges
 
 
-class _HashSink:
+class _HashSink(io.RawIOBase):
     """A writable file that only hashes what is written to it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.hash = hashlib.blake2b(digest_size=16)
-        self.closed = False
+
+    def writable(self) -> bool:
+        return True
 
     def write(self, data: Any) -> int:
         self.hash.update(data)
         return len(data)
-
-    def flush(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.closed = True
