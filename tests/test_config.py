@@ -109,7 +109,7 @@ def test_a_config_is_checked_where_it_is_built(options, message):
 def test_the_checks_against_the_data_run_without_a_loader():
     dataset = tabloader.Dataset(TABLE)
     checked = check_dataset(LoaderConfig.build(batch_size=2, cats="user"), dataset, stacklevel=1)
-    assert checked.types == {"user": pa.int64()} and checked.range_checks == frozenset()
+    assert checked.types == {"user": pa.int64()} and checked.narrowed == frozenset()
     with pytest.raises(tabloader.NullValuesError, match="column 'x' has null values"):
         check_dataset(LoaderConfig.build(batch_size=2, conts="x"), dataset, stacklevel=1)
     with pytest.raises(tabloader.ColumnTypeError, match="categorical column 'x' is double"):

@@ -13,13 +13,15 @@ checked, so that nothing wraps around or is cut off in silence:
 The checks come first from the parquet footers' statistics (the smallest and largest
 value of every row group, read at construction): one whose statistics do not fit is an
 error before any data is read. Statistics are written by whoever wrote the file and
-can be wrong (a page edited, a writer's bug), so every column whose cast could lose
-something is checked again when its data is read, on both backends, by `check_values`:
-its smallest and largest value (two reductions over the column, on a GPU with one
-read back to the host per column and piece), and only where those do not fit (or for
-floats delivered as integers, whose fractions statistics cannot show) the values one
-by one, to name the first that does not fit. Option values that end up in the data
-(``fill_null``, ``sparse_pad``) follow the same rule, checked by `fits`.
+can be wrong (a page edited, a writer's bug), so on the CPU every column whose cast
+could lose something is checked again when its data is read, by `check_values`: its
+smallest and largest value (two reductions over the column), and only where those do
+not fit (or for floats delivered as integers, whose fractions statistics cannot show)
+the values one by one, to name the first that does not fit. On a GPU a verdict is a
+wait for the device, so only the columns the statistics cannot vouch for are checked
+as they are read (`tabloader.config.DatasetChecks.read_checks` decides). Option values
+that end up in the data (``fill_null``, ``sparse_pad``) follow the same rule, checked
+by `fits`.
 
 Every function here is pure and works on numpy or cupy arrays alike (the array module
 is taken from the array); only a verdict (one value) is copied to the host.
@@ -219,14 +221,16 @@ def _misfits(values: Any, target: np.dtype[Any], xp: Any) -> Any:
 
 
 def _within(values: Any, target: np.dtype[Any]) -> bool:
-    """Whether the smallest and the largest of ``values`` fit ``target`` (so every value
-    does), from two reductions and one read back to the host; False when they do not,
-    when one is NaN, or for floats delivered as integers (a fraction hides between)."""
+    """Whether the smallest and the largest of host ``values`` fit ``target`` (so every
+    value does), from two reductions; False when they do not, when one is NaN, for
+    floats delivered as integers (a fraction hides between), and for device arrays,
+    whose verdict is taken from the values at once (one read back to the host)."""
     if values.dtype.kind == "f" and target.kind in "iu":
         return False
-    xp = _module(values)
+    if not isinstance(values, np.ndarray):
+        return False
     with np.errstate(invalid="ignore"):
-        low, high = (v.item() for v in _host(xp.stack([values.min(), values.max()])))
+        low, high = values.min().item(), values.max().item()
     lo, hi = _bounds(target)
     return bool(lo <= low and high <= hi)
 

@@ -26,11 +26,13 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from numbers import Real
 from typing import Any, Literal, TypedDict
 
 import numpy as np
@@ -510,11 +512,27 @@ _NAMES = frozenset([*(f.name for f in _FIELDS), "columns"])
 
 @dataclass(frozen=True)
 class DatasetChecks:
-    """What `check_dataset` found: each column's Arrow type, and the columns whose values
-    are checked to fit their dtype when read (the footers could not vouch for them)."""
+    """What `check_dataset` found: each column's Arrow type, the columns whose cast to
+    their dtype could lose something, and those of them the footers' statistics
+    cannot vouch for (missing, an infinite bound, a float delivered as an integer)."""
 
     types: dict[str, pa.DataType]
-    range_checks: frozenset[str]
+    narrowed: frozenset[str]
+    unvouched: frozenset[str]
+
+    def read_checks(self, device: Device) -> frozenset[str]:
+        """The columns whose values are checked as they are read on ``device``: on the
+        CPU every cast that could lose something (statistics can be wrong: a page
+        edited under its footer); on a GPU those the statistics cannot vouch for, as
+        checking the others would make the reader wait for the device at every piece.
+
+        Examples:
+            >>> from tabloader.device import Device
+            >>> checks = DatasetChecks({}, frozenset("ab"), frozenset("b"))
+            >>> [sorted(checks.read_checks(Device(kind))) for kind in ("cpu", "cuda")]
+            [['a', 'b'], ['b']]
+        """
+        return self.unvouched if device.is_cuda else self.narrowed
 
 
 def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> DatasetChecks:
@@ -536,9 +554,9 @@ def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) ->
     _check_types(config, types, dataset)
     _check_fill(config, types)
     _check_nulls(config, dataset)
-    checks = _check_ranges(config, types, dataset)
+    narrowed, unvouched = _check_ranges(config, types, dataset)
     _check_size(config, dataset, stacklevel=stacklevel + 1)
-    return DatasetChecks(types, checks)
+    return DatasetChecks(types, narrowed, unvouched)
 
 
 def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset) -> None:
@@ -618,21 +636,21 @@ def _check_nulls(config: LoaderConfig, dataset: Dataset) -> None:
 
 def _check_ranges(
     config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset
-) -> frozenset[str]:
-    """The columns to check when read; raises
-    [`ValueRangeError`][tabloader.errors.ValueRangeError] when a footer's statistics show a
-    value that does not fit the column's delivered dtype.
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The columns whose cast could lose something, and those of them the statistics
+    cannot vouch for; raises [`ValueRangeError`][tabloader.errors.ValueRangeError] when a
+    footer's statistics show a value that does not fit the column's delivered dtype.
 
     A column whose stored type fits its dtype needs no check; otherwise every row
-    group's statistics must fit it, and the column is checked again as it is read:
-    statistics can be missing, unable to tell (an infinite bound, a float delivered
-    as an integer) or wrong (a page edited under its footer).
+    group's statistics must fit it (see `DatasetChecks.read_checks` for what is
+    checked again as it is read).
     """
-    checks = set()
+    narrowed, unvouched = set(), set()
     for name, kind in types.items():
         target, source = config.dtypes[name], stored_dtype(kind)
         if lossless(source, target):
             continue
+        narrowed.add(name)
         ranges = dataset.value_ranges(name)
         for partition, extremes in enumerate(ranges):
             for value in extremes or ():
@@ -646,8 +664,22 @@ def _check_ranges(
                             option=config.dtype_option(name),
                         )
                     )
-        checks.add(name)
-    return frozenset(checks)
+        if (source.kind == "f" and target.kind in "iu") or not all(map(_bounded, ranges)):
+            unvouched.add(name)
+    return frozenset(narrowed), frozenset(unvouched)
+
+
+def _bounded(extremes: tuple[Any, Any] | None) -> bool:
+    """Whether a row group's statistics bound its values: both ends known and finite
+    (a maximum of infinity says nothing of the finite values below it).
+
+    Examples:
+        >>> _bounded((1, 5)), _bounded((0.5, float("inf"))), _bounded(None)
+        (True, False, False)
+    """
+    if extremes is None:
+        return False
+    return all(isinstance(v, Real) and math.isfinite(v) for v in extremes)
 
 
 def _check_size(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> None:

@@ -350,9 +350,11 @@ class Loader(_Position):
         self.backend: Backend = get_backend(self.device)
         config.check_device(self.device)
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
-        self._range_checks = check_dataset(config, self.dataset, stacklevel=2).range_checks
+        self._range_checks = check_dataset(config, self.dataset, stacklevel=2).read_checks(
+            self.device
+        )
         """Columns whose values are checked to fit their dtype when read (see
-        `tabloader.casting`): the footers could not vouch for them."""
+        `tabloader.config.DatasetChecks.read_checks`)."""
         self.layout_plan = self._layout(config.layout == "stacked")
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
@@ -483,7 +485,8 @@ class Loader(_Position):
         rank: under torch.distributed, rank 0's listing is broadcast).
         """
         if self.dataset.refresh(epoch=epoch):
-            self._range_checks = check_dataset(self.config, self.dataset, stacklevel=2).range_checks
+            checks = check_dataset(self.config, self.dataset, stacklevel=2)
+            self._range_checks = checks.read_checks(self.device)
             self.layout_plan = checked_layout(self.layout_plan, self._range_checks)
             if self.cache is not None:
                 # Other files, or other contents: a cache keyed by them, filled by this
