@@ -40,6 +40,8 @@ from tabloader.sources.footers import (
     column_stats,
     constant_stats,
     digest,
+    encrypted_footer_message,
+    refuse_encrypted,
 )
 from tabloader.sources.partitions import (
     ColumnSources,
@@ -525,6 +527,8 @@ def read_footer(
         raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
     if size == 0:
         raise InvalidFileError(f"{shown} is empty (0 bytes): remove it, or re-write it as parquet")
+    if footer.endswith(b"PARE"):
+        raise InvalidFileError(encrypted_footer_message(shown))
     try:
         metadata = footer_metadata(footer)
     except (pa.ArrowException, ValueError, OSError) as err:
@@ -532,6 +536,7 @@ def read_footer(
             f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
             "being written, or in another format"
         ) from err
+    refuse_encrypted(shown, footer, metadata)
     kept = footer if remote is not None else None
     return stamp, size, metadata, kept, digest(footer)
 
@@ -653,7 +658,7 @@ def _local_footer(path: str) -> tuple[tuple[int, int, int, int], bytes]:
             raise pa.ArrowInvalid(f"{size} bytes are too few for a parquet file")
         f.seek(size - 8)
         tail = f.read(8)
-        if tail[4:] != b"PAR1":
+        if tail[4:] not in (b"PAR1", b"PARE"):  # (PARE: an encrypted footer)
             raise pa.ArrowInvalid("Parquet magic bytes not found in footer")
         length = int.from_bytes(tail[:4], "little")
         if length + 12 > size:
