@@ -394,7 +394,7 @@ def _loader_failure(
     nulls, at least one batch) decide, from the footers alone.
     """
     if not dataset.num_rows:
-        return EmptyDatasetError("the dataset has no rows")
+        return EmptyDatasetError(dataset.no_rows_message())
     if not any(columns.values()):
         return ColumnTypeError(
             "no column can be loaded: none is numeric. Encode the columns as numbers first"

@@ -640,7 +640,7 @@ def _check_ranges(
 
 def _check_size(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> None:
     if dataset.num_rows == 0:
-        raise EmptyDatasetError("the dataset has no rows")
+        raise EmptyDatasetError(dataset.no_rows_message())
     rank, size = config.global_rank, config.global_size
     if config.batches_per_epoch(dataset.num_rows) == 0:
         lo, hi = rank_rows(dataset.num_rows, global_rank=rank, global_size=size)

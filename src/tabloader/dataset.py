@@ -173,6 +173,28 @@ class _Partitions:
         """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
         return self._source.describe(index)
 
+    def no_rows_message(self) -> str:
+        """Why the dataset holds no row at all, naming its files, for the error that says so.
+
+        Examples:
+            >>> import pyarrow as pa
+            >>> Dataset(pa.table({"x": pa.array([], pa.int64())})).no_rows_message()
+            'the dataset has no rows: the table it was given is empty'
+        """
+        files = [self._source.display(f) for f in self._source.files]
+        if not files:
+            return "the dataset has no rows: the table it was given is empty"
+        if len(files) == 1:
+            return (
+                f"the dataset has no rows: its one file, {files[0]}, holds 0 rows. Write rows "
+                "to it, or point the loader at files that hold some"
+            )
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return (
+            f"the dataset has no rows: each of its {len(files)} files ({shown}) holds 0 rows. "
+            "Write rows to them, or point the loader at files that hold some"
+        )
+
     def read_partition(self, index: int, columns: Sequence[str]) -> pa.Table:
         """Read the given columns of one partition into an Arrow table.
 
