@@ -541,16 +541,12 @@ def open_inspected(
     if kind == "delta":
         return Dataset.from_delta(str(path), version=version, filters=filters)
     if kind == "iceberg":
-        from tabloader.sources.iceberg import import_pyiceberg
-
-        import_pyiceberg()
-        from pyiceberg.table import StaticTable
+        from tabloader.sources.iceberg import static_table
 
         location = str(path)
         if not location.endswith(".metadata.json") and "://" not in location:
             location = _newest_metadata(location)
-        table = StaticTable.from_metadata(location)
-        return Dataset.from_iceberg(table, snapshot_id=version, filters=filters)
+        return Dataset.from_iceberg(static_table(location), snapshot_id=version, filters=filters)
     if version is not None:
         raise InvalidArgumentError("--version applies to Delta and Iceberg tables, not to files")
     return Dataset(path, filters=filters)
@@ -1258,6 +1254,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real fd
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by the pipe
+    except Exception as error:
+        if args.command != "inspect":
+            raise
+        # inspect reports on files others wrote: what it meets is said in one line, as
+        # a finding, never as a traceback
+        sys.stderr.write(
+            f"tabloader: error: {type(error).__name__}: {error} (tabloader has no message "
+            "of its own for this: please report it, with the command)\n"
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -411,7 +411,7 @@ class ParquetSource(Source):
         for p, (f, g) in enumerate(layout):
             stored = columns.stored_name(f, column)
             if stored is None and column in columns.types:  # a constant in this file
-                found.append(constant_stats(columns.values[f].get(column), int(self.rows[p])))
+                found.append(constant_stats(columns.constant(f, column), int(self.rows[p])))
                 continue
             metadata = self.metadata(f)
             if f not in leaves:
