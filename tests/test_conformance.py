@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -131,3 +132,93 @@ def test_a_plain_file_beside_encrypted_ones_reads_as_pyarrow_reads_it(tmp_path):
     pq.write_table(pa.table({"secret": [1, 2, 3], "x": [0.5, 1.5, 2.5]}), path)
     batch = next(iter(tabloader.Loader(str(path), cats=["secret"], conts=["x"], batch_size=3)))
     assert batch["secret"].tolist() == pq.read_table(path).column("secret").to_pylist()
+
+
+# -- page checksums ---------------------------------------------------------------------------
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def host(array: Any) -> np.ndarray:
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def write_damaged(path: Path) -> np.ndarray:
+    """A file with page checksums (two row groups) whose second row group's data page has
+    one byte flipped, as a bad disk or transfer leaves it; returns the ids written."""
+    ids = np.arange(2000, dtype=np.int64)
+    pq.write_table(
+        pa.table({"id": ids}),
+        path,
+        row_group_size=1000,
+        write_page_checksum=True,
+        compression="none",
+        use_dictionary=False,
+    )
+    chunk = pq.read_metadata(path).row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    data[chunk.data_page_offset + chunk.total_compressed_size - 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return ids
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_verify_checksums_refuses_a_damaged_page_naming_the_row_group(tmp_path, device, cache):
+    path = tmp_path / "damaged.parquet"
+    ids = write_damaged(path)
+    # As stored, the damage is a wrong value, read as if it were data:
+    read = pq.read_table(path).column("id").to_numpy()
+    assert (read != ids).sum() == 1
+    unchecked = tabloader.Loader(str(path), cats=["id"], batch_size=500, device=device)
+    assert not np.array_equal(np.concatenate([host(b["id"]) for b in unchecked]), ids)
+    ds = tabloader.Dataset(str(path), verify_checksums=True)
+    assert ds.verify_checksums
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=500, device=device, cache=cache)
+    with pytest.raises(tabloader.ReadError) as info:
+        list(loader)
+    assert str(info.value).startswith(f"could not read {path} (row group 1): ")
+    assert "CRC checksum verification failed" in str(info.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_checksums_reads_sound_files_with_or_without_checksums(tmp_path, device):
+    for checksums in (True, False):
+        path = tmp_path / f"sound-{checksums}.parquet"
+        table = pa.table({"id": np.arange(3000, dtype=np.int64), "x": np.arange(3000) / 8})
+        pq.write_table(table, path, row_group_size=700, write_page_checksum=checksums)
+        ds = tabloader.Dataset(str(path), verify_checksums=True)
+        loader = tabloader.Loader(
+            ds, cats=["id"], conts=["x"], batch_size=256, shuffle=True, seed=3, device=device
+        )
+        batches = list(loader)
+        got = np.concatenate([host(b["id"]) for b in batches])
+        np.testing.assert_array_equal(np.sort(got), table.column("id").to_numpy())
+        x = np.concatenate([host(b["x"]) for b in batches])
+        np.testing.assert_array_equal(x, (got / 8).astype(np.float32))
+
+
+def test_verify_checksums_is_for_parquet_files(tmp_path):
+    with pytest.raises(tabloader.InvalidArgumentError) as info:
+        tabloader.Dataset(pa.table({"x": [1, 2]}), verify_checksums=True)
+    assert str(info.value) == (
+        "verify_checksums checks the pages of parquet files as they are read; a table "
+        "source is not read from parquet pages here"
+    )
+    with pytest.raises(tabloader.InvalidArgumentError, match="verify_checksums must be"):
+        tabloader.Dataset(str(tmp_path), verify_checksums="yes")
+
+
+def test_the_page_checksum_benchmark_reports_both_cases(tmp_path):
+    script = ROOT / "benchmarks" / "page_checksums.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--rows", "4000", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "4,000 rows, 1 rounds (seconds: fastest, median)"
+    assert [line.split()[0] for line in lines[1:]] == ["without", "verify_checksums", "cost"]

@@ -220,7 +220,9 @@ def id_ranges(
         ranges, unread = _footer_ranges(dataset, name)
         if unread:
             resolved = resolve_device(device)
-            if resolved.is_cuda and dataset.parquet_layout() is not None:
+            # (cudf does not check page checksums: verified reads are pyarrow's)
+            gpu = resolved.is_cuda and not dataset.verify_checksums
+            if gpu and dataset.parquet_layout() is not None:
                 ranges += _read_ranges_gpu(dataset, name, unread, resolved)
             else:
                 ranges += _read_ranges_cpu(dataset, name, unread)

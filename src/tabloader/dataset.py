@@ -124,6 +124,11 @@ class _Partitions:
         return {} if columns is None else dict(columns.keys)
 
     @property
+    def verify_checksums(self) -> bool:
+        """Whether pages are checked against their checksums when read."""
+        return self._source.verify_checksums
+
+    @property
     def filters(self) -> Filters | None:
         """The filters applied, in disjunctive normal form (None: no filter)."""
         return self._source.filters
@@ -314,6 +319,16 @@ class Dataset(_Partitions):
             is refused: rows are never dropped inside a file. Partition keys can also be
             named in a loader's ``cats``/``conts``/``labels``.
 
+    Args: Integrity
+        verify_checksums: Check every page read against the CRC-32 checksum its header
+            carries (pyarrow's ``page_checksum_verification``), so that a page damaged on
+            disk or in transit is a [`ReadError`][tabloader.errors.ReadError] naming the
+            file and row group rather than wrong values. Pages written without a checksum
+            (pyarrow writes them only with ``write_page_checksum=True``) are read as they
+            are. It costs one CRC-32 pass over each page's stored bytes; the GPU backend
+            then decodes with pyarrow (cudf does not verify checksums). Parquet files
+            only. Default False.
+
     Args: A directory that changes (see docs/data-layout.md, "A dataset that grows")
         refresh: List the directories and globs again at the start of every epoch
             (when a loader's ``iter()`` starts it): new complete files join, deleted
@@ -360,6 +375,7 @@ class Dataset(_Partitions):
         refresh: bool = False,
         on_missing: Literal["raise", "skip"] = "raise",
         filters: Any = None,
+        verify_checksums: bool = False,
     ) -> None:
         if engine != "parquet":
             raise InvalidArgumentError(
@@ -396,6 +412,7 @@ class Dataset(_Partitions):
             remote=remote,
             filters=checked_filters,
             refreshes=self.refreshes,
+            verify_checksums=flag(verify_checksums, "verify_checksums"),
         )
         if (self.refreshes or on_missing == "skip") and not self._source.refreshable:
             raise InvalidArgumentError(
@@ -407,6 +424,11 @@ class Dataset(_Partitions):
                 "filters select parquet files by partition key; an in-memory table or a Dask "
                 "DataFrame has no partition keys: filter it before passing it"
             )
+        if verify_checksums and not self._source.refreshable:
+            raise InvalidArgumentError(
+                "verify_checksums checks the pages of parquet files as they are read; a "
+                f"{self._source.kind} source is not read from parquet pages here"
+            )
 
     @classmethod
     def from_delta(
@@ -417,6 +439,7 @@ class Dataset(_Partitions):
         storage_options: dict[str, Any] | None = None,
         filters: Any = None,
         refresh: bool = False,
+        verify_checksums: bool = False,
     ) -> Dataset:
         """The rows of a Delta Lake table: exactly the files active in one version.
 
@@ -434,6 +457,8 @@ class Dataset(_Partitions):
             refresh: Load the latest version again when each epoch starts: appended
                 files join, files an overwrite or a compaction removed leave. Under
                 torch.distributed, rank 0's version is loaded by every rank.
+            verify_checksums: Check the pages read against their checksums (see
+                ``Dataset``).
 
         Examples:
             >>> import pyarrow as pa, tempfile, tabloader
@@ -453,7 +478,7 @@ class Dataset(_Partitions):
                 f"version={version} loads one version and refresh=True follows the latest; "
                 "pass one of them"
             )
-        return cls(log, filters=filters, refresh=refresh)
+        return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     @classmethod
     def from_iceberg(
@@ -463,6 +488,7 @@ class Dataset(_Partitions):
         snapshot_id: int | None = None,
         filters: Any = None,
         refresh: bool = False,
+        verify_checksums: bool = False,
     ) -> Dataset:
         """The rows of an Apache Iceberg table: the data files a snapshot's scan plans.
 
@@ -479,6 +505,8 @@ class Dataset(_Partitions):
             filters: Select files by identity-partition value (see ``Dataset``).
             refresh: Load the current snapshot again when each epoch starts (rank 0's,
                 under torch.distributed).
+            verify_checksums: Check the pages read against their checksums (see
+                ``Dataset``).
 
         Examples:
             >>> import pyarrow as pa, tempfile, tabloader
@@ -500,7 +528,7 @@ class Dataset(_Partitions):
                 f"snapshot_id={snapshot_id} loads one snapshot and refresh=True follows the "
                 "current one; pass one of them"
             )
-        return cls(log, filters=filters, refresh=refresh)
+        return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     def refresh(self, *, epoch: int | None = None) -> bool:
         """List the files again (``refresh=True`` datasets); returns whether they changed.

@@ -1056,6 +1056,8 @@ class GPUBackend:
         if len(parts) > 1:
             where += f" or one of {len(parts) - 1} other row group(s)"
         # Partition keys and renamed or added table columns: what each file stores.
+        if dataset.verify_checksums:  # cudf's reader does not check page checksums
+            return [self._decode_on_host(dataset, read, columns, lists)], True
         how = [dataset.file_columns(f, columns) for f in read.files]
         if len(how) > 1 and not same_reads(how):
             return self._read_each_file(dataset, read, columns, lists)
@@ -1101,7 +1103,8 @@ class GPUBackend:
     ) -> Any:
         """``read``'s row groups decoded by pyarrow, as the CPU backend decodes them, and
         copied to the device: for columns cudf does not decode (16-bit floats, widened to
-        32 bits here, which holds every value)."""
+        32 bits here, which holds every value), and for pages whose checksums are
+        checked (``verify_checksums``), which cudf does not check."""
         import pyarrow as pa
 
         tables = [

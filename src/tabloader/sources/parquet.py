@@ -89,6 +89,9 @@ class ParquetSource(Source):
         skip_unreadable: Leave out, with a warning, files whose footer cannot be read
             yet (``refresh=True``: still being written); tried again at the next listing.
         filters: Select files by their Hive partition values.
+        verify_checksums: Check every page read against the CRC-32 its header carries
+            (pyarrow's ``page_checksum_verification``): a damaged page is a
+            `ReadError` naming the file and row group, not values.
     """
 
     kind = "parquet"
@@ -109,8 +112,10 @@ class ParquetSource(Source):
         *,
         skip_unreadable: bool = False,
         filters: Filters | None = None,
+        verify_checksums: bool = False,
     ) -> None:
         self.specs = specs
+        self.verify_checksums = verify_checksums
         self.remote = remote
         self.filters = filters
         self.files_skipped = 0
@@ -320,9 +325,11 @@ class ParquetSource(Source):
     def open(self, file_index: int) -> pq.ParquetFile:
         path = self.files[file_index]
         md = self.metadata(file_index)
+        verify = self.verify_checksums
         if self.remote is None:
-            return pq.ParquetFile(path, metadata=md)
-        return pq.ParquetFile(self.remote.filesystem.open(path, "rb"), metadata=md)
+            return pq.ParquetFile(path, metadata=md, page_checksum_verification=verify)
+        handle = self.remote.filesystem.open(path, "rb")
+        return pq.ParquetFile(handle, metadata=md, page_checksum_verification=verify)
 
     def fetch_row_groups(
         self,
@@ -356,7 +363,11 @@ class ParquetSource(Source):
     def decode(self, index: int, handle: RangeFile, columns: list[str]) -> pa.Table:
         f, g = int(self.part_file[index]), int(self.part_row_group[index])
         how = self.columns.file_columns(f, columns)
-        with pq.ParquetFile(cast(IO[bytes], handle), metadata=self.metadata(f)) as parquet:
+        with pq.ParquetFile(
+            cast(IO[bytes], handle),
+            metadata=self.metadata(f),
+            page_checksum_verification=self.verify_checksums,
+        ) as parquet:
             return how.complete(parquet.read_row_group(g, columns=list(how.read)), columns)
 
     def read(self, index: int, columns: list[str]) -> pa.Table:

@@ -48,7 +48,12 @@ class SnapshotSource(ParquetSource):
     """The parquet files of one version of a table, with the table's schema and keys."""
 
     def __init__(
-        self, log: TableLog, remote: RemoteStore | None, *, filters: Filters | None
+        self,
+        log: TableLog,
+        remote: RemoteStore | None,
+        *,
+        filters: Filters | None,
+        verify_checksums: bool = False,
     ) -> None:
         self.log = log
         self.table_format = log.format
@@ -56,7 +61,13 @@ class SnapshotSource(ParquetSource):
         self._entries: dict[str, TableFile] = {}
         # A file named by the log that cannot be read is an error, never skipped: the
         # version's rows are what the log says.
-        super().__init__([log.name], remote, skip_unreadable=False, filters=filters)
+        super().__init__(
+            [log.name],
+            remote,
+            skip_unreadable=False,
+            filters=filters,
+            verify_checksums=verify_checksums,
+        )
 
     @property
     def version(self) -> int | None:  # type: ignore[override]
