@@ -125,25 +125,31 @@ def layout_warnings(
 
 
 def _kind(field_type: pa.DataType) -> str:
-    """``"int"``, ``"float"``, ``"bool"``, ``"list"`` or ``"unsupported"``."""
+    """``"int"``, ``"float"``, ``"bool"``, ``"list"``, ``"unsupported"``, or for a
+    fixed-size list of numbers (delivered as ``[B, k]``) ``"int vector"`` and so on.
+
+    Examples:
+        >>> _kind(pa.list_(pa.float32(), 8)), _kind(pa.list_(pa.float32()))
+        ('float vector', 'list')
+    """
     if pa.types.is_boolean(field_type):
         return "bool"
     if pa.types.is_integer(field_type):
         return "int"
     if pa.types.is_floating(field_type):
         return "float"
-    if (
-        pa.types.is_list(field_type)
-        or pa.types.is_large_list(field_type)
-        or pa.types.is_fixed_size_list(field_type)
-    ):
+    if pa.types.is_fixed_size_list(field_type):
+        values = _kind(field_type.value_type)
+        return f"{values} vector" if values in ("int", "float", "bool") else "unsupported"
+    if pa.types.is_list(field_type) or pa.types.is_large_list(field_type):
         return "list"
     return "unsupported"
 
 
 def suggest_columns(schema: pa.Schema) -> dict[str, list[str]]:
     """Columns to load, by type and name: integers are categorical ids, floats and booleans
-    continuous, and a numeric column named like label, target or click is a label.
+    continuous (vectors of them too), and a numeric column named like label, target or
+    click is a label.
 
     Examples:
         >>> schema = pa.schema([("click", pa.int8()), ("user", pa.int64()),
@@ -159,7 +165,7 @@ def suggest_columns(schema: pa.Schema) -> dict[str, list[str]]:
         if LABEL_NAME.search(field.name):
             found["labels"].append(field.name)
         else:
-            found["cats" if kind == "int" else "conts"].append(field.name)
+            found["cats" if kind.split()[0] == "int" else "conts"].append(field.name)
     return found
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "is_list_type",
     "type_difference",
     "value_type",
+    "vector_width",
 ]
 
 MIN_EMBEDDING_DIM = 16
@@ -67,6 +68,20 @@ def is_list_type(field_type: pa.DataType) -> bool:
     )
 
 
+def vector_width(field_type: pa.DataType) -> int | None:
+    """How many values a row of a fixed-size list column holds (a vector, delivered as a
+    ``[B, k]`` block), or None for any other column.
+
+    Examples:
+        >>> vector_width(pa.list_(pa.float32(), 768)), vector_width(pa.list_(pa.int64()))
+        (768, None)
+    """
+    if not pa.types.is_fixed_size_list(field_type):
+        return None
+    size: int = cast("pa.FixedSizeListType[Any]", field_type).list_size
+    return size
+
+
 def value_type(field_type: pa.DataType) -> pa.DataType:
     """The type of a list's values, or ``field_type`` itself for a scalar column."""
     if not is_list_type(field_type):
@@ -82,13 +97,18 @@ def common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     (``int32`` and ``uint32`` to ``int64``; ``uint64`` with a signed type to ``int64``,
     which is what the loader delivers anyway, and a value that does not fit is an error
     when read); floating point types to the wider one; lists to a list of the common
-    value type. Everything else must match exactly.
+    value type, fixed-size lists of one size to a fixed-size list of it (of two sizes,
+    vectors of other lengths, they conflict). Everything else must match exactly.
 
     Examples:
         >>> common_type(pa.int8(), pa.uint8()), common_type(pa.float16(), pa.float32())
         (DataType(int16), DataType(float))
         >>> common_type(pa.list_(pa.int32()), pa.large_list(pa.int64()))
         LargeListType(large_list<item: int64>)
+        >>> common_type(pa.list_(pa.float16(), 4), pa.list_(pa.float32(), 4))
+        FixedSizeListType(fixed_size_list<item: float>[4])
+        >>> common_type(pa.list_(pa.float32(), 4), pa.list_(pa.float32(), 8)) is None
+        True
         >>> common_type(pa.int64(), pa.float64()) is None  # ids and measurements
         True
     """
@@ -98,6 +118,9 @@ def common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         value = common_type(value_type(a), value_type(b))
         if value is None:
             return None
+        if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+            size: int = a.list_size
+            return pa.list_(value, size) if size == b.list_size else None
         large = pa.types.is_large_list(a) or pa.types.is_large_list(b)
         return pa.large_list(value) if large else pa.list_(value)
     both_ints = pa.types.is_integer(a) and pa.types.is_integer(b)

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,7 @@ from tabloader.casting import (
     misfit_message,
     stored_dtype,
 )
+from tabloader.columns import vector_width
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device
 from tabloader.errors import (
@@ -177,6 +178,12 @@ class LoaderConfig:
     """Whether the seed was given (a loaded state's seed is adopted only when not)."""
     dtypes: Mapping[str, np.dtype[Any]] = dataclasses.field(default_factory=dict)
     """Each column's delivered dtype."""
+    widths: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Each vector column (a fixed-size list, not in ``sparse_names``) and its values a
+    row, from the data (`with_widths`); empty until the data was checked."""
+    chunk_given: bool = False
+    """Whether ``parts_per_chunk`` or ``chunk_rows`` was given (else ``chunk_rows`` holds
+    about ``DEFAULT_CHUNK_BYTES`` of decoded rows)."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -189,15 +196,31 @@ class LoaderConfig:
             return "cat_dtype"
         return "cont_dtype" if name in self.conts else "label_dtype"
 
-    def block_layout(self, *, stacked: bool, grouped: bool, checks: frozenset[str]) -> Layout:
+    def block_layout(
+        self,
+        *,
+        stacked: bool,
+        grouped: bool,
+        checks: frozenset[str],
+        vectors_apart: bool = False,
+    ) -> Layout:
         """How columns are grouped into blocks (``stacked``: one per kind; ``grouped``:
-        columns of one dtype share one, for a backend that wants that), list columns each
-        a ragged block of its own, each block told which of ``checks`` to check."""
+        columns of one dtype share one, for a backend that wants that; vector columns
+        their ``k`` places of it, or blocks of their own when delivered alone or
+        ``vectors_apart``), list columns each a ragged block of its own, each block told
+        which of ``checks`` to check."""
         scalar = {
             kind: tuple(c for c in names if c not in self.sparse_names)
             for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
         }
-        built = Layout.build(scalar, self.dtypes, stacked=stacked, grouped=grouped)
+        built = Layout.build(
+            scalar,
+            self.dtypes,
+            stacked=stacked,
+            grouped=grouped,
+            widths=self.widths,
+            vectors_apart=vectors_apart,
+        )
         if self.sparse_names:
             built = built.with_lists(self.sparse_names, self.dtypes)
         return checked_layout(built, checks)
@@ -216,6 +239,23 @@ class LoaderConfig:
         if transform is None:
             return finish
         return lambda batch: transform(finish(batch))
+
+    def with_widths(self, widths: Mapping[str, int]) -> LoaderConfig:
+        """This config for data whose vector columns hold ``widths`` values a row: a
+        default chunk size is counted in their values, so that a chunk of embeddings
+        holds about ``DEFAULT_CHUNK_BYTES`` too.
+
+        Examples:
+            >>> config = LoaderConfig.build(batch_size=4, conts=["emb"])
+            >>> config.with_widths({"emb": 8}).chunk_rows == config.chunk_rows // 8
+            True
+        """
+        if dict(widths) == dict(self.widths):
+            return self
+        chunk_rows = self.chunk_rows
+        if not self.chunk_given:
+            chunk_rows = _default_chunk_rows(self.dtypes, widths, self.batch_size)
+        return dataclasses.replace(self, widths=dict(widths), chunk_rows=chunk_rows)
 
     def check_device(self, device: Device) -> None:
         """Refuse options the loader's (resolved) device cannot serve."""
@@ -343,9 +383,9 @@ class LoaderConfig:
             **dict.fromkeys(conts, kind_dtypes["cont_dtype"]),
             **dict.fromkeys(labels, kind_dtypes["label_dtype"]),
         }
-        if parts_per_chunk is None and chunk_rows is None:
-            row_bytes = sum(d.itemsize for d in dtypes.values())
-            chunk_rows = max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
+        chunk_given = parts_per_chunk is not None or chunk_rows is not None
+        if not chunk_given:
+            chunk_rows = _default_chunk_rows(dtypes, {}, batch_size)
         if options["cache_dir"] is not None:
             cache_directory(options["cache_dir"])  # a path, or a clear error whatever cache
         config = cls(
@@ -378,6 +418,7 @@ class LoaderConfig:
             sparse_pad=options["sparse_pad"],
             layout=layout,
             dtypes=dtypes,
+            chunk_given=chunk_given,
         )
         config._check_pad()
         return config
@@ -417,6 +458,15 @@ LOADER_KEYWORDS = (
 )
 """The options the framework adapters take and pass on (the keys of
 [`LoaderOptions`][tabloader.LoaderOptions]), for checking an adapter's keywords."""
+
+
+def _default_chunk_rows(
+    dtypes: Mapping[str, np.dtype[Any]], widths: Mapping[str, int], batch_size: int
+) -> int:
+    """Rows of about ``DEFAULT_CHUNK_BYTES`` of decoded columns (a vector column's row
+    holds its ``widths`` values), at least a batch."""
+    row_bytes = sum(d.itemsize * widths.get(c, 1) for c, d in dtypes.items())
+    return max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
 
 
 def _list_options(
@@ -497,11 +547,13 @@ _NAMES = frozenset([*(f.name for f in _FIELDS), "columns"])
 
 @dataclass(frozen=True)
 class DatasetChecks:
-    """What `check_dataset` found: each column's Arrow type, and the columns whose values
-    are checked to fit their dtype when read (the footers could not vouch for them)."""
+    """What `check_dataset` found: each column's Arrow type, the columns whose values
+    are checked to fit their dtype when read (the footers could not vouch for them), and
+    the vector columns (fixed-size lists) with their values a row."""
 
     types: dict[str, pa.DataType]
     range_checks: frozenset[str]
+    widths: dict[str, int] = field(default_factory=dict)
 
 
 def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> DatasetChecks:
@@ -525,13 +577,22 @@ def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) ->
     _check_nulls(config, dataset)
     checks = _check_ranges(config, types, dataset)
     _check_size(config, dataset, stacklevel=stacklevel + 1)
-    return DatasetChecks(types, checks)
+    widths = {
+        name: width
+        for name, t in types.items()
+        if name not in config.sparse_names and (width := vector_width(t)) is not None
+    }
+    return DatasetChecks(types, checks, widths)
 
 
 def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset) -> None:
     where = dataset.files[0] if dataset.files else "the table"
     for name, t in types.items():
-        is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+        width = vector_width(t)
+        if width is not None and name not in config.sparse_names:
+            _check_vector(config, name, t, width, where)
+            continue
+        is_list = width is not None or pa.types.is_list(t) or pa.types.is_large_list(t)
         if name in config.sparse_names:
             value = getattr(t, "value_type", None)
             numeric = value is not None and (
@@ -565,6 +626,30 @@ def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset
                 f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
                 "(integer, floating point or boolean). Convert it, or leave it out"
             )
+
+
+def _check_vector(config: LoaderConfig, name: str, t: pa.DataType, width: int, where: str) -> None:
+    """A fixed-size list is a vector, delivered as a ``[B, k]`` block: of numbers, ids
+    for cats."""
+    value = cast("pa.FixedSizeListType[Any]", t).value_type
+    numeric = pa.types.is_integer(value) or pa.types.is_boolean(value)
+    if not numeric and not pa.types.is_floating(value):
+        raise ColumnTypeError(
+            f"column {name!r} is {t} in {where}, a vector of {value}; vector columns "
+            "(fixed-size lists, delivered as [B, k]) must hold numbers (integer, floating "
+            "point or boolean). Convert it, or leave it out"
+        )
+    if name in config.cats and not numeric:
+        raise ColumnTypeError(
+            f"categorical column {name!r} is {t} in {where}, a vector of {value}; cats "
+            "must hold integer ids. List it under conts (a vector of numbers), or encode "
+            "its values as integer ids"
+        )
+    if width < 1:
+        raise ColumnTypeError(
+            f"column {name!r} is {t} in {where}: a vector of no values holds nothing to "
+            "deliver. Leave it out"
+        )
 
 
 def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
