@@ -294,12 +294,6 @@ def stored_dtype(arrow_type: pa.DataType) -> np.dtype[Any]:
         >>> stored_dtype(pa.int32()), stored_dtype(pa.list_(pa.float16(), 4))
         (dtype('int32'), dtype('float16'))
     """
-    import pyarrow as pa
+    from tabloader.columns import value_type
 
-    if (
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    ):
-        arrow_type = arrow_type.value_type
-    return np.dtype(arrow_type.to_pandas_dtype())
+    return np.dtype(value_type(arrow_type).to_pandas_dtype())

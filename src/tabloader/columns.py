@@ -60,11 +60,14 @@ MAX_EMBEDDING_DIM = 512
 
 
 def is_list_type(field_type: pa.DataType) -> bool:
-    """Whether ``field_type`` is a list (``list``, ``large_list`` or fixed-size)."""
+    """Whether ``field_type`` is a list (``list``, ``large_list``, fixed-size, or a list
+    view of either width)."""
     return bool(
         pa.types.is_list(field_type)
         or pa.types.is_large_list(field_type)
         or pa.types.is_fixed_size_list(field_type)
+        or pa.types.is_list_view(field_type)
+        or pa.types.is_large_list_view(field_type)
     )
 
 

@@ -48,7 +48,7 @@ from tabloader.casting import (
     misfit_message,
     stored_dtype,
 )
-from tabloader.columns import vector_width
+from tabloader.columns import is_list_type, vector_width
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device
 from tabloader.errors import (
@@ -592,7 +592,7 @@ def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset
         if width is not None and name not in config.sparse_names:
             _check_vector(config, name, t, width, where)
             continue
-        is_list = width is not None or pa.types.is_list(t) or pa.types.is_large_list(t)
+        is_list = is_list_type(t)
         if name in config.sparse_names:
             value = getattr(t, "value_type", None)
             numeric = value is not None and (

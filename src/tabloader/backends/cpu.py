@@ -354,8 +354,10 @@ def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str
     as lists (named in ``sparse_names``) is a list column of rows of equal length."""
     if isinstance(column, pa.ChunkedArray):
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    if pa.types.is_fixed_size_list(column.type):
+    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list_view(column.type):
         column = column.cast(pa.list_(column.type.value_type))
+    elif pa.types.is_large_list_view(column.type):
+        column = column.cast(pa.large_list(column.type.value_type))
     lengths = np.diff(np.asarray(column.offsets))  # the slice's own, whatever its offset
     if column.null_count:
         # A null slot may still span values; flatten() leaves them out, so do the offsets.
@@ -404,10 +406,16 @@ def vector_to_numpy(column: Any, name: str, fill: float | None, where: str) -> N
 
 
 def _decoder(column: Any, *, ragged: bool) -> Callable[..., Any]:
-    """How a column of this Arrow type is decoded: lists (and fixed-size lists read as
-    lists, ``ragged``) to `Ragged`, fixed-size lists to ``[rows, k]``, others to 1-D."""
+    """How a column of this Arrow type is decoded: lists and list views (and fixed-size
+    lists read as lists, ``ragged``) to `Ragged`, fixed-size lists to ``[rows, k]``,
+    others to 1-D."""
     kind = column.type
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+    if (
+        pa.types.is_list(kind)
+        or pa.types.is_large_list(kind)
+        or pa.types.is_list_view(kind)
+        or pa.types.is_large_list_view(kind)
+    ):
         return list_column_to_ragged
     if pa.types.is_fixed_size_list(kind):
         return list_column_to_ragged if ragged else vector_to_numpy

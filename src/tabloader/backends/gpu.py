@@ -638,17 +638,23 @@ def _complete_columns(
 
 
 def _fixed_size_as_lists(table: Any) -> Any:
-    """``table`` (Arrow) with its fixed-size list columns as list columns, whose null rows
-    hold no values: what cudf reads from parquet, and what its Arrow interop takes
-    (libcudf has no fixed-size list type)."""
+    """``table`` (Arrow) with its fixed-size list and list view columns as list columns,
+    whose null rows hold no values: what cudf reads from parquet, and what its Arrow
+    interop takes (libcudf has neither a fixed-size list type nor list views)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     for i, field in enumerate(table.schema):
-        if pa.types.is_fixed_size_list(field.type):
+        kind = field.type
+        if (
+            pa.types.is_fixed_size_list(kind)
+            or pa.types.is_list_view(kind)
+            or (pa.types.is_large_list_view(kind))
+        ):
             array: Any = table.column(i).combine_chunks()
-            valid = array.is_valid().to_numpy(zero_copy_only=False)
+            lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy()
             offsets = np.zeros(len(array) + 1, dtype=np.int32)
-            np.cumsum(np.where(valid, field.type.list_size, 0), out=offsets[1:])
+            np.cumsum(lengths, out=offsets[1:])
             mask = array.is_null() if array.null_count else None
             starts: Any = pa.array(offsets)
             lists = pa.ListArray.from_arrays(starts, array.flatten(), mask=mask)
