@@ -637,7 +637,7 @@ def _complete_columns(
     return out
 
 
-def _fixed_size_as_lists(table: Any) -> Any:
+def _as_cudf_lists(table: Any) -> Any:
     """``table`` (Arrow) with its fixed-size list and list view columns as list columns,
     whose null rows hold no values: what cudf reads from parquet, and what its Arrow
     interop takes (libcudf has neither a fixed-size list type nor list views)."""
@@ -646,11 +646,8 @@ def _fixed_size_as_lists(table: Any) -> Any:
 
     for i, field in enumerate(table.schema):
         kind = field.type
-        if (
-            pa.types.is_fixed_size_list(kind)
-            or pa.types.is_list_view(kind)
-            or (pa.types.is_large_list_view(kind))
-        ):
+        views = pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind)
+        if pa.types.is_fixed_size_list(kind) or views:
             array: Any = table.column(i).combine_chunks()
             lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy()
             offsets = np.zeros(len(array) + 1, dtype=np.int32)
@@ -1081,7 +1078,7 @@ class GPUBackend:
             ]
         else:  # an in-memory table lives on the host: one copy to the device is unavoidable
             frames = [
-                cudf.DataFrame.from_arrow(_fixed_size_as_lists(t))
+                cudf.DataFrame.from_arrow(_as_cudf_lists(t))
                 for t in dataset.iter_pieces(pieces, columns)
             ]
         return [_cudf_frame(frame, lists) for frame in frames], True
@@ -1094,9 +1091,9 @@ class GPUBackend:
         where = dataset.describe_partition(parts[0])
         if len(parts) > 1:
             where += f" or one of {len(parts) - 1} other row group(s)"
-        # Partition keys and renamed or added table columns: what each file stores.
         if dataset.verify_checksums:  # cudf's reader does not check page checksums
             return [self._decode_on_host(dataset, read, columns, lists)], True
+        # Partition keys and renamed or added table columns: what each file stores.
         how = [dataset.file_columns(f, columns) for f in read.files]
         if len(how) > 1 and not same_reads(how):
             return self._read_each_file(dataset, read, columns, lists)
@@ -1154,7 +1151,7 @@ class GPUBackend:
             if pa.types.is_float16(field.type):
                 table = table.set_column(i, field.name, table.column(i).cast(pa.float32()))
         with self._cupy.cuda.Stream.null:
-            return _cudf_frame(self._cudf.DataFrame.from_arrow(_fixed_size_as_lists(table)), lists)
+            return _cudf_frame(self._cudf.DataFrame.from_arrow(_as_cudf_lists(table)), lists)
 
     def _decode(
         self, paths: list[str], row_groups: list[list[int]], columns: list[str], lists: set[str]
