@@ -665,3 +665,22 @@ def test_convert_overwrite_and_progress(raw, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("converting: ")  # one line, off a terminal
     assert main(["convert", str(raw), str(dest), "--overwrite", "--quiet"]) == 0
     assert len(tabloader.Dataset(str(dest))) == 1_000
+
+
+def test_inspect_says_a_failure_it_has_no_message_for_in_one_line(dataset_dir, monkeypatch, capsys):
+    (path,) = dataset_dir([[100]])
+
+    def broken_reader(*args, **kwargs):
+        raise pa.ArrowInvalid("a footer this reader has never seen")
+
+    # (a stand-in for a dependency's failure that tabloader does not know yet)
+    monkeypatch.setattr(tabloader.cli, "inspect_dataset", broken_reader)
+    assert main(["inspect", path]) == 2
+    error = capsys.readouterr().err
+    assert error == (
+        "tabloader: error: ArrowInvalid: a footer this reader has never seen (tabloader has no "
+        "message of its own for this: please report it, with the command)\n"
+    )
+    monkeypatch.setattr(tabloader.cli, "bench_columns", broken_reader)
+    with pytest.raises(pa.ArrowInvalid):  # bench raises it as it is
+        main(["bench", path, "--cats", "id"])

@@ -14,6 +14,7 @@ import pytest
 
 import tabloader
 from conftest import make_table, write_dataset
+from tabloader.cli import main
 
 
 def test_files_row_groups_and_rows_come_from_footers(dataset_dir):
@@ -140,6 +141,30 @@ def test_an_empty_file_is_named(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(tabloader.InvalidFileError, match=r"part-999\.parquet is empty"):
         tabloader.Dataset([paths[0], str(empty)])
+
+
+def test_files_of_zero_rows_are_named_by_the_loader_and_inspect(tmp_path, capsys):
+    empty = pa.table({"id": pa.array([], pa.int64())})
+    paths = [tmp_path / f"part-{i}.parquet" for i in range(5)]
+    for path in paths:
+        pq.write_table(empty, path)
+    with pytest.raises(tabloader.EmptyDatasetError) as info:
+        tabloader.Loader(str(paths[0]), cats=["id"], batch_size=2)
+    assert str(info.value) == (
+        f"the dataset has no rows: its one file, {paths[0]}, holds 0 rows. Write rows to it, "
+        "or point the loader at files that hold some"
+    )
+    with pytest.raises(tabloader.EmptyDatasetError) as info:
+        tabloader.Loader(str(tmp_path), cats=["id"], batch_size=2)
+    assert str(info.value).startswith(
+        f"the dataset has no rows: each of its 5 files ({paths[0]}, {paths[1]}, {paths[2]} "
+        "and 2 more) holds 0 rows"
+    )
+    assert main(["inspect", str(paths[0])]) == 1
+    assert (
+        f"error: with the suggested columns: the dataset has no rows: its one file, {paths[0]}"
+        in (capsys.readouterr().out)
+    )
 
 
 def test_a_file_that_is_not_parquet_is_named(tmp_path):

@@ -28,6 +28,7 @@ import tabloader
 
 deltalake = pytest.importorskip("deltalake")
 from deltalake import DeltaTable, WriterProperties, write_deltalake  # noqa: E402
+from deltalake.exceptions import DeltaError  # noqa: E402
 
 from tabloader.cli import main  # noqa: E402
 from tabloader.sources.delta import deletion_vector_message  # noqa: E402
@@ -142,8 +143,11 @@ def test_a_data_file_replaced_after_its_commit_is_refused(tmp_path):
 
 def test_time_travel_errors_name_the_versions(history):
     path, _ = history
-    with pytest.raises(tabloader.InvalidArgumentError, match="run up to 5"):
+    with pytest.raises(tabloader.InvalidArgumentError) as info:
         tabloader.Dataset.from_delta(path, version=9)
+    assert str(info.value) == (
+        f"the Delta table {path!r} has no version 9 yet: its versions run from 0 up to 5"
+    )
     with pytest.raises(tabloader.InvalidArgumentError, match="version must be a non-negative"):
         tabloader.Dataset.from_delta(path, version=-1)
     with pytest.raises(tabloader.InvalidArgumentError, match="pass one of them"):
@@ -320,6 +324,44 @@ def test_column_mapping_is_refused_naming_it(tmp_path):
     with pytest.raises(tabloader.UnsupportedTableError, match="uses column mapping") as info:
         tabloader.Dataset.from_delta(path)
     assert "delta.columnMapping.mode='name'" in str(info.value)
+
+
+def test_reader_version_2_without_column_mapping_loads_as_deltalake_reads_it(tmp_path):
+    path = str(tmp_path / "t")
+    settings = {
+        "delta.columnMapping.mode": "none",
+        "delta.minReaderVersion": "2",
+        "delta.minWriterVersion": "5",
+    }
+    write_deltalake(path, rows(0, 30), configuration=settings)
+    write_deltalake(path, rows(30, 20), mode="append")
+    assert DeltaTable(path).protocol().min_reader_version == 2
+    ds = tabloader.Dataset.from_delta(path)
+    np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), truth(path))
+
+
+def test_a_version_cleaned_up_after_a_checkpoint_names_the_versions_that_load(tmp_path):
+    path = str(tmp_path / "t")
+    retention = {"delta.logRetentionDuration": "interval 0 seconds"}
+    write_deltalake(path, rows(0, 10), configuration=retention)
+    for start in range(10, 50, 10):
+        write_deltalake(path, rows(start, 10), mode="append")
+    DeltaTable(path).create_checkpoint()  # at version 4
+    write_deltalake(path, rows(50, 10), mode="append")
+    DeltaTable(path).cleanup_metadata()  # versions 0..3 leave the log
+    with pytest.raises(DeltaError):
+        DeltaTable(path, version=2)
+    with pytest.raises(tabloader.InvalidArgumentError) as info:
+        tabloader.Dataset.from_delta(path, version=2)
+    assert str(info.value).startswith(
+        f"version 2 of the Delta table {path!r} is no longer in its log: versions before a "
+        "checkpoint are deleted once older than the table's delta.logRetentionDuration. Its "
+        "versions run from 4 up to 5; load one of them"
+    )
+    for version in (4, 5):
+        ds = tabloader.Dataset.from_delta(path, version=version)
+        np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), truth(path, version))
+    assert main(["inspect", path, "--version", "3"]) == 2
 
 
 def test_deletion_vectors_enabled_but_unused_load_and_used_ones_are_refused(tmp_path):

@@ -248,6 +248,205 @@ def test_a_promoted_type_reads_from_files_written_before(catalog):
     np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), np.arange(30))
 
 
+# -- files without field ids: the name mapping ----------------------------------------------
+
+
+def _added_without_field_ids(catalog: SqlCatalog, where: Path) -> Any:
+    """A table whose one data file was written without field ids and added by
+    ``add_files`` (pyiceberg then sets the name mapping), its column x dropped and added
+    again: the new x is another field (id 3)."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "x", DoubleType(), required=False),
+    )
+    table = catalog.create_table("db.mapped", schema=schema)
+    path = where / "plain.parquet"
+    pq.write_table(pa.table({"id": np.arange(100, dtype=np.int64), "x": np.arange(100) / 4}), path)
+    assert pq.read_schema(path).field("x").metadata is None  # no field ids
+    table.add_files([str(path)])
+    with table.update_schema() as update:
+        update.delete_column("x")
+    with table.update_schema() as update:
+        update.add_column("x", DoubleType())
+    assert table.schema().find_field("x").field_id == 3
+    return table
+
+
+def _reference(table: Any, column: str) -> list[Any]:
+    scanned = table.scan().to_arrow().sort_by("id")
+    return scanned.column(column).to_pylist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_file_without_field_ids_is_read_through_the_name_mapping(catalog, tmp_path, device):
+    table = _added_without_field_ids(catalog, tmp_path)
+    # pyiceberg's schema update moved the name x to the new field: its values are x's
+    assert {f.field_id: f.names for f in table.name_mapping()}[3] == ["x"]
+    expected = _reference(table, "x")
+    assert expected == [i / 4 for i in range(100)]
+    batches = list(loader(tabloader.Dataset.from_iceberg(table), device, conts=["x"]))
+    got = dict(
+        zip(
+            np.concatenate([host(b["id"]) for b in batches]).tolist(),
+            np.concatenate([host(b["x"]) for b in batches]).tolist(),
+            strict=True,
+        )
+    )
+    assert [got[i] for i in range(100)] == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_name_mapped_to_a_dropped_field_reads_as_null(catalog, tmp_path, device):
+    table = _added_without_field_ids(catalog, tmp_path)
+    # A mapping that keeps the file's x as the dropped field 2, as engines that do not
+    # move names on schema updates leave it: the new field x is null in that file.
+    mapping = '[{"names":["id"],"field-id":1},{"names":["x"],"field-id":2}]'
+    with table.transaction() as transaction:
+        transaction.set_properties({"schema.name-mapping.default": mapping})
+    assert _reference(table, "x") == [None] * 100  # pyiceberg's read
+    ds = tabloader.Dataset.from_iceberg(table)
+    with pytest.raises(tabloader.NullValuesError, match="'x' has null values"):
+        tabloader.Loader(ds, conts=["x"], batch_size=8, device=device)
+    batches = list(loader(ds, device, conts=["x"], fill_null={"x": -1}))
+    np.testing.assert_array_equal(np.concatenate([host(b["x"]) for b in batches]), -1)
+    assert sorted(np.concatenate([host(b["id"]) for b in batches]).tolist()) == list(range(100))
+
+
+def test_a_file_without_field_ids_and_no_name_mapping_is_refused(catalog, tmp_path):
+    table = _added_without_field_ids(catalog, tmp_path)
+    with table.transaction() as transaction:
+        transaction.remove_properties("schema.name-mapping.default")
+    assert table.name_mapping() is None
+    with pytest.raises(ValueError, match="does not have field-ids"):
+        table.scan().to_arrow()  # pyiceberg refuses it too
+    with pytest.raises(tabloader.UnsupportedTableError) as info:
+        tabloader.Dataset.from_iceberg(table)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'plain.parquet'}: a data file of the iceberg table")
+    assert "stores no field ids and the table has no name mapping" in message
+    assert "Set the table's name mapping" in message
+
+
+# -- defaults: initial-default -------------------------------------------------------------
+
+
+def _with_defaults(catalog: SqlCatalog, where: Path) -> Any:
+    """A table with rows written before three columns were added with an initial-default
+    (an int, a boolean, the smallest long), as the spec writes them (format version 3)
+    into metadata of its own (pyiceberg writes no defaults yet): a static table."""
+    table = catalog.create_table("db.defaults", schema=SCHEMA)
+    table.append(rows(0, 40))
+    metadata = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
+    metadata["format-version"] = 3
+    metadata["next-row-id"] = 0
+    metadata["schemas"][-1]["fields"] += [
+        {"id": 4, "name": "n", "required": False, "type": "int", "initial-default": 342342},
+        {"id": 5, "name": "b", "required": False, "type": "boolean", "initial-default": True},
+        {"id": 6, "name": "l", "required": False, "type": "long", "initial-default": -(2**63)},
+    ]
+    metadata["last-column-id"] = 6
+    path = where / "defaults.metadata.json"
+    path.write_text(json.dumps(metadata))
+    from pyiceberg.table import StaticTable
+
+    return StaticTable.from_metadata(str(path))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_an_initial_default_is_delivered_in_files_written_before(catalog, tmp_path, device, cache):
+    table = _with_defaults(catalog, tmp_path)
+    scanned = table.scan().to_arrow().sort_by("id")
+    assert scanned.column("n").to_pylist() == [342342] * 40  # pyiceberg's read
+    ds = tabloader.Dataset.from_iceberg(table)
+    load = loader(ds, device, cats=["id", "n", "b", "l"], cache=cache)
+    for _ in range(2):
+        batches = list(load)
+        ids = np.concatenate([host(b["id"]) for b in batches])
+        order = np.argsort(ids)
+        for column in ("n", "b", "l"):
+            got = np.concatenate([host(b[column]) for b in batches])[order]
+            assert got.dtype == np.int64
+            assert got.tolist() == [int(v) for v in scanned.column(column).to_pylist()]
+    assert main(["inspect", str(tmp_path / "defaults.metadata.json")]) == 0
+
+
+# -- what goes wrong, in tabloader's words ---------------------------------------------------
+
+
+def test_data_files_named_by_urls_under_local_metadata_are_a_clear_error(catalog):
+    table = catalog.create_table("db.urls", schema=SCHEMA)
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path="s3://bucket/t/data/a.parquet",
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=10,
+        file_size_in_bytes=1000,
+    )
+    data_file.spec_id = table.spec().spec_id
+    with table.transaction() as transaction, transaction.update_snapshot().fast_append() as add:
+        add.append_data_file(data_file)
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        tabloader.Dataset.from_iceberg(table)
+    assert str(info.value).startswith(
+        "the Iceberg table 'db.urls' (snapshot "
+    ) and "names the data file s3://bucket/t/data/a.parquet, a URL" in str(info.value)
+
+
+def test_a_missing_manifest_list_is_a_clear_error(history):
+    table, snapshots = history
+    manifests = table.snapshot_by_id(snapshots[1]).manifest_list
+    os.remove(manifests.removeprefix("file://"))
+    with pytest.raises(tabloader.SourceNotFoundError) as info:
+        tabloader.Dataset.from_iceberg(table, snapshot_id=snapshots[1])
+    assert str(info.value).startswith(
+        f"the Iceberg table db.events (snapshot {snapshots[1]}): its manifest list {manifests}"
+    )
+    assert "load another snapshot (snapshot_id=)" in str(info.value)
+
+
+def test_metadata_pyiceberg_cannot_parse_is_named_by_inspect(history, tmp_path, capsys):
+    table, _ = history
+    metadata = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
+    for snapshot in metadata["snapshots"]:  # a version 1 writer's manifests, listed inline
+        snapshot["manifests"] = [snapshot.pop("manifest-list")]
+    path = tmp_path / "legacy.metadata.json"
+    path.write_text(json.dumps(metadata))
+    assert main(["inspect", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"tabloader: error: {path} is Iceberg metadata pyiceberg ")
+    assert "manifest-list" in error and error.count("\n") == 1 and "Traceback" not in error
+    assert main(["inspect", str(tmp_path / "none.metadata.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_relative_locations_resolve_from_where_the_table_was_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    relative = SqlCatalog("rel", uri="sqlite:///catalog.db", warehouse="warehouse")
+    relative.create_namespace("db")
+    table = relative.create_table("db.t", schema=SCHEMA)
+    table.append(rows(0, 30))
+    assert table.location() == "warehouse/db/t"  # and so are its files' paths
+    directory = str(tmp_path / "warehouse" / "db" / "t")
+    assert main(["inspect", directory, "--json"]) == 0  # from where it was written
+    assert json.loads(capsys.readouterr().out)["rows"] == 30
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["inspect", directory]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("tabloader: error: the Iceberg table ")
+    assert error.endswith(
+        "names its files by paths relative to the directory it was written from (its "
+        f"location is 'warehouse/db/t'), and they do not resolve from the current "
+        f"directory, {elsewhere}: run from {tmp_path}, or rewrite its metadata with absolute "
+        "locations\n"
+    )
+    with pytest.raises(tabloader.SourceNotFoundError, match=f"run from {tmp_path}"):
+        tabloader.Dataset.from_iceberg(table)
+
+
 # -- partitions ----------------------------------------------------------------------------
 
 

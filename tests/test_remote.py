@@ -441,6 +441,28 @@ def test_a_storage_option_the_filesystem_rejects_is_named(proxy, bucket):
         tabloader.Dataset(f"s3://{bucket}/data/", storage_options=options(proxy, colour="red"))
 
 
+@pytest.mark.parametrize("plaintext_footer", [True, False])
+def test_an_encrypted_object_is_refused_from_its_footer(proxy, s3_server, plaintext_footer):
+    encryption = pytest.importorskip("pyarrow.parquet.encryption")
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    s3 = client(s3_server)
+    s3.create_bucket(Bucket=name)
+    table = make_table(0, 100)
+    properties = encryption.create_encryption_properties(
+        b"0123456789abcdef", plaintext_footer=plaintext_footer
+    )
+    sink = io.BytesIO()
+    with pq.ParquetWriter(sink, table.schema, encryption_properties=properties) as writer:
+        writer.write_table(table)
+    s3.put_object(Bucket=name, Key="data/enc.parquet", Body=sink.getvalue())
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        tabloader.Dataset(f"s3://{name}/data/", storage_options=options(proxy))
+    shown = f"s3://{name}/data/enc.parquet is an encrypted parquet file"
+    assert str(info.value).startswith(shown)
+    expected = "id, cat, x, label are encrypted" if plaintext_footer else "it ends with PARE"
+    assert expected in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [

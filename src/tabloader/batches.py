@@ -13,6 +13,11 @@ A `Layout` says which columns share a block and how batches are delivered:
 - By default every column is its own block, and a batch is a dict of 1-D arrays.
 - The ``"stacked"`` layout keeps cats, conts and labels in three blocks and delivers
   them whole (``[B, k]``), the shape frameworks want, without a further copy.
+
+A *vector* column (a parquet ``fixed_size_list`` of ``k`` numbers a row, an embedding)
+takes ``k`` places of its block where a scalar takes one: a block of its own delivered
+whole as ``[B, k]``, or ``k`` consecutive places of its kind's stacked block. Decoded, it
+is a ``[rows, k]`` array where a scalar column is a 1-D one.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 __all__ = [
     "Block",
     "Layout",
+    "column_width",
     "Part",
     "Ragged",
     "host_int",
@@ -61,6 +67,27 @@ class Block:
     checked: tuple[str, ...] = ()
     """Columns whose values must be checked to fit ``dtype`` when read (the footers'
     statistics could not tell): see `tabloader.casting`."""
+    vectors: tuple[tuple[str, int], ...] = ()
+    """The vector columns among ``columns``, each with its ``k``: the places it takes
+    (a scalar column takes one)."""
+
+    @property
+    def width(self) -> int:
+        """The block's places a row: ``[rows, width]``."""
+        return len(self.columns) + sum(k - 1 for _, k in self.vectors)
+
+    def spans(self) -> list[tuple[str, int, int]]:
+        """Each column with the places it takes: ``(column, first, stop)``.
+
+        Examples:
+            >>> f4 = np.dtype("float32")
+            >>> Block("conts", ("x", "emb", "y"), f4, vectors=(("emb", 3),)).spans()
+            [('x', 0, 1), ('emb', 1, 4), ('y', 4, 5)]
+        """
+        k = dict(self.vectors)
+        widths = [k.get(c, 1) for c in self.columns]
+        stops = np.cumsum(widths).tolist()
+        return [(c, stop - w, stop) for c, w, stop in zip(self.columns, widths, stops, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,8 @@ class Layout:
         *,
         stacked: bool,
         grouped: bool = False,
+        widths: Mapping[str, int] | None = None,
+        vectors_apart: bool = False,
     ) -> Layout:
         """Layout for columns grouped by kind (``cats``/``conts``/``labels``).
 
@@ -89,6 +118,20 @@ class Layout:
         columns of one dtype side by side in one column-major block (the GPU's layout:
         one gather a batch per dtype instead of one per column), else each column is a
         block of its own (the CPU's: zero-copy views of the decoded columns).
+
+        ``widths`` names the vector columns and their ``k``: each takes ``k``
+        consecutive places of its kind's stacked block, or, delivered alone, a
+        row-major block of its own (a row's ``k`` values side by side), delivered whole.
+        ``vectors_apart`` keeps them in blocks of their own when stacked too (a cache
+        stacked for gathering, whose vectors are delivered alone).
+
+        Examples:
+            >>> f4 = np.dtype("float32")
+            >>> kinds, dtypes = {"conts": ["x", "emb"]}, {"x": f4, "emb": f4}
+            >>> Layout.build(kinds, dtypes, stacked=True, widths={"emb": 4}).blocks[0].width
+            5
+            >>> Layout.build(kinds, dtypes, stacked=False, widths={"emb": 4}).outputs
+            (('x', 'x', 0), ('emb', 'emb', None))
 
         Examples:
             >>> i8, f4 = np.dtype("int64"), np.dtype("float32")
@@ -102,24 +145,43 @@ class Layout:
             >>> [(b.name, b.columns) for b in grouped.blocks], grouped.outputs[2]
             ([('<int64>', ('a', 'b')), ('<float32>', ('x', 'y'))], ('x', '<float32>', 0))
         """
-        if stacked:
-            blocks = tuple(
-                Block(kind, tuple(cols), dtypes[cols[0]]) for kind, cols in kinds.items() if cols
-            )
-            return cls(blocks, tuple((b.name, b.name, None) for b in blocks))
+        widths = dict(widths or {})
+
+        def places(cols: Sequence[str]) -> tuple[tuple[str, int], ...]:
+            return tuple((c, widths[c]) for c in cols if c in widths)
+
         columns = [c for cols in kinds.values() for c in cols]
+        vectors = tuple(
+            Block(c, (c,), dtypes[c], vectors=((c, widths[c]),)) for c in columns if c in widths
+        )
+        if stacked:
+            kept = {
+                kind: [c for c in cols if not (vectors_apart and c in widths)]
+                for kind, cols in kinds.items()
+            }
+            blocks = tuple(
+                Block(kind, tuple(cols), dtypes[cols[0]], vectors=places(cols))
+                for kind, cols in kept.items()
+                if cols
+            ) + (vectors if vectors_apart else ())
+            return cls(blocks, tuple((b.name, b.name, None) for b in blocks))
+        whole = tuple((b.name, b.name, None) for b in vectors)
+        scalars = [c for c in columns if c not in widths]
         if not grouped:
-            blocks = tuple(Block(c, (c,), dtypes[c]) for c in columns)
-            return cls(blocks, tuple((c, c, 0) for c in columns))
+            blocks = tuple(Block(c, (c,), dtypes[c]) for c in scalars)
+            where: dict[str, tuple[str, str, int | None]] = {o[0]: o for o in whole}
+            where |= {c: (c, c, 0) for c in scalars}
+            return cls(blocks + vectors, tuple(where[c] for c in columns))
         by_dtype: dict[np.dtype[Any], list[str]] = {}
-        for c in columns:
+        for c in scalars:
             by_dtype.setdefault(np.dtype(dtypes[c]), []).append(c)
         blocks = tuple(
             Block(f"<{dtype}>", tuple(cols), dtype, column_major=True)
             for dtype, cols in by_dtype.items()
         )
-        where = {c: (b.name, j) for b in blocks for j, c in enumerate(b.columns)}
-        return cls(blocks, tuple((c, *where[c]) for c in columns))
+        outputs: dict[str, tuple[str, str, int | None]] = {o[0]: o for o in whole}
+        outputs |= {c: (c, b.name, j) for b in blocks for j, c in enumerate(b.columns)}
+        return cls(blocks + vectors, tuple(outputs[c] for c in columns))
 
     def with_lists(self, names: Sequence[str], dtypes: Mapping[str, np.dtype[Any]]) -> Layout:
         """This layout plus list columns ``names``, each its own ragged block, delivered
@@ -140,6 +202,12 @@ class Layout:
             key: segment[block] if j is None else segment[block][:, j]
             for key, block, j in self.outputs
         }
+
+
+def column_width(array: Any) -> int:
+    """The places a decoded column takes in its block: 1 for a 1-D array, ``k`` for a
+    vector column's ``[rows, k]``."""
+    return 1 if array.ndim == 1 else int(array.shape[1])
 
 
 def segment_rows(segment: Segment) -> int:

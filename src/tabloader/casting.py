@@ -277,6 +277,8 @@ def check_block(piece: Mapping[str, Any], block: Block, *, where: str = "") -> N
     for column in block.checked:
         values = piece[column]
         values = getattr(values, "values", values)  # a list column: its values
+        if values.ndim > 1:  # a vector column: every value of every row
+            values = values.reshape(-1)
         check_values(values, block.dtype, column=column, where=where)
 
 
@@ -291,9 +293,13 @@ def checked_layout(layout: Layout, columns: Sequence[str] | frozenset[str]) -> L
 
 
 def stored_dtype(arrow_type: pa.DataType) -> np.dtype[Any]:
-    """The numpy dtype of a numeric (or boolean) Arrow type, or of a list's values."""
-    import pyarrow as pa
+    """The numpy dtype of a numeric (or boolean) Arrow type, or of a list's values.
 
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
-        arrow_type = arrow_type.value_type
-    return np.dtype(arrow_type.to_pandas_dtype())
+    Examples:
+        >>> import pyarrow as pa
+        >>> stored_dtype(pa.int32()), stored_dtype(pa.list_(pa.float16(), 4))
+        (dtype('int32'), dtype('float16'))
+    """
+    from tabloader.columns import value_type
+
+    return np.dtype(value_type(arrow_type).to_pandas_dtype())

@@ -125,25 +125,31 @@ def layout_warnings(
 
 
 def _kind(field_type: pa.DataType) -> str:
-    """``"int"``, ``"float"``, ``"bool"``, ``"list"`` or ``"unsupported"``."""
+    """``"int"``, ``"float"``, ``"bool"``, ``"list"``, ``"unsupported"``, or for a
+    fixed-size list of numbers (delivered as ``[B, k]``) ``"int vector"`` and so on.
+
+    Examples:
+        >>> _kind(pa.list_(pa.float32(), 8)), _kind(pa.list_(pa.float32()))
+        ('float vector', 'list')
+    """
     if pa.types.is_boolean(field_type):
         return "bool"
     if pa.types.is_integer(field_type):
         return "int"
     if pa.types.is_floating(field_type):
         return "float"
-    if (
-        pa.types.is_list(field_type)
-        or pa.types.is_large_list(field_type)
-        or pa.types.is_fixed_size_list(field_type)
-    ):
+    if pa.types.is_fixed_size_list(field_type):
+        values = _kind(field_type.value_type)
+        return f"{values} vector" if values in ("int", "float", "bool") else "unsupported"
+    if pa.types.is_list(field_type) or pa.types.is_large_list(field_type):
         return "list"
     return "unsupported"
 
 
 def suggest_columns(schema: pa.Schema) -> dict[str, list[str]]:
     """Columns to load, by type and name: integers are categorical ids, floats and booleans
-    continuous, and a numeric column named like label, target or click is a label.
+    continuous (vectors of them too), and a numeric column named like label, target or
+    click is a label.
 
     Examples:
         >>> schema = pa.schema([("click", pa.int8()), ("user", pa.int64()),
@@ -159,7 +165,7 @@ def suggest_columns(schema: pa.Schema) -> dict[str, list[str]]:
         if LABEL_NAME.search(field.name):
             found["labels"].append(field.name)
         else:
-            found["cats" if kind == "int" else "conts"].append(field.name)
+            found["cats" if kind.split()[0] == "int" else "conts"].append(field.name)
     return found
 
 
@@ -394,7 +400,7 @@ def _loader_failure(
     nulls, at least one batch) decide, from the footers alone.
     """
     if not dataset.num_rows:
-        return EmptyDatasetError("the dataset has no rows")
+        return EmptyDatasetError(dataset.no_rows_message())
     if not any(columns.values()):
         return ColumnTypeError(
             "no column can be loaded: none is numeric. Encode the columns as numbers first"
@@ -541,16 +547,12 @@ def open_inspected(
     if kind == "delta":
         return Dataset.from_delta(str(path), version=version, filters=filters)
     if kind == "iceberg":
-        from tabloader.sources.iceberg import import_pyiceberg
-
-        import_pyiceberg()
-        from pyiceberg.table import StaticTable
+        from tabloader.sources.iceberg import static_table
 
         location = str(path)
         if not location.endswith(".metadata.json") and "://" not in location:
             location = _newest_metadata(location)
-        table = StaticTable.from_metadata(location)
-        return Dataset.from_iceberg(table, snapshot_id=version, filters=filters)
+        return Dataset.from_iceberg(static_table(location), snapshot_id=version, filters=filters)
     if version is not None:
         raise InvalidArgumentError("--version applies to Delta and Iceberg tables, not to files")
     return Dataset(path, filters=filters)
@@ -1258,6 +1260,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real fd
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by the pipe
+    except Exception as error:
+        if args.command != "inspect":
+            raise
+        # inspect reports on files others wrote: what it meets is said in one line, as
+        # a finding, never as a traceback
+        sys.stderr.write(
+            f"tabloader: error: {type(error).__name__}: {error} (tabloader has no message "
+            "of its own for this: please report it, with the command)\n"
+        )
+        return 2
 
 
 if __name__ == "__main__":

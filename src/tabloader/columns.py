@@ -49,6 +49,7 @@ __all__ = [
     "is_list_type",
     "type_difference",
     "value_type",
+    "vector_width",
 ]
 
 MIN_EMBEDDING_DIM = 16
@@ -59,12 +60,29 @@ MAX_EMBEDDING_DIM = 512
 
 
 def is_list_type(field_type: pa.DataType) -> bool:
-    """Whether ``field_type`` is a list (``list``, ``large_list`` or fixed-size)."""
+    """Whether ``field_type`` is a list (``list``, ``large_list``, fixed-size, or a list
+    view of either width)."""
     return bool(
         pa.types.is_list(field_type)
         or pa.types.is_large_list(field_type)
         or pa.types.is_fixed_size_list(field_type)
+        or pa.types.is_list_view(field_type)
+        or pa.types.is_large_list_view(field_type)
     )
+
+
+def vector_width(field_type: pa.DataType) -> int | None:
+    """How many values a row of a fixed-size list column holds (a vector, delivered as a
+    ``[B, k]`` block), or None for any other column.
+
+    Examples:
+        >>> vector_width(pa.list_(pa.float32(), 768)), vector_width(pa.list_(pa.int64()))
+        (768, None)
+    """
+    if not pa.types.is_fixed_size_list(field_type):
+        return None
+    size: int = cast("pa.FixedSizeListType[Any]", field_type).list_size
+    return size
 
 
 def value_type(field_type: pa.DataType) -> pa.DataType:
@@ -82,13 +100,18 @@ def common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     (``int32`` and ``uint32`` to ``int64``; ``uint64`` with a signed type to ``int64``,
     which is what the loader delivers anyway, and a value that does not fit is an error
     when read); floating point types to the wider one; lists to a list of the common
-    value type. Everything else must match exactly.
+    value type, fixed-size lists of one size to a fixed-size list of it (of two sizes,
+    vectors of other lengths, they conflict). Everything else must match exactly.
 
     Examples:
         >>> common_type(pa.int8(), pa.uint8()), common_type(pa.float16(), pa.float32())
         (DataType(int16), DataType(float))
         >>> common_type(pa.list_(pa.int32()), pa.large_list(pa.int64()))
         LargeListType(large_list<item: int64>)
+        >>> common_type(pa.list_(pa.float16(), 4), pa.list_(pa.float32(), 4))
+        FixedSizeListType(fixed_size_list<item: float>[4])
+        >>> common_type(pa.list_(pa.float32(), 4), pa.list_(pa.float32(), 8)) is None
+        True
         >>> common_type(pa.int64(), pa.float64()) is None  # ids and measurements
         True
     """
@@ -98,6 +121,9 @@ def common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         value = common_type(value_type(a), value_type(b))
         if value is None:
             return None
+        if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+            size: int = a.list_size
+            return pa.list_(value, size) if size == b.list_size else None
         large = pa.types.is_large_list(a) or pa.types.is_large_list(b)
         return pa.large_list(value) if large else pa.list_(value)
     both_ints = pa.types.is_integer(a) and pa.types.is_integer(b)
@@ -220,7 +246,9 @@ def id_ranges(
         ranges, unread = _footer_ranges(dataset, name)
         if unread:
             resolved = resolve_device(device)
-            if resolved.is_cuda and dataset.parquet_layout() is not None:
+            # (cudf does not check page checksums: verified reads are pyarrow's)
+            gpu = resolved.is_cuda and not dataset.verify_checksums
+            if gpu and dataset.parquet_layout() is not None:
                 ranges += _read_ranges_gpu(dataset, name, unread, resolved)
             else:
                 ranges += _read_ranges_cpu(dataset, name, unread)

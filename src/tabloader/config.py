@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from numbers import Real
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,7 @@ from tabloader.casting import (
     misfit_message,
     stored_dtype,
 )
+from tabloader.columns import is_list_type, vector_width
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS, Dataset, small_row_groups
 from tabloader.device import Device
 from tabloader.errors import (
@@ -179,6 +180,12 @@ class LoaderConfig:
     """Whether the seed was given (a loaded state's seed is adopted only when not)."""
     dtypes: Mapping[str, np.dtype[Any]] = dataclasses.field(default_factory=dict)
     """Each column's delivered dtype."""
+    widths: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Each vector column (a fixed-size list, not in ``sparse_names``) and its values a
+    row, from the data (`with_widths`); empty until the data was checked."""
+    chunk_given: bool = False
+    """Whether ``parts_per_chunk`` or ``chunk_rows`` was given (else ``chunk_rows`` holds
+    about ``DEFAULT_CHUNK_BYTES`` of decoded rows)."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -191,15 +198,31 @@ class LoaderConfig:
             return "cat_dtype"
         return "cont_dtype" if name in self.conts else "label_dtype"
 
-    def block_layout(self, *, stacked: bool, grouped: bool, checks: frozenset[str]) -> Layout:
+    def block_layout(
+        self,
+        *,
+        stacked: bool,
+        grouped: bool,
+        checks: frozenset[str],
+        vectors_apart: bool = False,
+    ) -> Layout:
         """How columns are grouped into blocks (``stacked``: one per kind; ``grouped``:
-        columns of one dtype share one, for a backend that wants that), list columns each
-        a ragged block of its own, each block told which of ``checks`` to check."""
+        columns of one dtype share one, for a backend that wants that; vector columns
+        their ``k`` places of it, or blocks of their own when delivered alone or
+        ``vectors_apart``), list columns each a ragged block of its own, each block told
+        which of ``checks`` to check."""
         scalar = {
             kind: tuple(c for c in names if c not in self.sparse_names)
             for kind, names in (("cats", self.cats), ("conts", self.conts), ("labels", self.labels))
         }
-        built = Layout.build(scalar, self.dtypes, stacked=stacked, grouped=grouped)
+        built = Layout.build(
+            scalar,
+            self.dtypes,
+            stacked=stacked,
+            grouped=grouped,
+            widths=self.widths,
+            vectors_apart=vectors_apart,
+        )
         if self.sparse_names:
             built = built.with_lists(self.sparse_names, self.dtypes)
         return checked_layout(built, checks)
@@ -218,6 +241,23 @@ class LoaderConfig:
         if transform is None:
             return finish
         return lambda batch: transform(finish(batch))
+
+    def with_widths(self, widths: Mapping[str, int]) -> LoaderConfig:
+        """This config for data whose vector columns hold ``widths`` values a row: a
+        default chunk size is counted in their values, so that a chunk of embeddings
+        holds about ``DEFAULT_CHUNK_BYTES`` too.
+
+        Examples:
+            >>> config = LoaderConfig.build(batch_size=4, conts=["emb"])
+            >>> config.with_widths({"emb": 8}).chunk_rows == config.chunk_rows // 8
+            True
+        """
+        if dict(widths) == dict(self.widths):
+            return self
+        chunk_rows = self.chunk_rows
+        if not self.chunk_given:
+            chunk_rows = _default_chunk_rows(self.dtypes, widths, self.batch_size)
+        return dataclasses.replace(self, widths=dict(widths), chunk_rows=chunk_rows)
 
     def check_device(self, device: Device) -> None:
         """Refuse options the loader's (resolved) device cannot serve."""
@@ -345,9 +385,9 @@ class LoaderConfig:
             **dict.fromkeys(conts, kind_dtypes["cont_dtype"]),
             **dict.fromkeys(labels, kind_dtypes["label_dtype"]),
         }
-        if parts_per_chunk is None and chunk_rows is None:
-            row_bytes = sum(d.itemsize for d in dtypes.values())
-            chunk_rows = max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
+        chunk_given = parts_per_chunk is not None or chunk_rows is not None
+        if not chunk_given:
+            chunk_rows = _default_chunk_rows(dtypes, {}, batch_size)
         if options["cache_dir"] is not None:
             cache_directory(options["cache_dir"])  # a path, or a clear error whatever cache
         given_for_a_cache = [
@@ -393,6 +433,7 @@ class LoaderConfig:
             sparse_pad=options["sparse_pad"],
             layout=layout,
             dtypes=dtypes,
+            chunk_given=chunk_given,
         )
         config._check_pad()
         return config
@@ -432,6 +473,15 @@ LOADER_KEYWORDS = (
 )
 """The options the framework adapters take and pass on (the keys of
 [`LoaderOptions`][tabloader.LoaderOptions]), for checking an adapter's keywords."""
+
+
+def _default_chunk_rows(
+    dtypes: Mapping[str, np.dtype[Any]], widths: Mapping[str, int], batch_size: int
+) -> int:
+    """Rows of about ``DEFAULT_CHUNK_BYTES`` of decoded columns (a vector column's row
+    holds its ``widths`` values), at least a batch."""
+    row_bytes = sum(d.itemsize * widths.get(c, 1) for c, d in dtypes.items())
+    return max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
 
 
 def _list_options(
@@ -513,12 +563,14 @@ _NAMES = frozenset([*(f.name for f in _FIELDS), "columns"])
 @dataclass(frozen=True)
 class DatasetChecks:
     """What `check_dataset` found: each column's Arrow type, the columns whose cast to
-    their dtype could lose something, and those of them the footers' statistics
-    cannot vouch for (missing, an infinite bound, a float delivered as an integer)."""
+    their dtype could lose something, those of them the footers' statistics cannot
+    vouch for (missing, an infinite bound, a float delivered as an integer), and the
+    vector columns (fixed-size lists) with their values a row."""
 
     types: dict[str, pa.DataType]
     narrowed: frozenset[str]
     unvouched: frozenset[str]
+    widths: dict[str, int] = field(default_factory=dict)
 
     def read_checks(self, device: Device) -> frozenset[str]:
         """The columns whose values are checked as they are read on ``device``: on the
@@ -556,13 +608,22 @@ def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) ->
     _check_nulls(config, dataset)
     narrowed, unvouched = _check_ranges(config, types, dataset)
     _check_size(config, dataset, stacklevel=stacklevel + 1)
-    return DatasetChecks(types, narrowed, unvouched)
+    widths = {
+        name: width
+        for name, t in types.items()
+        if name not in config.sparse_names and (width := vector_width(t)) is not None
+    }
+    return DatasetChecks(types, narrowed, unvouched, widths)
 
 
 def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset) -> None:
     where = dataset.files[0] if dataset.files else "the table"
     for name, t in types.items():
-        is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+        width = vector_width(t)
+        if width is not None and name not in config.sparse_names:
+            _check_vector(config, name, t, width, where)
+            continue
+        is_list = is_list_type(t)
         if name in config.sparse_names:
             value = getattr(t, "value_type", None)
             numeric = value is not None and (
@@ -596,6 +657,30 @@ def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset
                 f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
                 "(integer, floating point or boolean). Convert it, or leave it out"
             )
+
+
+def _check_vector(config: LoaderConfig, name: str, t: pa.DataType, width: int, where: str) -> None:
+    """A fixed-size list is a vector, delivered as a ``[B, k]`` block: of numbers, ids
+    for cats."""
+    value = cast("pa.FixedSizeListType[Any]", t).value_type
+    numeric = pa.types.is_integer(value) or pa.types.is_boolean(value)
+    if not numeric and not pa.types.is_floating(value):
+        raise ColumnTypeError(
+            f"column {name!r} is {t} in {where}, a vector of {value}; vector columns "
+            "(fixed-size lists, delivered as [B, k]) must hold numbers (integer, floating "
+            "point or boolean). Convert it, or leave it out"
+        )
+    if name in config.cats and not numeric:
+        raise ColumnTypeError(
+            f"categorical column {name!r} is {t} in {where}, a vector of {value}; cats "
+            "must hold integer ids. List it under conts (a vector of numbers), or encode "
+            "its values as integer ids"
+        )
+    if width < 1:
+        raise ColumnTypeError(
+            f"column {name!r} is {t} in {where}: a vector of no values holds nothing to "
+            "deliver. Leave it out"
+        )
 
 
 def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
@@ -684,7 +769,7 @@ def _bounded(extremes: tuple[Any, Any] | None) -> bool:
 
 def _check_size(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) -> None:
     if dataset.num_rows == 0:
-        raise EmptyDatasetError("the dataset has no rows")
+        raise EmptyDatasetError(dataset.no_rows_message())
     rank, size = config.global_rank, config.global_size
     if config.batches_per_epoch(dataset.num_rows) == 0:
         lo, hi = rank_rows(dataset.num_rows, global_rank=rank, global_size=size)

@@ -124,6 +124,11 @@ class _Partitions:
         return {} if columns is None else dict(columns.keys)
 
     @property
+    def verify_checksums(self) -> bool:
+        """Whether pages are checked against their checksums when read."""
+        return self._source.verify_checksums
+
+    @property
     def filters(self) -> Filters | None:
         """The filters applied, in disjunctive normal form (None: no filter)."""
         return self._source.filters
@@ -177,6 +182,28 @@ class _Partitions:
     def describe_partition(self, index: int) -> str:
         """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
         return self._source.describe(index)
+
+    def no_rows_message(self) -> str:
+        """Why the dataset holds no row at all, naming its files, for the error that says so.
+
+        Examples:
+            >>> import pyarrow as pa
+            >>> Dataset(pa.table({"x": pa.array([], pa.int64())})).no_rows_message()
+            'the dataset has no rows: the table it was given is empty'
+        """
+        files = [self._source.display(f) for f in self._source.files]
+        if not files:
+            return "the dataset has no rows: the table it was given is empty"
+        if len(files) == 1:
+            return (
+                f"the dataset has no rows: its one file, {files[0]}, holds 0 rows. Write rows "
+                "to it, or point the loader at files that hold some"
+            )
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return (
+            f"the dataset has no rows: each of its {len(files)} files ({shown}) holds 0 rows. "
+            "Write rows to them, or point the loader at files that hold some"
+        )
 
     def read_partition(self, index: int, columns: Sequence[str]) -> pa.Table:
         """Read the given columns of one partition into an Arrow table.
@@ -297,6 +324,16 @@ class Dataset(_Partitions):
             is refused: rows are never dropped inside a file. Partition keys can also be
             named in a loader's ``cats``/``conts``/``labels``.
 
+    Args: Integrity
+        verify_checksums: Check every page read against the CRC-32 checksum its header
+            carries (pyarrow's ``page_checksum_verification``), so that a page damaged on
+            disk or in transit is a [`ReadError`][tabloader.errors.ReadError] naming the
+            file and row group rather than wrong values. Pages written without a checksum
+            (pyarrow writes them only with ``write_page_checksum=True``) are read as they
+            are. It costs one CRC-32 pass over each page's stored bytes; the GPU backend
+            then decodes with pyarrow (cudf does not verify checksums). Parquet files
+            only. Default False.
+
     Args: A directory that changes (see docs/data-layout.md, "A dataset that grows")
         refresh: List the directories and globs again at the start of every epoch
             (when a loader's ``iter()`` starts it): new complete files join, deleted
@@ -343,6 +380,7 @@ class Dataset(_Partitions):
         refresh: bool = False,
         on_missing: Literal["raise", "skip"] = "raise",
         filters: Any = None,
+        verify_checksums: bool = False,
     ) -> None:
         if engine != "parquet":
             raise InvalidArgumentError(
@@ -379,6 +417,7 @@ class Dataset(_Partitions):
             remote=remote,
             filters=checked_filters,
             refreshes=self.refreshes,
+            verify_checksums=flag(verify_checksums, "verify_checksums"),
         )
         if (self.refreshes or on_missing == "skip") and not self._source.refreshable:
             raise InvalidArgumentError(
@@ -390,6 +429,11 @@ class Dataset(_Partitions):
                 "filters select parquet files by partition key; an in-memory table or a Dask "
                 "DataFrame has no partition keys: filter it before passing it"
             )
+        if verify_checksums and not self._source.refreshable:
+            raise InvalidArgumentError(
+                "verify_checksums checks the pages of parquet files as they are read; a "
+                f"{self._source.kind} source is not read from parquet pages here"
+            )
 
     @classmethod
     def from_delta(
@@ -400,6 +444,7 @@ class Dataset(_Partitions):
         storage_options: dict[str, Any] | None = None,
         filters: Any = None,
         refresh: bool = False,
+        verify_checksums: bool = False,
     ) -> Dataset:
         """The rows of a Delta Lake table: exactly the files active in one version.
 
@@ -417,6 +462,8 @@ class Dataset(_Partitions):
             refresh: Load the latest version again when each epoch starts: appended
                 files join, files an overwrite or a compaction removed leave. Under
                 torch.distributed, rank 0's version is loaded by every rank.
+            verify_checksums: Check the pages read against their checksums (see
+                ``Dataset``).
 
         Examples:
             >>> import pyarrow as pa, tempfile, tabloader
@@ -436,7 +483,7 @@ class Dataset(_Partitions):
                 f"version={version} loads one version and refresh=True follows the latest; "
                 "pass one of them"
             )
-        return cls(log, filters=filters, refresh=refresh)
+        return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     @classmethod
     def from_iceberg(
@@ -446,6 +493,7 @@ class Dataset(_Partitions):
         snapshot_id: int | None = None,
         filters: Any = None,
         refresh: bool = False,
+        verify_checksums: bool = False,
     ) -> Dataset:
         """The rows of an Apache Iceberg table: the data files a snapshot's scan plans.
 
@@ -462,6 +510,8 @@ class Dataset(_Partitions):
             filters: Select files by identity-partition value (see ``Dataset``).
             refresh: Load the current snapshot again when each epoch starts (rank 0's,
                 under torch.distributed).
+            verify_checksums: Check the pages read against their checksums (see
+                ``Dataset``).
 
         Examples:
             >>> import pyarrow as pa, tempfile, tabloader
@@ -483,7 +533,7 @@ class Dataset(_Partitions):
                 f"snapshot_id={snapshot_id} loads one snapshot and refresh=True follows the "
                 "current one; pass one of them"
             )
-        return cls(log, filters=filters, refresh=refresh)
+        return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     def refresh(self, *, epoch: int | None = None) -> bool:
         """List the files again (``refresh=True`` datasets); returns whether they changed.

@@ -29,7 +29,7 @@ from tabloader.config import (
 )
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
-from tabloader.errors import InvalidArgumentError
+from tabloader.errors import InvalidArgumentError, SchemaMismatchError
 from tabloader.memory import release_arrow_memory
 from tabloader.options import int_at_least, keywords_of, reject_unknown
 from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
@@ -213,6 +213,10 @@ class Loader(_Position):
         cats: Categorical columns (integer ids), delivered as ``cat_dtype`` (int64).
         conts: Continuous columns, delivered as ``cont_dtype`` (float32).
         labels: Target columns, delivered as ``label_dtype`` (float32).
+            A column stored as a fixed-size list of ``k`` numbers a row (an embedding)
+            is a vector column in any of the three, delivered as a dense ``[B, k]``
+            array (in the ``"stacked"`` layout: ``k`` consecutive places of its kind's
+            block, where it is named).
         cat_names, cont_names, label_names: NVTabular's names for the same three
             options; give each option under one name. An unknown keyword raises
             ``TypeError`` naming the closest known one.
@@ -350,11 +354,11 @@ class Loader(_Position):
         self.backend: Backend = get_backend(self.device)
         config.check_device(self.device)
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
-        self._range_checks = check_dataset(config, self.dataset, stacklevel=2).read_checks(
-            self.device
-        )
+        checks = check_dataset(config, self.dataset, stacklevel=2)
+        self._range_checks = checks.read_checks(self.device)
         """Columns whose values are checked to fit their dtype when read (see
         `tabloader.config.DatasetChecks.read_checks`)."""
+        config = self.config = config.with_widths(checks.widths)  # vectors' k, from the data
         self.layout_plan = self._layout(config.layout == "stacked")
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
@@ -366,9 +370,14 @@ class Loader(_Position):
         if config.cache_mode is not None:
             self.cache = self._cache_for(self.dataset)
 
-    def _layout(self, stacked: bool) -> Layout:
+    def _layout(self, stacked: bool, *, vectors_apart: bool = False) -> Layout:
         grouped = self.backend.groups_columns
-        return self.config.block_layout(stacked=stacked, grouped=grouped, checks=self._range_checks)
+        return self.config.block_layout(
+            stacked=stacked,
+            grouped=grouped,
+            checks=self._range_checks,
+            vectors_apart=vectors_apart,
+        )
 
     def _cache_for(self, dataset: Dataset) -> DecodedCache:
         config = self.config
@@ -376,7 +385,10 @@ class Loader(_Position):
         return DecodedCache(
             config.cache_mode,
             dataset=dataset,
-            blocks=self._layout(self._cache_stacked).blocks,
+            # (stacked to gather whole rows; vectors delivered alone stay row-major apart)
+            blocks=self._layout(
+                self._cache_stacked, vectors_apart=config.layout != "stacked"
+            ).blocks,
             layout=self.layout_plan,
             fill_null=config.fill_null,
             global_rank=config.global_rank,
@@ -486,6 +498,13 @@ class Loader(_Position):
         """
         if self.dataset.refresh(epoch=epoch):
             checks = check_dataset(self.config, self.dataset, stacklevel=2)
+            if checks.widths != dict(self.config.widths):
+                raise SchemaMismatchError(
+                    f"the vector columns hold {checks.widths} values a row in the files "
+                    f"listed for epoch {epoch}, {dict(self.config.widths)} before: a "
+                    "loader's batches keep their shape. Rewrite the new files with the "
+                    "vectors' length, or build a new loader"
+                )
             self._range_checks = checks.read_checks(self.device)
             self.layout_plan = checked_layout(self.layout_plan, self._range_checks)
             if self.cache is not None:

@@ -492,6 +492,7 @@ class BatchConverter:
         self.xp: Any = None
         self.columns: tuple[str, ...] = ()
         self.lists: tuple[str, ...] = ()
+        self.vectors: tuple[str, ...] = ()
         self.groups: list[tuple[np.dtype[Any], list[str]]] = []
         self.narrow: dict[str, np.dtype[Any]] = {}
         self.lender: LentMemory | None = None
@@ -506,7 +507,10 @@ class BatchConverter:
             place = dlpack_place(self.xp.empty((1,), np.uint8))
         self.tensors.check_device(self.device, place)
         self.lists = loader.sparse_names
-        self.columns = tuple(c for c in loader.columns if c not in self.lists)
+        self.vectors = tuple(loader.widths)  # [B, k] each, handed over whole
+        self.columns = tuple(
+            c for c in loader.columns if c not in self.lists and c not in self.vectors
+        )
         groups: dict[np.dtype[Any], list[str]] = {}
         for name in self.columns:
             groups.setdefault(loader.dtypes[name], []).append(name)
@@ -530,9 +534,12 @@ class BatchConverter:
             yield
 
     def arrays(self, batch: Mapping[str, Any]) -> dict[Any, Any]:
-        """The batch's arrays, aligned and narrowed: each scalar column; each list column
-        as ``name`` (padded) or ``(name, "values")`` and ``(name, "offsets")``."""
+        """The batch's arrays, aligned and narrowed: each scalar column and each vector
+        column (``[B, k]``); each list column as ``name`` (padded) or ``(name, "values")``
+        and ``(name, "offsets")``."""
         arrays: dict[Any, Any] = aligned_columns(batch, self.groups, self.xp)
+        for name in self.vectors:
+            arrays[name] = self.aligned(batch[name])
         for name in self.lists:
             value = batch[name]
             if isinstance(value, tuple):

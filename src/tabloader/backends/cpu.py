@@ -1,4 +1,8 @@
-"""CPU backend: pyarrow decodes, numpy lays out, shuffles and slices."""
+"""CPU backend: pyarrow decodes, numpy lays out, shuffles and slices.
+
+A decoded column is a 1-D numpy array, a list column a `Ragged`, and a vector column (a
+fixed-size list) a ``[rows, k]`` array taking ``k`` places of its block.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ __all__ = [
     "list_column_to_ragged",
     "null_message",
     "populated_empty",
+    "vector_to_numpy",
 ]
 
 T = TypeVar("T")
@@ -345,9 +350,14 @@ def array_to_numpy(array: pa.Array[Any] | pa.ChunkedArray[Any]) -> NDArray[Any]:
 
 def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str) -> Ragged:
     """One Arrow list column as values and offsets (numpy): null lists are empty lists;
-    nulls inside lists take ``fill``, or raise without it."""
+    nulls inside lists take ``fill``, or raise without it. A fixed-size list column read
+    as lists (named in ``sparse_names``) is a list column of rows of equal length."""
     if isinstance(column, pa.ChunkedArray):
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list_view(column.type):
+        column = column.cast(pa.list_(column.type.value_type))
+    elif pa.types.is_large_list_view(column.type):
+        column = column.cast(pa.large_list(column.type.value_type))
     lengths = np.diff(np.asarray(column.offsets))  # the slice's own, whatever its offset
     if column.null_count:
         # A null slot may still span values; flatten() leaves them out, so do the offsets.
@@ -362,21 +372,87 @@ def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str
     return Ragged(array_to_numpy(values), offsets)
 
 
-def _is_list(column: pa.ChunkedArray[Any] | pa.Array[Any]) -> bool:
-    return pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+def vector_to_numpy(column: Any, name: str, fill: float | None, where: str) -> NDArray[Any]:
+    """One Arrow fixed-size list column (``k`` values a row) as a ``[rows, k]`` numpy
+    array: a view of its values where none is null. A null row (every value of it) and
+    a null inside a row take ``fill``, or raise without it.
+
+    Examples:
+        >>> column = pa.array([[1, 2], None, [5, 6]], pa.list_(pa.int64(), 2))
+        >>> vector_to_numpy(column.slice(1), "v", -1, "a.parquet").tolist()
+        [[-1, -1], [5, 6]]
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    width = column.type.list_size
+    rows = len(column)
+    # (values ignores the array's offset; null rows keep their k values in it)
+    values = column.values.slice(column.offset * width, rows * width)
+    null_rows = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
+    if values.null_count:
+        inside = values.is_null().to_numpy(zero_copy_only=False).reshape(rows, width)
+        if null_rows is not None:
+            inside &= ~null_rows[:, None]
+        if inside.any() and fill is None:
+            raise NullValuesError(null_message(name, int(inside.sum()), where + " (inside lists)"))
+        values = pc.fill_null(values, pa.scalar(0 if fill is None else fill).cast(values.type))
+    dense = array_to_numpy(values).reshape(rows, width)
+    if null_rows is not None:
+        if fill is None:
+            raise NullValuesError(null_message(name, int(null_rows.sum()), where))
+        dense = dense.copy()
+        dense[null_rows] = fill
+    return dense
+
+
+def _decoder(column: Any, *, ragged: bool) -> Callable[..., Any]:
+    """How a column of this Arrow type is decoded: lists and list views (and fixed-size
+    lists read as lists, ``ragged``) to `Ragged`, fixed-size lists to ``[rows, k]``,
+    others to 1-D."""
+    kind = column.type
+    if (
+        pa.types.is_list(kind)
+        or pa.types.is_large_list(kind)
+        or pa.types.is_list_view(kind)
+        or pa.types.is_large_list_view(kind)
+    ):
+        return list_column_to_ragged
+    if pa.types.is_fixed_size_list(kind):
+        return list_column_to_ragged if ragged else vector_to_numpy
+    return column_to_numpy
 
 
 def interleave(arrays: Sequence[NDArray[Any]], out: NDArray[Any]) -> None:
-    """Copy ``arrays`` in as the columns of ``out``, casting on the fly."""
+    """Copy ``arrays`` in as the columns of ``out``, casting on the fly (a vector
+    column's ``[rows, k]`` as ``k`` of them).
+
+    Examples:
+        >>> out = np.empty((2, 3), np.float32)
+        >>> interleave([np.array([1, 2]), np.array([[3, 4], [5, 6]])], out)
+        >>> out.tolist()
+        [[1.0, 3.0, 4.0], [2.0, 5.0, 6.0]]
+    """
     n = len(arrays[0])
     if len(arrays) == 1:
-        out[:, 0] = arrays[0]
+        out[...] = arrays[0].reshape(n, -1)
         return
     for start in range(0, n, _BLOCK_ROWS):
         stop = min(start + _BLOCK_ROWS, n)
         rows = out[start:stop]
-        for j, array in enumerate(arrays):
-            rows[:, j] = array[start:stop]
+        j = 0
+        for array in arrays:
+            j = _put(rows, j, array[start:stop])
+
+
+def _put(rows: NDArray[Any], j: int, column: NDArray[Any]) -> int:
+    """Write ``column`` (1-D, or a vector column's 2-D) into ``rows`` from place ``j``;
+    the place after it."""
+    if column.ndim == 1:
+        rows[:, j] = column
+        return j + 1
+    stop = j + int(column.shape[1])
+    rows[:, j:stop] = column
+    return stop
 
 
 class CPUBackend:
@@ -436,9 +512,7 @@ class CPUBackend:
         stay where they are and are reordered lazily, as each batch is cut.
         """
         segment = empty_segment(
-            len(places),
-            [(b.name, len(b.columns), b.dtype) for b in blocks if not b.ragged],
-            self.xp,
+            len(places), [(b.name, b.width, b.dtype) for b in blocks if not b.ragged], self.xp
         )
         lists: dict[str, list[Ragged]] = {b.name: [] for b in blocks if b.ragged}
         offset = 0
@@ -453,14 +527,14 @@ class CPUBackend:
                     lists[b.name].append(ragged)
                     continue
                 out = segment[b.name]
-                if len(b.columns) == 1:
+                if len(b.columns) == 1 and arrays[b.columns[0]].ndim == 1:
                     # scatter and cast in one pass
                     jobs.append((n, partial(out[:, 0].__setitem__, rows, arrays[b.columns[0]])))
                     continue
                 for share in work.shares(n):
                     cols = [arrays[c][share] for c in b.columns]
                     job = partial(self._scatter_rows, cols, rows[share], out)
-                    jobs.append((len(cols[0]) * len(cols), job))
+                    jobs.append((len(cols[0]) * b.width, job))
             work.run(jobs)
             offset += n
             stats.assemble_seconds += time.perf_counter() - started
@@ -490,14 +564,15 @@ class CPUBackend:
         stacked layout then costs what the column layout's scatters cost.
         """
         step = _BLOCK_ROWS
-        scratch = np.empty((min(step, len(rows)), len(arrays)), out.dtype)
+        scratch = np.empty((min(step, len(rows)), out.shape[1]), out.dtype)
         row = np.dtype((np.void, scratch.strides[0]))
         whole_rows = out.view(row)[:, 0]
         for start in range(0, len(rows), step):
             stop = min(start + step, len(rows))
             block = scratch[: stop - start]
-            for j, array in enumerate(arrays):
-                block[:, j] = array[start:stop]
+            j = 0
+            for array in arrays:
+                j = _put(block, j, array[start:stop])
             whole_rows[rows[start:stop]] = block.view(row)[:, 0]
 
     def _piece_segment(
@@ -519,14 +594,14 @@ class CPUBackend:
                 values = decoded.values.astype(b.dtype, copy=False)
                 segment[b.name] = Ragged(values, decoded.offsets)
                 continue
-            if len(cols) == 1 and cols[0].dtype == b.dtype:
-                segment[b.name] = cols[0].reshape(-1, 1)  # zero-copy view of the decoded data
-                continue
             n = len(cols[0])
-            out = self.xp.empty((n, len(cols)), b.dtype)
+            if len(cols) == 1 and cols[0].dtype == b.dtype:
+                segment[b.name] = cols[0].reshape(n, -1)  # zero-copy view of the decoded data
+                continue
+            out = self.xp.empty((n, b.width), b.dtype)
             for share in work.shares(n):
                 part = [c[share] for c in cols]
-                jobs.append((len(part[0]) * len(cols), partial(interleave, part, out[share])))
+                jobs.append((len(part[0]) * b.width, partial(interleave, part, out[share])))
             segment[b.name] = out
         work.run(jobs)
         stats.assemble_seconds += time.perf_counter() - started
@@ -562,10 +637,11 @@ def _chunk_places(plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:
 
 
 def decode_pieces(
-    request: ReadRequest, pieces: Sequence[Piece], columns: Sequence[str], *, lists: bool = True
+    request: ReadRequest, pieces: Sequence[Piece], columns: Sequence[str]
 ) -> Iterator[dict[str, NDArray[Any]]]:
     """Each piece's columns as numpy arrays (zero-copy where there are no nulls)."""
     dataset, fill_null, stats = request.dataset, request.fill_null, request.stats
+    ragged = {c for b in request.blocks if b.ragged for c in b.columns}
     tables = dataset.iter_pieces(pieces, columns)
     for partition, _, _ in pieces:
         started = time.perf_counter()
@@ -574,7 +650,7 @@ def decode_pieces(
         stats.bytes_read += table.nbytes
         where = dataset.describe_partition(partition)
         arrays: dict[str, Any] = {
-            c: (list_column_to_ragged if lists and _is_list(table.column(c)) else column_to_numpy)(
+            c: _decoder(table.column(c), ragged=c in ragged)(
                 table.column(c), c, fill_null.get(c), where
             )
             for c in columns

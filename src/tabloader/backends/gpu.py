@@ -541,9 +541,11 @@ def _frame_columns(
     pieces: Sequence[tuple[int, int, int]],
     dataset: Dataset,
     cupy: Any,
+    vectors: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """A read frame's columns (``_CudfColumn``/``_PlcColumn`` by name) as device arrays,
-    list columns as `Ragged`.
+    list columns as `Ragged`, vector columns (``vectors``: fixed-size lists, which cudf
+    reads as lists) as ``[rows, k]``.
 
     Nulls are filled by ``fill_null``; a column without a fill value may hold nulls only
     in rows no piece delivers (a rank's share ending inside a row group), which are then
@@ -572,6 +574,9 @@ def _frame_columns(
             fill = 0  # the nulls are in rows no piece delivers
         if c in lists:
             out[c] = column.to_ragged(c, fill, where, cupy)
+        elif vectors and c in vectors:  # a null row is an empty list, made k fills
+            ragged = column.to_ragged(c, fill, where, cupy)
+            out[c] = ragged.to_dense(vectors[c], 0 if fill is None else fill, c)
         else:
             out[c] = column.to_device(c, fill, where, cupy)
     return out
@@ -632,6 +637,28 @@ def _complete_columns(
     return out
 
 
+def _as_cudf_lists(table: Any) -> Any:
+    """``table`` (Arrow) with its fixed-size list and list view columns as list columns,
+    whose null rows hold no values: what cudf reads from parquet, and what its Arrow
+    interop takes (libcudf has neither a fixed-size list type nor list views)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, field in enumerate(table.schema):
+        kind = field.type
+        views = pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind)
+        if pa.types.is_fixed_size_list(kind) or views:
+            array: Any = table.column(i).combine_chunks()
+            lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy()
+            offsets = np.zeros(len(array) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            mask = array.is_null() if array.null_count else None
+            starts: Any = pa.array(offsets)
+            lists = pa.ListArray.from_arrays(starts, array.flatten(), mask=mask)
+            table = table.set_column(i, field.name, lists)
+    return table
+
+
 def _cudf_frame(frame: Any, lists: set[str]) -> dict[str, _CudfColumn]:
     return {name: _CudfColumn(frame[name], is_list=name in lists) for name in frame.columns}
 
@@ -665,7 +692,7 @@ def assemble_frames(
             whole = Ragged.concatenate([f[b.columns[0]] for f in frames])
             segment[b.name] = Ragged(whole.values.astype(b.dtype, copy=False), whole.offsets)
             continue
-        k = len(b.columns)
+        k = b.width
         if b.column_major:
             out = xp.empty((k, rows), dtype=b.dtype).T
         else:
@@ -673,8 +700,9 @@ def assemble_frames(
         offset = 0
         for frame in frames:
             n = len(frame[b.columns[0]])
-            for j, column in enumerate(b.columns):
-                out[offset : offset + n, j] = frame[column]  # one cast-and-copy kernel
+            for column, j, stop in b.spans():  # (a vector column takes k places)
+                place = j if stop == j + 1 and frame[column].ndim == 1 else slice(j, stop)
+                out[offset : offset + n, place] = frame[column]  # one cast-and-copy kernel
             offset += n
         segment[b.name] = out
     return segment
@@ -991,14 +1019,19 @@ class GPUBackend:
         blocks = request.blocks
         columns = [c for b in blocks for c in b.columns]
         lists = {c for b in blocks if b.ragged for c in b.columns}
+        vectors = {c: k for b in blocks for c, k in b.vectors}  # read as lists by cudf
         doing = f"reading a chunk of {chunk_plan.rows:,} rows"
         with _out_of_memory_as_error(self.device, doing):
             t0 = time.perf_counter()
-            frames, on_default = self._read_frames(dataset, pieces, chunk_plan.read, columns, lists)
+            frames, on_default = self._read_frames(
+                dataset, pieces, chunk_plan.read, columns, lists | set(vectors)
+            )
             # The conversions run where the decode ran: after it, in order.
             with cupy.cuda.Stream.null if on_default else contextlib.nullcontext():
                 converted = [
-                    _frame_columns(frame, columns, lists, request.fill_null, rows, dataset, cupy)
+                    _frame_columns(
+                        frame, columns, lists, request.fill_null, rows, dataset, cupy, vectors
+                    )
                     for frame, rows in zip(
                         frames, _pieces_by_frame(pieces, chunk_plan, frames), strict=True
                     )
@@ -1044,7 +1077,10 @@ class GPUBackend:
                 for frame in partitions
             ]
         else:  # an in-memory table lives on the host: one copy to the device is unavoidable
-            frames = [cudf.DataFrame.from_arrow(t) for t in dataset.iter_pieces(pieces, columns)]
+            frames = [
+                cudf.DataFrame.from_arrow(_as_cudf_lists(t))
+                for t in dataset.iter_pieces(pieces, columns)
+            ]
         return [_cudf_frame(frame, lists) for frame in frames], True
 
     def _read_parquet(
@@ -1055,6 +1091,8 @@ class GPUBackend:
         where = dataset.describe_partition(parts[0])
         if len(parts) > 1:
             where += f" or one of {len(parts) - 1} other row group(s)"
+        if dataset.verify_checksums:  # cudf's reader does not check page checksums
+            return [self._decode_on_host(dataset, read, columns, lists)], True
         # Partition keys and renamed or added table columns: what each file stores.
         how = [dataset.file_columns(f, columns) for f in read.files]
         if len(how) > 1 and not same_reads(how):
@@ -1101,7 +1139,8 @@ class GPUBackend:
     ) -> Any:
         """``read``'s row groups decoded by pyarrow, as the CPU backend decodes them, and
         copied to the device: for columns cudf does not decode (16-bit floats, widened to
-        32 bits here, which holds every value)."""
+        32 bits here, which holds every value), and for pages whose checksums are
+        checked (``verify_checksums``), which cudf does not check."""
         import pyarrow as pa
 
         tables = [
@@ -1112,7 +1151,7 @@ class GPUBackend:
             if pa.types.is_float16(field.type):
                 table = table.set_column(i, field.name, table.column(i).cast(pa.float32()))
         with self._cupy.cuda.Stream.null:
-            return _cudf_frame(self._cudf.DataFrame.from_arrow(table), lists)
+            return _cudf_frame(self._cudf.DataFrame.from_arrow(_as_cudf_lists(table)), lists)
 
     def _decode(
         self, paths: list[str], row_groups: list[list[int]], columns: list[str], lists: set[str]

@@ -185,8 +185,7 @@ class DecodedCache:
         """Where each cached row lives, and how batches are gathered from them."""
         # List columns' values are counted once read; their spans are known now.
         self.nbytes = sum(
-            self.num_rows * (16 if b.ragged else len(b.columns) * b.dtype.itemsize)
-            for b in self.blocks
+            self.num_rows * (16 if b.ragged else b.width * b.dtype.itemsize) for b in self.blocks
         )
         self.arrays: dict[str, Any] | None = None
         """Block name -> read-only ``[rows, k]`` array (a list column: a
@@ -225,7 +224,7 @@ class DecodedCache:
         for i, b in enumerate(self.blocks):
             names = _file_names(i, b)
             if not b.ragged:
-                specs.append(FileSpec(names[0], (self.num_rows, len(b.columns)), b.dtype))
+                specs.append(FileSpec(names[0], (self.num_rows, b.width), b.dtype))
                 continue
             length = None if lengths is None else (lengths[names[1]],)
             specs.append(FileSpec(names[0], (self.num_rows, 2), np.dtype(np.int64)))
@@ -649,7 +648,7 @@ class Fill:
                         job = partial(
                             self.files.write_rows, names[0], first_row + share.start, part
                         )
-                    jobs.append((len(part[0]) * len(part), job))
+                    jobs.append((len(part[0]) * b.width, job))
             work.run(jobs)
         except OSError as error:
             raise FillFailed(str(error)) from error

@@ -212,14 +212,17 @@ class CachedRows:
             }
             return [({**dense, **lists}, None)]
         # Stored row-major per kind, delivered one contiguous column each: gathered and
-        # transposed in one pass into column-major blocks of one allocation.
-        scalar = [b for b in self.blocks if not b.ragged]
-        shapes = [(b.name, len(b.columns), b.dtype) for b in scalar]
+        # transposed in one pass into column-major blocks of one allocation. A block
+        # stored as delivered (a vector column's [rows, k]) is gathered as it is.
+        delivered = {(b.name, b.columns) for b in self.layout.blocks}
+        kept = [b for b in self.blocks if not b.ragged and (b.name, b.columns) in delivered]
+        scalar = [b for b in self.blocks if not b.ragged and b not in kept]
+        shapes = [(b.name, b.width, b.dtype) for b in scalar]
         blocks = empty_segment(len(rows), shapes, xp, column_major=True)
-        segment: Segment = {}
+        segment: Segment = {b.name: xp.take(arrays[b.name], rows, axis=0) for b in kept}
         for b in scalar:
             take_transposed(arrays[b.name], rows, blocks[b.name])
-            segment.update((c, blocks[b.name][:, j : j + 1]) for j, c in enumerate(b.columns))
+            segment.update((c, blocks[b.name][:, a:stop]) for c, a, stop in b.spans())
         segment.update(lists)
         return [(segment, None)]
 

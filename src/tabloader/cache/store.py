@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabloader.backends.cpu import interleave
+from tabloader.batches import column_width
 from tabloader.errors import InvalidArgumentError
 from tabloader.memory import address
 from tabloader.stages import usable_cores
@@ -839,14 +840,15 @@ class CacheFiles:
         block that stays in the CPU's cache, then written with one system call."""
         fd, offset = self._files[name]
         dtype = self._specs[name].dtype
-        width = len(columns) * dtype.itemsize
+        places = sum(column_width(c) for c in columns)  # (a vector column takes k)
+        width = places * dtype.itemsize
         n = len(columns[0])
         if len(columns) == 1:
             write_at(
                 fd, np.ascontiguousarray(columns[0], dtype=dtype).data, offset + first_row * width
             )
             return
-        scratch = np.empty((min(WRITE_ROWS, n), len(columns)), dtype)
+        scratch = np.empty((min(WRITE_ROWS, n), places), dtype)
         for start in range(0, n, WRITE_ROWS):
             block = scratch[: min(WRITE_ROWS, n - start)]
             interleave([c[start : start + len(block)] for c in columns], block)

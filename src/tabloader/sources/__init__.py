@@ -46,6 +46,7 @@ def open_source(
     remote: dict[str, Any],
     filters: Filters | None,
     refreshes: bool,
+    verify_checksums: bool = False,
 ) -> Source:
     """The `Source` for what a user gave a [`Dataset`][tabloader.Dataset] (see its
     ``source`` argument); ``remote`` holds the object store's request options."""
@@ -62,7 +63,7 @@ def open_source(
         store = None
         if source.url is not None:
             store = RemoteStore(source.url, source.storage_options, **remote)
-        return SnapshotSource(source, store, filters=filters)
+        return SnapshotSource(source, store, filters=filters, verify_checksums=verify_checksums)
     if is_dask_frame(source):
         return DaskSource(source)
     specs = _as_path_list(source)
@@ -84,7 +85,13 @@ def open_source(
                 f"storage_options must be a dict, got {type(storage_options).__name__}"
             )
         store = RemoteStore(urls[0], storage_options or {}, **remote)
-    return ParquetSource(specs, store, skip_unreadable=refreshes, filters=filters)
+    return ParquetSource(
+        specs,
+        store,
+        skip_unreadable=refreshes,
+        filters=filters,
+        verify_checksums=verify_checksums,
+    )
 
 
 def _as_path_list(source: object) -> list[str]:

@@ -61,7 +61,9 @@ class Source(Protocol):
         files: The files, in load order (empty for in-memory sources).
         kind: What the source is, for ``repr(dataset)``: ``"parquet"``, ``"table"``, ...
         refreshable: Whether `relist` can list it again (``refresh=True``,
-            ``on_missing="skip"`` and ``filters`` apply only then).
+            ``on_missing="skip"``, ``filters`` and ``verify_checksums`` apply only then).
+        verify_checksums: Whether pages are checked against the checksums their
+            headers carry when read (parquet files).
     """
 
     rows: NDArray[np.int64]
@@ -69,6 +71,7 @@ class Source(Protocol):
     files: list[str]
     kind: str
     refreshable: bool = False
+    verify_checksums: bool = False
     columns: ColumnSources | None = None
     """Where each column comes from, file by file (parquet sources)."""
     filters: Filters | None = None

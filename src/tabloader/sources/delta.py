@@ -6,8 +6,9 @@ compaction. `DeltaLog` asks delta-rs (the ``deltalake`` package, imported only
 here) for a version's add actions: each file's path, partition values and row count.
 
 Refused, with an error naming the feature, because the files would not hold the rows
-the table does: deletion vectors on any active file, column mapping (files store columns
-under physical names), and reader features this module does not know.
+the table does: deletion vectors on any active file, column mapping in use (a
+``delta.columnMapping.mode`` other than ``"none"``: files store columns under physical
+names), and reader features this module does not know.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = ["HONOURED_READER_FEATURES", "DeltaLog", "delta_storage_options", "imp
 
 HONOURED_READER_FEATURES = frozenset(
     {
+        "columnMapping",  # honoured while delta.columnMapping.mode is "none"; checked
         "deletionVectors",  # honoured while no active file has one; checked per version
         "timestampNtz",
         "typeWidening",  # a file's narrower type reads as the table's (checked per file)
@@ -133,6 +135,8 @@ class DeltaLog(TableLog):
                 self.name, version=version, storage_options=self._log_options or None
             )
         except TableNotFoundError as err:
+            if version is not None:  # (delta-rs says so of a version cleaned up, too)
+                self._refuse_version(version, err)
             raise SourceNotFoundError(
                 f"{self.name!r} is not a Delta table: it has no readable _delta_log ({err}). "
                 "Check the path (the table's directory, the parent of _delta_log) and, for "
@@ -140,13 +144,46 @@ class DeltaLog(TableLog):
             ) from err
         except Exception as err:
             if version is not None and "version" in str(err).lower():
-                latest = self.latest()
-                raise InvalidArgumentError(
-                    f"version {version} of the Delta table {self.name!r} cannot be loaded "
-                    f"({err}); its versions run up to {latest}, and versions older than "
-                    "the last checkpoint may have been cleaned up"
-                ) from err
+                self._refuse_version(version, err)
             raise ReadError(f"cannot read the log of the Delta table {self.name!r}: {err}") from err
+
+    def _refuse_version(self, version: int, err: Exception) -> None:
+        """Raise the error of a version that cannot be loaded, naming those that can, if
+        the table itself loads (else return: the caller says what is wrong with it)."""
+        try:
+            latest = self.latest()
+        except TabloaderError:
+            return
+        first = self.first_version(latest)
+        if version > latest:
+            raise InvalidArgumentError(
+                f"the Delta table {self.name!r} has no version {version} yet: its versions "
+                f"run from {first} up to {latest}"
+            ) from err
+        raise InvalidArgumentError(
+            f"version {version} of the Delta table {self.name!r} is no longer in its log: "
+            "versions before a checkpoint are deleted once older than the table's "
+            f"delta.logRetentionDuration. Its versions run from {first} up to {latest}; "
+            f"load one of them ({err})"
+        ) from err
+
+    def first_version(self, latest: int) -> int:
+        """The oldest version the log still holds: versions from it up to ``latest`` load
+        (a version loads from the commits after it back to a checkpoint, or to version 0,
+        and cleaning up deletes the oldest first), found by bisection."""
+        deltalake = import_deltalake()
+        low, high = 0, latest
+        while low < high:
+            middle = (low + high) // 2
+            try:
+                deltalake.DeltaTable(
+                    self.name, version=middle, storage_options=self._log_options or None
+                )
+            except Exception:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def latest(self) -> int:
         if self._latest is None:
@@ -218,8 +255,10 @@ class DeltaLog(TableLog):
                 f"{where} needs a reader of protocol version {protocol.min_reader_version}; "
                 f"tabloader reads up to version {MAX_READER_VERSION}"
             )
+        # Reader version 2 (or the columnMapping feature) allows column mapping; only a
+        # mode other than "none" uses it (Databricks writes version 2 with mode "none").
         mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-        if mode != "none" or protocol.min_reader_version == 2:
+        if mode != "none":
             raise UnsupportedTableError(
                 f"{where} uses column mapping (delta.columnMapping.mode={mode!r}): its files "
                 "store columns under physical names that tabloader does not map. Rewrite the "

@@ -7,6 +7,10 @@ values at construction (`Source.value_ranges`), the ids an embedding table needs
 (`tabloader.columns.id_ranges`) and ``tabloader inspect``'s null counts all start from
 `ColumnStats`, one per partition, built by `column_stats`.
 
+A footer also says which column chunks are encrypted (parquet's modular encryption).
+pyarrow aborts the process when it is asked about such a chunk's metadata without the
+keys, so `encrypted_columns` finds them in the footer's own bytes first.
+
 Examples:
     >>> import io, pyarrow as pa, pyarrow.parquet as pq
     >>> sink = io.BytesIO()
@@ -23,15 +27,28 @@ Examples:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from tabloader.errors import InvalidFileError
+
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-__all__ = ["ColumnStats", "Leaves", "column_leaves", "column_stats", "constant_stats", "digest"]
+__all__ = [
+    "ColumnStats",
+    "Leaves",
+    "column_leaves",
+    "column_stats",
+    "constant_stats",
+    "digest",
+    "encrypted_columns",
+    "encrypted_footer_message",
+    "refuse_encrypted",
+]
 
 Leaves = tuple[int, int, bool]
 """A column's leaf columns in a footer: the first leaf's index, how many, and whether the
@@ -133,3 +150,180 @@ def digest(footer: bytes) -> str:
         (True, 32)
     """
     return hashlib.sha256(footer).hexdigest()[:32]
+
+
+# -- encrypted column chunks ------------------------------------------------------------
+#
+# A footer is a Thrift ``FileMetaData`` struct in Thrift's compact protocol (parquet.thrift):
+# its field 4 lists the row groups, a row group's field 1 its column chunks, and a column
+# chunk carries field 8 (``crypto_metadata``) or 9 (``encrypted_column_metadata``) when it
+# is encrypted. Only that much is read here; every other field is skipped by its type.
+
+_BOOL_TRUE, _BOOL_FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY = 1, 2, 3, 4, 5, 6, 7, 8
+_LIST, _SET, _MAP, _STRUCT = 9, 10, 11, 12
+_ROW_GROUPS, _COLUMNS, _CRYPTO_METADATA, _ENCRYPTED_METADATA = 4, 1, 8, 9
+_MAX_DEPTH = 64
+
+
+class _Compact:
+    """A reader of Thrift's compact protocol over ``data``, from position 0."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def byte(self) -> int:
+        value = self.data[self.at]
+        self.at += 1
+        return value
+
+    def varint(self) -> int:
+        shift = value = 0
+        while True:
+            byte = self.byte()
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+
+    def fields(self) -> Iterator[tuple[int, int]]:
+        """A struct's ``(field id, type)`` in turn; the caller reads or skips each value."""
+        field = 0
+        while True:
+            header = self.byte()
+            if header == 0:
+                return
+            delta, kind = header >> 4, header & 0x0F
+            if delta:
+                field += delta
+            else:
+                zigzag = self.varint()
+                field = (zigzag >> 1) ^ -(zigzag & 1)
+            yield field, kind
+
+    def list_header(self) -> tuple[int, int]:
+        header = self.byte()
+        size, kind = header >> 4, header & 0x0F
+        return (self.varint() if size == 15 else size), kind
+
+    def skip(self, kind: int, depth: int = 0) -> None:
+        if depth > _MAX_DEPTH:
+            raise ValueError("the footer nests deeper than parquet's metadata does")
+        if kind in (_BOOL_TRUE, _BOOL_FALSE):
+            return
+        if kind == _BYTE:
+            self.at += 1
+        elif kind in (_I16, _I32, _I64):
+            self.varint()
+        elif kind == _DOUBLE:
+            self.at += 8
+        elif kind == _BINARY:
+            length = self.varint()  # (read before the position it moves is added to)
+            self.at += length
+        elif kind in (_LIST, _SET):
+            size, item = self.list_header()
+            if item in (_BOOL_TRUE, _BOOL_FALSE):
+                self.at += size
+            else:
+                for _ in range(size):
+                    self.skip(item, depth + 1)
+        elif kind == _MAP:
+            size = self.varint()
+            if size:
+                types = self.byte()
+                for _ in range(size):
+                    self.skip(types >> 4, depth + 1)
+                    self.skip(types & 0x0F, depth + 1)
+        elif kind == _STRUCT:
+            for _, field_kind in self.fields():
+                self.skip(field_kind, depth + 1)
+        else:
+            raise ValueError(f"no Thrift type {kind}")
+        if self.at > len(self.data):
+            raise ValueError("the footer ends inside a value")
+
+
+def encrypted_columns(footer: bytes) -> list[int]:
+    """The leaf columns (their indices in the footer's schema) whose chunks are encrypted,
+    from a footer's bytes (the ``FileMetaData`` first, as `digest` takes them); empty for
+    a file without encrypted columns.
+
+    Raises ValueError for bytes that are not a footer.
+
+    Examples:
+        >>> import io, pyarrow as pa, pyarrow.parquet as pq
+        >>> sink = io.BytesIO()
+        >>> pq.write_table(pa.table({"a": [1, 2]}), sink)
+        >>> data = sink.getvalue()
+        >>> encrypted_columns(data[-8 - int.from_bytes(data[-8:-4], "little") :])
+        []
+    """
+    reader = _Compact(footer)
+    found: set[int] = set()
+    try:
+        for field, kind in reader.fields():
+            if field != _ROW_GROUPS or kind != _LIST:
+                reader.skip(kind)
+                continue
+            groups, _ = reader.list_header()
+            for _ in range(groups):
+                for group_field, group_kind in reader.fields():
+                    if group_field != _COLUMNS or group_kind != _LIST:
+                        reader.skip(group_kind)
+                        continue
+                    chunks, _ = reader.list_header()
+                    for leaf in range(chunks):
+                        for chunk_field, chunk_kind in reader.fields():
+                            if chunk_field in (_CRYPTO_METADATA, _ENCRYPTED_METADATA):
+                                found.add(leaf)
+                            reader.skip(chunk_kind)
+    except IndexError:
+        raise ValueError("the footer ends inside a value") from None
+    return sorted(found)
+
+
+_NO_KEYS = (
+    "tabloader has no keys to read encrypted parquet. Decrypt the data where its keys are "
+    "(pyarrow.parquet.read_table(..., decryption_properties=...)) and write it unencrypted "
+    "for training, or leave the file out"
+)
+
+
+def encrypted_footer_message(shown: str) -> str:
+    """The refusal of a file whose footer is encrypted (it ends with ``PARE``)."""
+    return (
+        f"{shown} is an encrypted parquet file (its footer is encrypted: it ends with "
+        f"PARE); {_NO_KEYS}"
+    )
+
+
+def refuse_encrypted(shown: str, footer: bytes, metadata: pq.FileMetaData) -> None:
+    """Raise [`InvalidFileError`][tabloader.errors.InvalidFileError] if the file of
+    ``footer`` (parsed as ``metadata``) has encrypted columns under a plaintext footer,
+    naming them, before anything asks about their chunks.
+
+    Such a footer is signed: 28 bytes (a nonce and a tag) follow its ``FileMetaData``,
+    so only a footer longer than its metadata is searched for encrypted chunks.
+
+    Examples:
+        >>> import io, pyarrow as pa, pyarrow.parquet as pq
+        >>> sink = io.BytesIO()
+        >>> pq.write_table(pa.table({"a": [1, 2]}), sink)
+        >>> data = sink.getvalue()
+        >>> footer = data[-8 - int.from_bytes(data[-8:-4], "little") :]
+        >>> refuse_encrypted("a.parquet", footer, pq.read_metadata(io.BytesIO(data)))
+    """
+    if len(footer) - 8 <= metadata.serialized_size:
+        return
+    try:
+        leaves = encrypted_columns(footer)
+    except ValueError as err:
+        raise InvalidFileError(f"{shown} has a footer tabloader cannot read ({err})") from None
+    if not leaves:
+        return
+    schema = metadata.schema
+    names = [schema.column(i).path for i in leaves if i < len(schema)]
+    raise InvalidFileError(
+        f"{shown} is an encrypted parquet file: its column(s) {', '.join(names)} are "
+        f"encrypted (modular encryption under a plaintext footer); {_NO_KEYS}"
+    )

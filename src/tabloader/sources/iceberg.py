@@ -5,7 +5,9 @@ their partition tuples and record counts. `IcebergLog` asks pyiceberg (imported
 only here) to plan a scan of a snapshot and keeps what tabloader needs: each parquet
 file's path, identity-partition values and row count, and the schema's field ids, by
 which a file's columns are matched (a column renamed after the file was written loads
-under its current name; one added later is null there).
+under its current name; one added later is its ``initial-default`` there, or null). A
+file written without field ids (``add_files`` of plain parquet) is matched through the
+table's name mapping, as Iceberg's readers do, and refused without one.
 
 Delete files are refused, not applied: position deletes and equality deletes (from
 merge-on-read writers) mean a file holds rows the snapshot does not, and how many only
@@ -15,6 +17,7 @@ reading them tells. Compact the table, or write it copy-on-write.
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -24,7 +27,7 @@ from tabloader.errors import InvalidArgumentError, SourceNotFoundError, Unsuppor
 from tabloader.options import int_at_least
 from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot
 
-__all__ = ["IcebergLog", "fsspec_options", "import_pyiceberg", "local_path"]
+__all__ = ["IcebergLog", "fsspec_options", "import_pyiceberg", "local_path", "static_table"]
 
 _IO_OPTIONS = {
     "s3.access-key-id": "key",
@@ -59,6 +62,34 @@ def fsspec_options(properties: dict[str, str]) -> dict[str, Any]:
     if client:
         out["client_kwargs"] = client
     return out
+
+
+def static_table(location: str) -> Any:
+    """The pyiceberg ``StaticTable`` of a metadata file (or of a table directory whose
+    ``metadata/version-hint.text`` names it), with tabloader's errors for metadata that
+    is missing or that pyiceberg cannot parse."""
+    pyiceberg = import_pyiceberg()
+    from pyiceberg.table import StaticTable
+
+    try:
+        return StaticTable.from_metadata(location)
+    except FileNotFoundError as err:
+        raise SourceNotFoundError(
+            f"the Iceberg metadata {location} does not exist ({err}); give the table's "
+            "*.metadata.json file, or a directory holding metadata/"
+        ) from None
+    except Exception as err:
+        if type(err).__name__ != "ValidationError":  # pydantic's, through pyiceberg
+            raise
+        found = str(err).splitlines()
+        detail = "; ".join(line.strip() for line in found[1:3]) or found[0]
+        raise UnsupportedTableError(
+            f"{location} is Iceberg metadata pyiceberg {pyiceberg.__version__} cannot read "
+            f"({detail}). Metadata written by an early Iceberg writer (format version 1, "
+            "snapshots listing manifests instead of a manifest list) must be rewritten: "
+            "any commit by a current Iceberg writer (Spark, Trino, pyiceberg) writes "
+            "metadata that reads"
+        ) from None
 
 
 def local_path(uri: str) -> str | None:
@@ -121,6 +152,7 @@ class IcebergLog(TableLog):
                 f"{known[-10:]}{' (the last 10)' if len(known) > 10 else ''}"
             )
         location = str(table.location())
+        _refuse_unresolved(self.name, location, str(table.metadata_location))
         self.url = None if local_path(location) is not None else location
         self.storage_options = fsspec_options(dict(table.io.properties))
 
@@ -172,6 +204,14 @@ class IcebergLog(TableLog):
             if "equality delete" in str(err).lower():
                 raise UnsupportedTableError(_deletes_message(where, "equality")) from err
             raise
+        except OSError as err:
+            manifests = table.snapshot_by_id(version).manifest_list
+            raise SourceNotFoundError(
+                f"{where}: its manifest list {manifests}, or a manifest it names, cannot be "
+                f"read ({err}). The table's metadata directory is incomplete: copied without "
+                "all of its files, or cleaned up by something other than the table's own "
+                "snapshot expiry. Restore the files, or load another snapshot (snapshot_id=)"
+            ) from None
         # Time travel reads a snapshot under the schema it was written with; the current
         # snapshot under the current schema, so renamed columns load under their new names.
         iceberg_schema = scan.projection() if self.pinned is not None else table.schema()
@@ -210,6 +250,17 @@ class IcebergLog(TableLog):
             }
         keys = {f.name: f.type for f in schema if f.name in common}
         field_ids = {f.name: f.field_id for f in iceberg_schema.fields}
+        defaults = {
+            f.name: _python_value(f.initial_default, schema.field(f.name).type)
+            for f in iceberg_schema.fields
+            if getattr(f, "initial_default", None) is not None
+        }
+        mapping = table.name_mapping()
+        name_ids = (
+            None
+            if mapping is None
+            else {name: f.field_id for f in mapping for name in f.names if f.field_id is not None}
+        )
         files.sort(key=lambda f: f.path)
         return TableSnapshot(
             format="iceberg",
@@ -220,12 +271,42 @@ class IcebergLog(TableLog):
             keys=keys,
             field_ids=field_ids,
             stored_keys=True,
+            name_ids=name_ids,
+            defaults=defaults,
         )
 
 
+def _refuse_unresolved(name: str, location: str, metadata: str) -> None:
+    """Refuse a table whose metadata names its files by relative paths (a table written
+    with a relative warehouse) when they do not resolve from the current directory, as
+    pyiceberg resolves them, naming the directory they resolve from where the metadata
+    file's own path tells it.
+
+    Examples:
+        >>> _refuse_unresolved("db.t", "s3://b/t", "s3://b/t/metadata/v1.metadata.json")
+    """
+    if "://" in location or location.startswith("file:") or os.path.isabs(location):
+        return
+    if os.path.isdir(location):
+        return
+    table_dir = os.path.dirname(os.path.dirname(os.path.abspath(local_path(metadata) or ".")))
+    base = table_dir.removesuffix(location.rstrip("/")) if table_dir.endswith(location) else ""
+    where = (
+        f"run from {base.rstrip('/') or '/'}"
+        if base
+        else "run from the directory it was written from"
+    )
+    raise SourceNotFoundError(
+        f"the Iceberg table {name} names its files by paths relative to the directory it "
+        f"was written from (its location is {location!r}), and they do not resolve from the "
+        f"current directory, {os.getcwd()}: {where}, or rewrite its metadata with "
+        "absolute locations"
+    )
+
+
 def _python_value(value: Any, arrow_type: pa.DataType) -> Any:
-    """A partition tuple's value as Python: Iceberg keeps dates as days and timestamps as
-    microseconds since the epoch in manifests."""
+    """A partition tuple's value (or a column's default) as Python: Iceberg keeps dates
+    as days and timestamps as microseconds since the epoch in manifests."""
     if value is None or not isinstance(value, int) or isinstance(value, bool):
         return value
     if pa.types.is_date32(arrow_type):

@@ -42,6 +42,8 @@ from tabloader.sources.footers import (
     column_stats,
     constant_stats,
     digest,
+    encrypted_footer_message,
+    refuse_encrypted,
 )
 from tabloader.sources.partitions import (
     ColumnSources,
@@ -89,6 +91,9 @@ class ParquetSource(Source):
         skip_unreadable: Leave out, with a warning, files whose footer cannot be read
             yet (``refresh=True``: still being written); tried again at the next listing.
         filters: Select files by their Hive partition values.
+        verify_checksums: Check every page read against the CRC-32 its header carries
+            (pyarrow's ``page_checksum_verification``): a damaged page is a
+            `ReadError` naming the file and row group, not values.
     """
 
     kind = "parquet"
@@ -109,8 +114,10 @@ class ParquetSource(Source):
         *,
         skip_unreadable: bool = False,
         filters: Filters | None = None,
+        verify_checksums: bool = False,
     ) -> None:
         self.specs = specs
+        self.verify_checksums = verify_checksums
         self.remote = remote
         self.filters = filters
         self.files_skipped = 0
@@ -306,9 +313,11 @@ class ParquetSource(Source):
     def open(self, file_index: int) -> pq.ParquetFile:
         path = self.files[file_index]
         md = self.metadata(file_index)
+        verify = self.verify_checksums
         if self.remote is None:
-            return pq.ParquetFile(path, metadata=md)
-        return pq.ParquetFile(self.remote.filesystem.open(path, "rb"), metadata=md)
+            return pq.ParquetFile(path, metadata=md, page_checksum_verification=verify)
+        handle = self.remote.filesystem.open(path, "rb")
+        return pq.ParquetFile(handle, metadata=md, page_checksum_verification=verify)
 
     def fetch_row_groups(
         self,
@@ -342,7 +351,11 @@ class ParquetSource(Source):
     def decode(self, index: int, handle: RangeFile, columns: list[str]) -> pa.Table:
         f, g = int(self.part_file[index]), int(self.part_row_group[index])
         how = self.columns.file_columns(f, columns)
-        with pq.ParquetFile(cast(IO[bytes], handle), metadata=self.metadata(f)) as parquet:
+        with pq.ParquetFile(
+            cast(IO[bytes], handle),
+            metadata=self.metadata(f),
+            page_checksum_verification=self.verify_checksums,
+        ) as parquet:
             return how.complete(parquet.read_row_group(g, columns=list(how.read)), columns)
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
@@ -397,7 +410,7 @@ class ParquetSource(Source):
         for p, (f, g) in enumerate(layout):
             stored = columns.stored_name(f, column)
             if stored is None and column in columns.types:  # a constant in this file
-                found.append(constant_stats(columns.values[f].get(column), int(self.rows[p])))
+                found.append(constant_stats(columns.constant(f, column), int(self.rows[p])))
                 continue
             metadata = self.metadata(f)
             if f not in leaves:
@@ -525,6 +538,8 @@ def read_footer(
         raise SourceNotFoundError(f"cannot open {shown}: {err}") from err
     if size == 0:
         raise InvalidFileError(f"{shown} is empty (0 bytes): remove it, or re-write it as parquet")
+    if footer.endswith(b"PARE"):
+        raise InvalidFileError(encrypted_footer_message(shown))
     try:
         metadata = footer_metadata(footer)
     except (pa.ArrowException, ValueError, OSError) as err:
@@ -532,6 +547,7 @@ def read_footer(
             f"{shown} is not a readable parquet file ({err}); it may be truncated, still "
             "being written, or in another format"
         ) from err
+    refuse_encrypted(shown, footer, metadata)
     kept = footer if remote is not None else None
     return stamp, size, metadata, kept, digest(footer)
 
@@ -653,7 +669,7 @@ def _local_footer(path: str) -> tuple[tuple[int, int, int, int], bytes]:
             raise pa.ArrowInvalid(f"{size} bytes are too few for a parquet file")
         f.seek(size - 8)
         tail = f.read(8)
-        if tail[4:] != b"PAR1":
+        if tail[4:] not in (b"PAR1", b"PARE"):  # (PARE: an encrypted footer)
             raise pa.ArrowInvalid("Parquet magic bytes not found in footer")
         length = int.from_bytes(tail[:4], "little")
         if length + 12 > size:

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 
-from tabloader.errors import InvalidArgumentError, SchemaMismatchError
+from tabloader.errors import InvalidArgumentError, SchemaMismatchError, UnsupportedTableError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -442,7 +442,7 @@ class ColumnSources:
 
     A requested column is read from the file if its schema stores it (``names`` maps the
     dataset's name to the file's); else it is the file's partition value for a partition
-    key; else (a table column the file predates) null.
+    key; else (a table column the file predates) its default, or null without one.
 
     Attributes:
         keys: partition key -> Arrow type, in order.
@@ -450,6 +450,8 @@ class ColumnSources:
         file_schema: per file, the index of its schema in ``names``.
         names: per distinct file schema, dataset column -> name in the file.
         types: the Arrow type of every column a file may lack (table columns and keys).
+        defaults: column -> the value of every row of a file written before the column
+            was added (Iceberg's ``initial-default``); a column without one is null there.
     """
 
     keys: dict[str, pa.DataType]
@@ -457,6 +459,7 @@ class ColumnSources:
     file_schema: NDArray[np.int32]
     names: list[dict[str, str]]
     types: dict[str, pa.DataType]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def by_name(
@@ -495,11 +498,17 @@ class ColumnSources:
                 if stored != c:
                     rename[stored] = c
             elif c in self.keys or c in self.types:
-                constants[c] = self.values[file_index].get(c)
+                constants[c] = self.constant(file_index, c)
                 types[c] = self.keys[c] if c in self.keys else self.types[c]
             else:
                 read.append(c)  # absent: the reader names it (column_types refused it before)
         return FileColumns(tuple(read), rename, constants, types)
+
+    def constant(self, file_index: int, column: str) -> Any:
+        """The value of ``column`` in every row of a file that does not store it: its
+        partition value, else the column's default (None: null)."""
+        values = self.values[file_index]
+        return values[column] if column in values else self.defaults.get(column)
 
     def stored_name(self, file_index: int, column: str) -> str | None:
         """The name ``column`` has in the file, or None if the file does not store it."""
@@ -540,6 +549,11 @@ class TableSnapshot:
             files store columns under the table's names.
         stored_keys: whether a file may store a partition key's values itself (Iceberg),
             which then win over its partition value; Delta takes the log's value.
+        name_ids: Iceberg: the table's name mapping (``schema.name-mapping.default``), a
+            name a file stores a column under -> its field id, for files written without
+            field ids. None: the table has no name mapping.
+        defaults: Iceberg: column -> its ``initial-default``, the value of every row of a
+            file written before the column was added.
     """
 
     format: str
@@ -550,21 +564,47 @@ class TableSnapshot:
     keys: dict[str, pa.DataType]
     field_ids: dict[str, int] | None = None
     stored_keys: bool = False
+    name_ids: Mapping[str, int] | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def column_names(self, file_schema: pa.Schema) -> dict[str, str]:
         """Table column -> name in a file of this ``file_schema``, for the columns it stores.
 
+        An Iceberg file's columns are matched by field id: the ids it stores, or for a
+        file written without them, the ids the table's name mapping gives their names
+        (as Iceberg's readers do: a column dropped and added again under the same name is
+        another field, which such a file does not store unless the mapping says so).
+
         Raises:
             SchemaMismatchError: the file stores a column with a type that does not read
                 as the table's without loss.
+            UnsupportedTableError: an Iceberg file stores no field ids and the table has no
+                name mapping, so nothing says which of the table's columns it holds.
+
+        Examples:
+            >>> snapshot = TableSnapshot("iceberg", "db.t", 1, (), pa.schema([("x", pa.int64())]),
+            ...                          {}, field_ids={"x": 3}, name_ids={"x": 2})
+            >>> snapshot.column_names(pa.schema([("x", pa.int64())]))  # field 2 was dropped
+            {}
         """
         names: dict[str, str] = {}
-        if self.field_ids is not None and _has_field_ids(file_schema):
-            by_id = {_field_id(f): f for f in file_schema}
+        if self.field_ids is not None:
+            if _has_field_ids(file_schema):
+                by_id = {_field_id(f): f.name for f in file_schema}
+            elif self.name_ids is not None:
+                by_id = {self.name_ids[n]: n for n in file_schema.names if n in self.name_ids}
+            else:
+                raise UnsupportedTableError(
+                    f"a data file of the {self.format} table {self.name} stores no field ids "
+                    "and the table has no name mapping (schema.name-mapping.default), so "
+                    "nothing says which of the table's columns its columns are. Set the "
+                    "table's name mapping (pyiceberg's add_files does), or rewrite the file "
+                    "with field ids"
+                )
             for column, fid in self.field_ids.items():
                 stored = by_id.get(fid)
                 if stored is not None:
-                    names[column] = stored.name
+                    names[column] = stored
         else:
             names = {n: n for n in self.schema.names if file_schema.get_field_index(n) >= 0}
         if not self.stored_keys:

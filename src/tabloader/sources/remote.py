@@ -274,7 +274,7 @@ class RemoteStore:
                 f"{shown} is {size} bytes, too short for parquet: remove it, or re-write it"
             )
         tail = self.fetch(path, max(0, size - _FOOTER_GUESS), size)
-        if tail[-4:] != b"PAR1":
+        if tail[-4:] not in (b"PAR1", b"PARE"):  # (PARE: an encrypted footer, refused later)
             raise InvalidFileError(
                 f"{shown} is not a parquet file (it does not end with PAR1); it may be "
                 "truncated, still being written, or in another format"

@@ -3,8 +3,9 @@
 `SnapshotSource` is the parquet source (footers, row groups, object storage,
 refresh) over the files of one version of a Delta or Iceberg table, as a
 `TableLog` reports them. Its schema is the table's;
-each file's columns are matched to it (by Iceberg field id, or by name), partition keys
-come from the log, and a column a file predates reads as null.
+each file's columns are matched to it (by Iceberg field id, from the file or the
+table's name mapping, or by name), partition keys come from the log, and a column a
+file predates reads as its Iceberg ``initial-default``, or null.
 
 Under ``refresh=True`` every listing asks the log for its newest version; under several
 ranks, rank 0 asks and broadcasts the version number, and every rank loads exactly that
@@ -18,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from tabloader.errors import InvalidFileError, SchemaMismatchError, SourceNotFoundError
+from tabloader.errors import (
+    InvalidFileError,
+    SchemaMismatchError,
+    SourceNotFoundError,
+    UnsupportedTableError,
+)
 from tabloader.sources.iceberg import local_path
 from tabloader.sources.parquet import ParquetSource
 from tabloader.sources.partitions import (
@@ -42,7 +48,12 @@ class SnapshotSource(ParquetSource):
     """The parquet files of one version of a table, with the table's schema and keys."""
 
     def __init__(
-        self, log: TableLog, remote: RemoteStore | None, *, filters: Filters | None
+        self,
+        log: TableLog,
+        remote: RemoteStore | None,
+        *,
+        filters: Filters | None,
+        verify_checksums: bool = False,
     ) -> None:
         self.log = log
         self.table_format = log.format
@@ -50,7 +61,13 @@ class SnapshotSource(ParquetSource):
         self._entries: dict[str, TableFile] = {}
         # A file named by the log that cannot be read is an error, never skipped: the
         # version's rows are what the log says.
-        super().__init__([log.name], remote, skip_unreadable=False, filters=filters)
+        super().__init__(
+            [log.name],
+            remote,
+            skip_unreadable=False,
+            filters=filters,
+            verify_checksums=verify_checksums,
+        )
 
     @property
     def version(self) -> int | None:  # type: ignore[override]
@@ -68,28 +85,30 @@ class SnapshotSource(ParquetSource):
     def from_listing(self, listing: Any) -> list[str]:
         if self.snapshot is None or self.snapshot.version != listing:
             snapshot = self.log.snapshot(int(listing))
-            self._entries = {self._path(f.path): f for f in snapshot.files}
+            self._entries = {self._path(f.path, snapshot): f for f in snapshot.files}
             self.snapshot = snapshot
         if not self.snapshot.files:
             raise SourceNotFoundError(f"{self._where()} has no data files: it holds no rows")
-        return [self._path(f.path) for f in self.snapshot.files]
+        return list(self._entries)
 
-    def _where(self) -> str:
-        assert self.snapshot is not None
-        what = "version" if self.snapshot.format == "delta" else "snapshot"
-        return (
-            f"the {self.snapshot.format.capitalize()} table {self.snapshot.name!r} "
-            f"({what} {self.snapshot.version})"
-        )
+    def _where(self, snapshot: TableSnapshot | None = None) -> str:
+        snapshot = snapshot or self.snapshot
+        assert snapshot is not None  # (set by the first listing, before any message)
+        what = "version" if snapshot.format == "delta" else "snapshot"
+        table = f"the {snapshot.format.capitalize()} table {snapshot.name!r}"
+        return f"{table} ({what} {snapshot.version})"
 
-    def _path(self, uri: str) -> str:
+    def _path(self, uri: str, snapshot: TableSnapshot) -> str:
         if self.remote is not None:
             return str(self.remote.filesystem._strip_protocol(uri))
         local = local_path(uri)
         if local is None:
             raise InvalidFileError(
-                f"{self._where()} names the data file {uri}, a URL, but the table was opened "
-                "as local files; open the table by its URL"
+                f"{self._where(snapshot)} names the data file {uri}, a URL, but its metadata "
+                "was opened as local files, so tabloader has no storage options to read it "
+                "with. Open the table from a catalog or metadata location of the same store "
+                "(pyiceberg's load_table, or StaticTable.from_metadata of its s3:// URL), "
+                "so that its FileIO reads the data files"
             )
         return local
 
@@ -121,8 +140,8 @@ class SnapshotSource(ParquetSource):
             shown = self.display(self.files[f])
             try:
                 mapping = snapshot.column_names(md.schema.to_arrow_schema())
-            except SchemaMismatchError as err:
-                raise SchemaMismatchError(f"{shown}: {err}") from None
+            except (SchemaMismatchError, UnsupportedTableError) as err:
+                raise type(err)(f"{shown}: {err}") from None
             file_schema[f] = index.setdefault(tuple(mapping.items()), len(names))
             if file_schema[f] == len(names):
                 names.append(mapping)
@@ -139,6 +158,7 @@ class SnapshotSource(ParquetSource):
             file_schema=file_schema,
             names=names,
             types={field.name: field.type for field in snapshot.schema},
+            defaults=snapshot.defaults,
         )
         self.schemas = [snapshot.schema]
         self.file_schema = np.zeros(len(metadata), dtype=np.int32)

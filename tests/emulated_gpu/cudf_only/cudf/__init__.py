@@ -18,6 +18,7 @@ import cupy
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from rmm.allocators.cupy import rmm_cupy_allocator
 
@@ -331,7 +332,18 @@ class DataFrame:
     @classmethod
     @_on_default_stream
     def from_arrow(cls, table: pa.Table) -> DataFrame:
-        """Columns copied to the device; NaN and null stay distinct, as in Arrow."""
+        """Columns copied to the device; NaN and null stay distinct, as in Arrow.
+
+        An Arrow ``FixedSizeList`` is refused: libcudf has no fixed-size list type, and
+        its Arrow interop had no path for one (rapidsai/cudf issue 23545, "Support Arrow
+        FixedSizeList in libcudf interop"); nor has it list views. Callers convert such
+        columns to lists.
+        """
+        for field in table.schema:
+            if pa.types.is_fixed_size_list(field.type) or _is_view(field.type):
+                raise TypeError(
+                    f"Unsupported type_id conversion to cudf: column {field.name!r} is {field.type}"
+                )
         out = cls()
         for name, column in zip(table.column_names, table.columns, strict=True):
             out._columns[name] = Series._from_arrow(column, name)
@@ -486,6 +498,21 @@ def _hive_keys(source: Any) -> list[tuple[str, str]]:
 
 
 @_on_default_stream
+def _is_view(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind))
+
+
+def _as_list(column: pa.ChunkedArray) -> pa.Array:
+    """A fixed-size list (or list view) column as a list column whose null rows hold no
+    values."""
+    array = column.combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy()
+    offsets = np.zeros(len(array) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = array.is_null() if array.null_count else None
+    return pa.ListArray.from_arrays(pa.array(offsets), array.flatten(), mask=mask)
+
+
 def read_parquet(
     filepath_or_buffer: Any,
     columns: Sequence[str] | None = None,
@@ -546,6 +573,11 @@ def read_parquet(
         tables.append(table)
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     for i, field in enumerate(table.schema):
+        if pa.types.is_fixed_size_list(field.type) or _is_view(field.type):
+            # A fixed_size_list (or a list view) is stored in parquet as a LIST, and
+            # cudf's reader reads a LIST as a list column (libcudf has neither type);
+            # parquet stores no values under a null list, so a null row spans none.
+            table = table.set_column(i, field.name, _as_list(table.column(i)))
         if pa.types.is_float16(field.type):
             # Seen on a GPU (cudf 26.10): a parquet FLOAT16 column (FIXED_LEN_BYTE_ARRAY of
             # 2 bytes) comes back as a list column, whose .values raises NotImplementedError
