@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tabloader
-from tabloader import convert as convert_module
 from tabloader.convert import (
     column_hashes,
     convert,
@@ -27,6 +26,7 @@ from tabloader.convert import (
     row_hashes,
     split_rows,
 )
+from tabloader.convert import inputs as convert_inputs
 
 pytestmark = pytest.mark.smoke
 
@@ -160,13 +160,13 @@ def test_schema_forces_types_and_checks_its_names(tmp_path):
 
 
 def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(convert_module, "_BLOCK_BYTES", 64)  # types from the first rows only
+    monkeypatch.setattr(convert_inputs, "BLOCK_BYTES", 64)  # types from the first rows only
     rows = [[i] for i in range(40)] + [["1.5"]]
     src = write_csv(tmp_path / "a.csv", rows, ["user"])
     with pytest.raises(tabloader.InvalidFileError) as info:
         convert(src, tmp_path / "out")
     message = str(info.value)
-    assert "a.csv: column 'user' holds '1.5', which is not int64" in message
+    assert "a.csv: column 'user' holds '1.5' (after row 23), which is not int64" in message
     assert "--schema user=TYPE" in message and "float32" in message
     assert not list((tmp_path / "out").rglob("*.parquet"))  # nothing half-written is left
     convert(src, tmp_path / "out", schema={"user": "float32"})
@@ -176,12 +176,17 @@ def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monk
 def test_narrowing_never_overflows_silently(tmp_path):
     big = tmp_path / "big.parquet"
     pq.write_table(pa.table({"x": pa.array([1.0, 1e300])}), big)
-    with pytest.raises(tabloader.InvalidFileError, match=r"'x' holds 1e\+300, beyond the range"):
+    with pytest.raises(
+        tabloader.InvalidFileError, match=r"'x' holds 1e\+300 at row 2, beyond the range of float"
+    ):
         convert(str(big), tmp_path / "out")
     convert(str(big), tmp_path / "out", schema={"x": "float64"})
     huge = tmp_path / "huge.parquet"
     pq.write_table(pa.table({"id": pa.array([1, 2**63], pa.uint64())}), huge)
-    with pytest.raises(tabloader.InvalidFileError, match="column 'id' does not fit int64"):
+    with pytest.raises(
+        tabloader.InvalidFileError,
+        match=r"column 'id' holds 9223372036854775808 at row 2, beyond the range of int64",
+    ):
         convert(str(huge), tmp_path / "out2")
 
 

@@ -842,10 +842,18 @@ def convert_files(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         delimiter=args.delimiter,
         schema=args.schema,
         split=args.split,
+        split_key=args.split_key,
         seed=args.seed,
+        categorify=args.categorify,
+        min_count=args.min_count,
+        vocabulary=args.vocabulary,
+        hash_buckets=args.hash,
+        time_parts=args.time_parts,
+        time_zone=args.time_zone,
         row_group_rows=args.row_group_rows,
         rows_per_file=args.rows_per_file,
         overwrite=args.overwrite,
+        cluster=args.cluster,
         progress=None if args.quiet else err,
     )
     rows_out = sum(result.rows_out.values())
@@ -866,9 +874,18 @@ def convert_files(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "schema: " + "; ".join(f"{t} {compact_names(n)}" for t, n in by_type.items()) + "\n"
         f"row groups of up to {result.row_group_rows:,} rows\n"
     )
+    for note in result.notes:
+        out.write(f"  {note}\n")
+    if result.vocabulary_dir is not None:
+        out.write(
+            f"vocabularies -> {result.vocabulary_dir} (embedding rows: "
+            + ", ".join(f"{n} {rows:,}" for n, rows in result.vocabulary.items())
+            + f"); convert later data with --vocabulary {result.vocabulary_dir}\n"
+        )
     first = next(iter(result.files))
     target = os.path.join(args.dest, first) if first else args.dest
-    out.write(f"next: tabloader inspect {target}\n")
+    more = f" --vocabulary {result.vocabulary_dir}" if result.vocabulary_dir else ""
+    out.write(f"next: tabloader inspect {target}{more}\n")
     return 0
 
 
@@ -1023,7 +1040,59 @@ def build_parser() -> argparse.ArgumentParser:
         help="NAME=FRACTION,...: write each split to DEST/NAME by a seeded hash of each row; "
         "train gets the rest (default: no split, DEST/part-*.parquet)",
     )
+    p.add_argument(
+        "--split-key",
+        metavar="COLUMNS",
+        help="hash these columns' values for the split instead of the whole row, e.g. "
+        "user_id: a user's rows stay in one split (default: the whole row as read)",
+    )
     p.add_argument("--seed", type=_non_negative, default=0, help="seed of the split's hash")
+    group = p.add_argument_group("encoding columns on the way")
+    group.add_argument(
+        "--categorify",
+        action="append",
+        metavar="COLUMNS",
+        help="text or integer columns whose values become ids by frequency (2, 3, ...; 0 "
+        "for values not in the vocabulary, 1 for nulls), counted on the train split and "
+        "written to DEST/_vocabulary (default: none, or those of --vocabulary)",
+    )
+    group.add_argument(
+        "--min-count",
+        type=_positive,
+        help="values seen fewer times in training get id 0 (default: 1)",
+    )
+    group.add_argument(
+        "--vocabulary",
+        metavar="DIR",
+        help="take the ids from this vocabulary (a DEST/_vocabulary of an earlier "
+        "conversion, or that DEST) instead of counting them: ids stay the same (default: "
+        "count them)",
+    )
+    group.add_argument(
+        "--hash",
+        action="append",
+        metavar="COLUMN=BUCKETS",
+        help="ids by the value's hash, 1..BUCKETS-1 (0 for nulls), without a vocabulary "
+        "(default: none)",
+    )
+    group.add_argument(
+        "--time-parts",
+        action="append",
+        metavar="COLUMN=PARTS",
+        help="replace a timestamp column by int64 columns of its parts: epoch, year, month, "
+        "day, dow, hour, minute, e.g. event_time=hour,dow,day (repeat for more columns; "
+        "default: none)",
+    )
+    group.add_argument(
+        "--time-zone",
+        help="zone of times written without an offset, and of the parts (default: UTC)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run on this Dask scheduler (tcp://HOST:8786); the inputs and DEST must be on a "
+        "file system every worker sees (default: this machine)",
+    )
     p.add_argument(
         "--row-group-rows",
         type=_positive,
@@ -1031,7 +1100,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rows-per-file", type=_positive, help="rows per file (default: 16 row groups)")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace the parquet files already in DEST"
+        "--overwrite",
+        action="store_true",
+        help="replace the files an earlier conversion wrote in DEST, once the new ones are "
+        "complete",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -1252,6 +1324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:  # an optional framework that is not installed
         sys.stderr.write(f"tabloader: error: {error}\n")
         return 2
+    except KeyboardInterrupt:
+        what = f"; {args.dest} is as it was" if args.command == "convert" else ""
+        sys.stderr.write(f"\ntabloader: interrupted{what}\n")
+        return 130  # 128 + SIGINT
     except BrokenPipeError:
         # The reader went away (`tabloader inspect ... | head`): stop quietly, as other
         # command-line tools do. Python would flush stdout again at exit and fail.
