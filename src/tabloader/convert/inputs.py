@@ -320,8 +320,9 @@ def _utf8(value: bytes) -> bool:
 
 
 def _all_whole(column: Any) -> bool:
-    """Whether every value of a floating point column is a whole number within int64
-    (and there is one at least)."""
+    """Whether every value of a floating point column is a whole number (and some are
+    within int64: a column of 1e30s is a measurement, a column of ids with one beyond
+    int64 holds ids)."""
     values = column.drop_null().to_numpy(zero_copy_only=False).astype(np.float64)
     if not len(values):
         return False
@@ -329,7 +330,7 @@ def _all_whole(column: Any) -> bool:
         return bool(
             np.isfinite(values).all()
             and (values == np.trunc(values)).all()
-            and (np.abs(values) < _INT64_LIMIT).all()
+            and (np.abs(values) < _INT64_LIMIT).any()
         )
 
 

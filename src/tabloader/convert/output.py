@@ -120,6 +120,27 @@ class Destination:
                 )
             )
         self.staging = os.path.join(root, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
+        self._made_root = not os.path.exists(root)
+        self._remove_abandoned()
+        os.makedirs(self.staging)
+        with open(os.path.join(self.staging, ".owner"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def _remove_abandoned(self) -> None:
+        """Staging directories of conversions that were killed (their process is gone)."""
+        if not os.path.isdir(self.root):
+            return
+        for name in os.listdir(self.root):
+            if not name.startswith(STAGING_PREFIX):
+                continue
+            path = os.path.join(self.root, name)
+            try:
+                with open(os.path.join(path, ".owner")) as f:
+                    owner = int(f.read())
+            except (OSError, ValueError):
+                continue  # not one of ours, or its owner has not written it yet
+            if not _alive(owner):
+                shutil.rmtree(path, ignore_errors=True)
 
     def _files(self) -> list[str]:
         """Every file under the destination (relative), hidden ones left out."""
@@ -187,8 +208,22 @@ class Destination:
                 parent = os.path.dirname(parent)
 
     def discard(self) -> None:
-        """Remove the staging directory (and the destination, if this made it empty)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
+        """Remove the staging directory (a SIGINT waits: it would leave half of it)."""
+        with _signals_held():
+            shutil.rmtree(self.staging, ignore_errors=True)
+            if self._made_root:  # nothing was moved into it: as it was, absent
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _move(source: str, target: str) -> None:
