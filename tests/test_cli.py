@@ -102,7 +102,9 @@ def test_inspect_checks_the_requested_columns(mixed, capsys):
     out = capsys.readouterr().out
     assert "error: with the requested columns: continuous column 'name' is string" in out
     assert main(["inspect", *files, "--conts", "x"]) == 1
-    assert "column 'x' has null values" in capsys.readouterr().out
+    assert "column with null values and no fill value: 'x' in" in capsys.readouterr().out
+    assert main(["inspect", *files, "--conts", "x", "--fill-null", "x=0.5"]) == 0
+    assert "ok: nothing here" in capsys.readouterr().out
     assert main(["inspect", *files, "--cats", "nope"]) == 1
     assert "column 'nope' is not in" in capsys.readouterr().out
 
@@ -113,9 +115,9 @@ def test_schemas_that_disagree_only_outside_the_loaded_columns_are_a_warning(mix
     report = json.loads(capsys.readouterr().out)  # x has nulls: that fails, not the schemas
     assert report["warnings"][0].startswith("the files disagree on their schema")
     assert report["errors"] == [
-        f"with the requested columns: column 'x' has null values in {files[0]} (row group 0) "
-        "and 1 more partition(s). Fill them in the data, or pass fill_null={'x': 0} (any "
-        "number) to the loader"
+        f"with the requested columns: column with null values and no fill value: 'x' in "
+        f"{files[0]} (row group 0) and 1 more partition(s). Fill them in the data, or pass "
+        "fill_null={'x': 0} (any numbers) to the loader; on the command line, --fill-null x=0"
     ]
     assert main(["inspect", *files, "--labels", "click"]) == 0
     out = capsys.readouterr().out
@@ -450,8 +452,9 @@ def test_bench_with_nulls_needs_fill_null_and_says_how_to_give_it(user_data, cap
     assert main(["bench", user_data, "--batch-size", "64"]) == 2
     err = capsys.readouterr().err
     assert "tabloader: loading the suggested columns: --cats user,item --conts price" in err
-    assert "has null values" in err
-    assert "on the command line: --fill-null NAME=VALUE,... for some columns" in err
+    assert "2 columns with null values and no fill value: 'user' in" in err
+    assert "fill_null={'user': 0, 'price': 0}" in err
+    assert "on the command line, --fill-null user=0,price=0\n" in err
     assert main(["bench", user_data, "--batch-size", "64", "--fill-null", "0"]) == 0
     out = capsys.readouterr().out
     assert "--fill-null 0" in out.splitlines()[0]

@@ -15,7 +15,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -33,7 +33,6 @@ from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
     InvalidArgumentError,
-    NullValuesError,
     SchemaMismatchError,
     SourceNotFoundError,
     TabloaderError,
@@ -262,6 +261,7 @@ def inspect_dataset(
     cats: Sequence[str] = (),
     conts: Sequence[str] = (),
     labels: Sequence[str] = (),
+    fill_null: float | Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Everything about ``dataset`` that would make training fail or crawl, from footers.
 
@@ -300,7 +300,9 @@ def inspect_dataset(
     which = "the requested columns" if any(requested.values()) else "the suggested columns"
     if not any(requested.values()):
         requested = suggested
-    failure = _loader_failure(dataset, requested, batch_size=batch_size, ranks=ranks)
+    failure = _loader_failure(
+        dataset, requested, batch_size=batch_size, ranks=ranks, fill_null=fill_null
+    )
     errors: list[str] = []
     warns = layout_warnings(rows, sizes, ranks=ranks)
     notes: list[str] = []
@@ -386,7 +388,12 @@ def inspect_dataset(
 
 
 def _loader_failure(
-    dataset: Dataset, columns: dict[str, list[str]], *, batch_size: int, ranks: int
+    dataset: Dataset,
+    columns: dict[str, list[str]],
+    *,
+    batch_size: int,
+    ranks: int,
+    fill_null: float | Mapping[str, float] | None = None,
 ) -> TabloaderError | None:
     """Why a loader of ``columns`` could not be built on ``dataset``, or None if it can.
 
@@ -410,6 +417,7 @@ def _loader_failure(
                 cats=columns["cats"],
                 conts=columns["conts"],
                 labels=columns["labels"],
+                fill_null=fill_null,
             )
     except TabloaderError as error:
         return error
@@ -610,6 +618,7 @@ def inspect(args: argparse.Namespace, out: TextIO) -> int:
         cats=_names(args.cats),
         conts=_names(args.conts),
         labels=_names(args.labels),
+        fill_null=_fill_null(args.fill_null),
     )
     if args.json:
         json.dump(report, out, indent=2)
@@ -1140,6 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=_positive, default=1, help="ranks the data will be split across")
     p.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch per rank")
     _column_flags(p, "to check", "the suggested ones")
+    _fill_null_flag(p)
     p.add_argument("--max-files", type=_positive, default=5, help="files to list per schema")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -1162,12 +1172,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="columns to load, comma separated, each as a cat, cont or label by its type and "
         "name as inspect suggests (default: see --cats)",
     )
-    group.add_argument(
-        "--fill-null",
-        metavar="VALUE|NAME=VALUE,...",
-        help="replace nulls: one number for every column, or per column (default: none, "
-        "nulls are an error)",
-    )
+    _fill_null_flag(group)
     group.add_argument(
         "--sparse", action="append", help="list (multi-hot) columns, comma separated"
     )
@@ -1274,6 +1279,15 @@ def _column_flags(parser: Any, what: str, default: str) -> None:
         )
 
 
+def _fill_null_flag(parser: Any) -> None:
+    parser.add_argument(
+        "--fill-null",
+        metavar="VALUE|NAME=VALUE,...",
+        help="replace nulls as the loader's fill_null does: one number for every column, or "
+        "per column (default: none, nulls are an error)",
+    )
+
+
 def _positive(text: str) -> int:
     value = _integer(text)
     if value < 1:
@@ -1315,11 +1329,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except TabloaderError as error:
         sys.stderr.write(f"tabloader: error: {error}\n")
-        if isinstance(error, NullValuesError) and args.command == "bench":
-            sys.stderr.write(
-                "tabloader: on the command line: --fill-null NAME=VALUE,... for some columns, "
-                "or --fill-null VALUE for every column\n"
-            )
         return 2
     except ImportError as error:  # an optional framework that is not installed
         sys.stderr.write(f"tabloader: error: {error}\n")

@@ -589,6 +589,8 @@ def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
 
 
 def _check_nulls(config: LoaderConfig, dataset: Dataset) -> None:
+    """Every column with nulls and no fill value, in one error with the fill to pass."""
+    found = []
     for name in config.dtypes:
         if name in config.fill_null or name in config.sparse_names:
             continue  # null lists are empty lists; nulls inside raise when read
@@ -596,11 +598,18 @@ def _check_nulls(config: LoaderConfig, dataset: Dataset) -> None:
         bad = np.flatnonzero(flags == 1)
         if len(bad):
             more = f" and {len(bad) - 1} more partition(s)" if len(bad) > 1 else ""
-            raise NullValuesError(
-                f"column {name!r} has null values in "
-                f"{dataset.describe_partition(int(bad[0]))}{more}. Fill them in the "
-                f"data, or pass fill_null={{{name!r}: 0}} (any number) to the loader"
-            )
+            found.append((name, f"{dataset.describe_partition(int(bad[0]))}{more}"))
+    if not found:
+        return
+    fill = {**config.fill_null, **dict.fromkeys((name for name, _ in found), 0)}
+    where = "; ".join(f"{name!r} in {place}" for name, place in found)
+    flag = ",".join(f"{name}={value:g}" for name, value in fill.items())
+    columns = "column" if len(found) == 1 else f"{len(found)} columns"
+    raise NullValuesError(
+        f"{columns} with null values and no fill value: {where}. Fill them in the data, or "
+        f"pass fill_null={fill!r} (any numbers) to the loader; on the command line, "
+        f"--fill-null {flag}"
+    )
 
 
 def _check_ranges(
