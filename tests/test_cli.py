@@ -557,8 +557,9 @@ def test_bench_on_the_gpu(user_data, capsys):
 def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
     assert main(["inspect", user_data, "--batch-size", "64"]) == 1  # nulls, without a fill
     out = capsys.readouterr().out
-    assert "ids (min..max -> embedding rows x width; Dataset.embedding_sizes):\n" in out
-    assert "  user 0..96 -> 97 x 21, item 0..29 -> 30 x 16\n" in out
+    assert "ids (min..max, distinct -> embedding rows x width, float32 bytes; " in out
+    assert "  user 0..96, 97 distinct -> 97 x 21, 8.0 KiB\n" in out
+    assert "  item 0..29, 30 distinct -> 30 x 16, 1.9 KiB\n" in out
     bare = tmp_path / "bare.parquet"
     pq.write_table(pq.read_table(user_data), bare, write_statistics=["item"], row_group_size=200)
     # without statistics the footers cannot tell the nulls either: that shows when reading
@@ -567,8 +568,11 @@ def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
     assert ids["user"] == {
         "min": 0,
         "max": 96,
+        "distinct": 97,
         "rows": 97,
         "width": 21,
+        "bytes": 97 * 21 * 4,
+        "vocabulary": False,
         "row_groups_read": 3,
         "row_groups": 3,
     }
@@ -668,3 +672,32 @@ def test_convert_overwrite_and_progress(raw, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("converting: ")  # one line, off a terminal
     assert main(["convert", str(raw), str(dest), "--overwrite", "--quiet"]) == 0
     assert len(tabloader.Dataset(str(dest))) == 1_000
+
+
+def test_inspect_warns_about_tables_above_the_budget_and_sizes_them_by_a_vocabulary(
+    tmp_path, capsys
+):
+    from tabloader.convert import convert
+
+    src = tmp_path / "clicks.csv"
+    src.write_text("user_id,label\n" + "".join(f"{u},{u % 2}\n" for u in [3, 5_279_479] * 50))
+    convert(str(src), tmp_path / "raw")
+    assert main(["inspect", str(tmp_path / "raw")]) == 0
+    out = capsys.readouterr().out
+    assert "  user_id 3..5,279,479, 2 distinct -> 5,279,480 x 512, 10.1 GiB\n" in out
+    assert (
+        "warning: the embedding table of 'user_id' has 5,279,480 rows x 512 = 10.1 GiB of "
+        "float32 weights (before the optimizer's state), above 1.0 GiB: its ids run to "
+        "5,279,479 but only 2 are used. Give them contiguous ids with tabloader convert "
+        "--categorify user_id (4 rows), or hash them (--hash user_id=BUCKETS)\n"
+    ) in out
+    convert(str(src), tmp_path / "ids", categorify="user_id")
+    vocabulary = str(tmp_path / "ids" / "_vocabulary")
+    assert main(["inspect", str(tmp_path / "ids"), "--vocabulary", vocabulary, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ids"]["user_id"]["rows"] == 4 and report["ids"]["user_id"]["vocabulary"]
+    assert not [w for w in report["warnings"] if "embedding table" in w]
+    # data converted without the vocabulary holds ids beyond it: said
+    assert main(["inspect", str(tmp_path / "raw"), "--vocabulary", vocabulary, "--json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert any("beyond its vocabulary's 4 rows" in w for w in warnings)

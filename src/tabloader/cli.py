@@ -21,7 +21,14 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
-from tabloader.columns import embedding_dim, id_ranges, type_difference
+from tabloader.columns import (
+    distinct_ids,
+    embedding_advice,
+    embedding_bytes,
+    embedding_dim,
+    id_ranges,
+    type_difference,
+)
 from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,
@@ -218,25 +225,50 @@ def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> tuple[str, bo
     return "; ".join(notes) or "same columns, in another order", conflict
 
 
-def _id_report(dataset: Dataset, cats: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per id column that can be sized: its ids, the embedding table for them, and whether
-    the footers told or the column was read (on the CPU)."""
+def _id_report(
+    dataset: Dataset, cats: Sequence[str], vocabulary: str | None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per id column that can be sized: its ids, how many are distinct, the embedding table
+    for them (rows from ``vocabulary`` where it holds the column) and its bytes, and
+    whether the footers told or the column was read (on the CPU); and the warnings about
+    tables above the budget."""
+    from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
+
+    held: dict[str, str] = {}
+    if vocabulary is not None:
+        directory = find_vocabulary_dir(vocabulary)
+        held = {n: directory for n in vocabulary_columns(directory)}
     found: dict[str, dict[str, Any]] = {}
+    advice = []
     for name in cats:
         try:
             ranges = id_ranges(dataset, [name], device="cpu")
         except TabloaderError:
             continue  # the loader's check reports what is wrong with it
         ids = ranges[name]
+        rows = vocabulary_rows(held[name], name) if name in held else ids.cardinality
+        width = embedding_dim(rows)
+        distinct = distinct_ids(dataset, name)
         found[name] = {
             "min": ids.min,
             "max": ids.max,
-            "rows": ids.cardinality,
-            "width": embedding_dim(ids.cardinality),
+            "distinct": distinct,
+            "rows": rows,
+            "width": width,
+            "bytes": embedding_bytes(rows, width),
+            "vocabulary": name in held,
             "row_groups_read": ids.partitions_read,
             "row_groups": ids.partitions,
         }
-    return found
+        if ids.max is not None and name in held and ids.max >= rows:
+            advice.append(
+                f"column {name!r} holds id {ids.max:,}, beyond its vocabulary's {rows:,} rows: "
+                f"the data was not converted with the vocabulary in {held[name]}"
+            )
+        said = embedding_advice(name, rows, width, distinct=distinct, from_vocabulary=name in held)
+        if said:
+            advice.append(said)
+    return found, advice
 
 
 def _null_counts(dataset: Dataset) -> dict[str, int | None]:
@@ -262,6 +294,7 @@ def inspect_dataset(
     conts: Sequence[str] = (),
     labels: Sequence[str] = (),
     fill_null: float | Mapping[str, float] | None = None,
+    vocabulary: str | None = None,
 ) -> dict[str, Any]:
     """Everything about ``dataset`` that would make training fail or crawl, from footers.
 
@@ -338,6 +371,8 @@ def inspect_dataset(
         )
     if failure is not None:
         errors.append(f"with {which}: {failure}")
+    ids, advice = _id_report(dataset, requested["cats"], vocabulary)
+    warns += advice
     per_rank_rows = dataset.num_rows // ranks
     batches = count_batches(per_rank_rows, batch_size, drop_last=False)
     lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)
@@ -380,7 +415,7 @@ def inspect_dataset(
         },
         "suggested": suggested,
         "checked": requested,
-        "ids": _id_report(dataset, requested["cats"]),
+        "ids": ids,
         "errors": errors,
         "warnings": warns,
         "notes": notes,
@@ -581,20 +616,28 @@ def _newest_metadata(table_directory: str) -> str:
     return os.path.join(folder, max(names, key=lambda n: (number(n), n)))
 
 
-def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO, width: int = 92) -> None:
-    """``ids`` a few columns to a line: ``C1 0..1,459 -> 1,460 x 96``."""
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO) -> None:
+    """``ids`` a line per column: ``C1 0..1,459, 1,203 distinct -> 1,460 x 96, 535.3 KiB``."""
     if not ids:
         return
-    out.write("ids (min..max -> embedding rows x width; Dataset.embedding_sizes):\n")
-    line = " "
+    out.write(
+        "ids (min..max, distinct -> embedding rows x width, float32 bytes; "
+        "Dataset.embedding_sizes):\n"
+    )
     for name, found in ids.items():
         span = "no values" if found["max"] is None else f"{found['min']:,}..{found['max']:,}"
-        entry = f" {name} {span} -> {found['rows']:,} x {found['width']}"
-        if len(line) + len(entry) + 1 > width and line.strip():
-            out.write(line.rstrip(",") + "\n")
-            line = " "
-        line += entry + ","
-    out.write(line.rstrip(",") + "\n")
+        rows = f"{found['rows']:,}" + (" (vocabulary)" if found["vocabulary"] else "")
+        out.write(
+            f"  {name} {span}, {found['distinct']:,} distinct -> {rows} x {found['width']}, "
+            f"{_size(found['bytes'])}\n"
+        )
     read = [
         f"{name} ({found['row_groups_read']:,} of {found['row_groups']:,} row groups)"
         for name, found in ids.items()
@@ -619,6 +662,7 @@ def inspect(args: argparse.Namespace, out: TextIO) -> int:
         conts=_names(args.conts),
         labels=_names(args.labels),
         fill_null=_fill_null(args.fill_null),
+        vocabulary=args.vocabulary,
     )
     if args.json:
         json.dump(report, out, indent=2)
@@ -1150,6 +1194,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch per rank")
     _column_flags(p, "to check", "the suggested ones")
     _fill_null_flag(p)
+    p.add_argument(
+        "--vocabulary",
+        metavar="DIR",
+        help="size the embedding tables of categorified columns by their vocabularies "
+        "(DEST/_vocabulary of tabloader convert --categorify) (default: max id + 1)",
+    )
     p.add_argument("--max-files", type=_positive, default=5, help="files to list per schema")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
