@@ -18,7 +18,6 @@ import tabloader
 from tabloader.cli import (
     _batches,
     _loader_options,
-    _thread_warning,
     build_parser,
     compact_names,
     inspect_dataset,
@@ -27,6 +26,7 @@ from tabloader.cli import (
 )
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS
 from tabloader.progress import Progress
+from tabloader.stages import thread_advice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,9 +234,9 @@ def test_bench_runs_epochs_and_splits_the_time(dataset_dir, capsys):
     assert "\r" not in captured.err
 
 
-@pytest.mark.parametrize("framework", ["none", "torch", "tensorflow"])
+@pytest.mark.parametrize("framework", ["none", "torch", "tensorflow", "jax"])
 def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
-    pytest.importorskip({"none": "numpy", "torch": "torch", "tensorflow": "tensorflow"}[framework])
+    pytest.importorskip({"none": "numpy"}.get(framework, framework))
     paths = dataset_dir([[100]])
     for extra, within in (([], True), (["--stored-order"], False)):
         args = build_parser().parse_args(
@@ -244,6 +244,16 @@ def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
         )
         _, loader = _batches(args, _loader_options(args))
         assert loader.shuffle_within_batch is within
+
+
+@pytest.mark.jax
+def test_bench_times_the_jax_loader(dataset_dir, capsys):
+    paths = dataset_dir([[300, 200]])
+    argv = ["bench", *paths, "--cats", "id", "--labels", "label", "--batch-size", "64"]
+    assert main([*argv, "--framework", "jax"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("measured: JaxLoader (jax.Array per column, on the loader's JAX ")
+    assert "epoch 0: 500 rows in " in out
 
 
 def test_bench_without_torch_says_how_to_install_it(dataset_dir):
@@ -264,14 +274,14 @@ def test_bench_without_torch_says_how_to_install_it(dataset_dir):
 
 
 def test_thread_oversubscription_is_named_with_what_to_set():
-    advice = _thread_warning(2, 2)
+    advice = thread_advice(2, 2)
     assert advice is not None
     assert "PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores" in (
         advice
     )
     assert "torch.set_num_threads(1) or set OMP_NUM_THREADS=1" in advice
-    assert "OMP_NUM_THREADS=6" in (_thread_warning(8, 8) or "")
-    assert _thread_warning(6, 8) is None
+    assert "OMP_NUM_THREADS=6" in (thread_advice(8, 8) or "")
+    assert thread_advice(6, 8) is None
 
 
 @pytest.mark.torch
@@ -701,3 +711,38 @@ def test_inspect_warns_about_tables_above_the_budget_and_sizes_them_by_a_vocabul
     assert main(["inspect", str(tmp_path / "raw"), "--vocabulary", vocabulary, "--json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert any("beyond its vocabulary's 4 rows" in w for w in warnings)
+
+
+def test_inspect_on_a_csv_file_points_to_convert(tmp_path, capsys):
+    src = tmp_path / "clicks.csv"
+    src.write_text("user,label\nu1,1\n")
+    assert main(["inspect", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src} is a CSV file; the loader reads parquet. Convert it first: " in err
+    assert f"tabloader convert {src} DEST" in err
+
+
+def test_text_and_time_columns_are_told_how_to_become_numbers(tmp_path, capsys):
+    table = pa.table(
+        {
+            "country": ["fr", "de"],
+            "seen": pa.array([0, 1], pa.timestamp("ms")),
+            "price": [0.5, 1.5],
+            "label": [0.0, 1.0],
+        }
+    )
+    write(tmp_path / "t.parquet", table)
+    assert main(["inspect", str(tmp_path / "t.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "warning: columns that cannot be loaded: country (string): Give it integer ids with "
+        "tabloader convert --categorify country (or --hash country=BUCKETS); seen "
+        "(timestamp[ms]): Take its parts as integers with tabloader convert --time-parts "
+        "seen=hour,dow (or epoch)\n"
+    ) in out
+    with pytest.raises(tabloader.ColumnTypeError) as info:
+        tabloader.Loader(str(tmp_path / "t.parquet"), cats=["country"], batch_size=2)
+    assert "tabloader convert --categorify country" in str(info.value)
+    assert "conts" not in str(info.value)  # text is no measurement
+    with pytest.raises(tabloader.ColumnTypeError, match="list it under conts"):
+        tabloader.Loader(str(tmp_path / "t.parquet"), cats=["price"], batch_size=2)

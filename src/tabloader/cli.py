@@ -29,6 +29,7 @@ from tabloader.columns import (
     id_ranges,
     type_difference,
 )
+from tabloader.config import encoding_hint
 from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,
@@ -40,6 +41,7 @@ from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
     InvalidArgumentError,
+    PerformanceWarning,
     SchemaMismatchError,
     SourceNotFoundError,
     TabloaderError,
@@ -48,7 +50,7 @@ from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
 from tabloader.progress import Progress
 from tabloader.sources.partitions import describe_filters
-from tabloader.stages import usable_cores
+from tabloader.stages import LOADER_THREADS, thread_advice, usable_cores
 
 __all__ = [
     "LOADER_THREADS",
@@ -64,31 +66,8 @@ __all__ = [
     "usable_cores",
 ]
 
-LOADER_THREADS = 2
-"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool
-and the reader's short-lived layout helpers."""
 LABEL_NAME = re.compile(r"label|target|click", re.IGNORECASE)
 """Column names taken for labels when suggesting columns."""
-
-
-def _thread_warning(torch_threads: int, cores: int) -> str | None:
-    """What to set when PyTorch's intra-op threads and the loader's threads exceed the cores.
-
-    Examples:
-        >>> _thread_warning(2, 2).split(";")[0]
-        'PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores'
-        >>> _thread_warning(6, 8) is None
-        True
-    """
-    if torch_threads + LOADER_THREADS <= cores:
-        return None
-    fit = max(1, cores - LOADER_THREADS)
-    return (
-        f"PyTorch uses {torch_threads} intra-op threads and the loader {LOADER_THREADS} "
-        f"background threads on {cores} cores; they will fight over the cores and an epoch "
-        f"can take several times longer. Call torch.set_num_threads({fit}) or set "
-        f"OMP_NUM_THREADS={fit} (see docs/performance.md)"
-    )
 
 
 # -- inspect ----------------------------------------------------------------------------
@@ -361,13 +340,13 @@ def inspect_dataset(
                 f"the files store some columns with other widths ({len(groups)} schemas): "
                 f"{listing}. The loader reads each column as one type; widening loses nothing"
             )
-    unsupported = [c for c in columns if c["use"] == "unsupported"]
+    unsupported = [f for f in reference if role.get(f.name, _kind(f.type)) == "unsupported"]
     if unsupported:
         warns.append(
             "columns that cannot be loaded: "
-            + ", ".join(f"{c['name']} ({c['type']})" for c in unsupported)
-            + ". Encode strings as integer ids (for example with pandas factorize), or leave "
-            "them out"
+            + "; ".join(
+                f"{f.name} ({f.type}): {encoding_hint(f.name, f.type)}" for f in unsupported
+            )
         )
     if failure is not None:
         errors.append(f"with {which}: {failure}")
@@ -649,7 +628,25 @@ def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO) -> None:
         )
 
 
+def _refuse_text_files(paths: str | list[str]) -> None:
+    """A CSV, TSV or JSON lines file is no parquet: say how to convert it."""
+    from tabloader.convert.inputs import COMPRESSION, SUFFIXES
+
+    for path in [paths] if isinstance(paths, str) else paths:
+        stem, suffix = os.path.splitext(path.lower())
+        if suffix in COMPRESSION:
+            suffix = os.path.splitext(stem)[1]
+        kind = SUFFIXES.get(suffix)
+        if kind is not None and kind != "parquet" and os.path.isfile(path):
+            raise InvalidArgumentError(
+                f"{path} is a {kind.upper()} file; the loader reads parquet. Convert it first: "
+                f"tabloader convert {path} DEST (see tabloader convert --help), then "
+                "tabloader inspect DEST"
+            )
+
+
 def inspect(args: argparse.Namespace, out: TextIO) -> int:
+    _refuse_text_files(args.path)
     filters = [parse_filter(t) for t in args.filter] if args.filter else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it reports layout problems itself
@@ -678,6 +675,7 @@ FRAMEWORKS = {
     "none": "tabloader.Loader (numpy arrays per column)",
     "torch": "TorchAsyncItr through DLDataLoader (torch tensors)",
     "tensorflow": "KerasSequenceLoader, as model.fit reads it (TensorFlow tensors)",
+    "jax": "JaxLoader (jax.Array per column, on the loader's JAX device)",
 }
 """What ``bench --framework`` times, in the words its report uses."""
 
@@ -775,6 +773,11 @@ def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterabl
             keras_loader.on_epoch_end()
 
         return _Repeatable(items), keras_loader.loader
+    if args.framework == "jax":
+        from tabloader.jax import JaxLoader
+
+        jax_loader = JaxLoader(dataset, device=device, **options)
+        return jax_loader, jax_loader.loader
     loader = Loader(dataset, device=device, **options)
     return loader, loader
 
@@ -809,9 +812,9 @@ def _loader_options(args: argparse.Namespace, dataset: Dataset | None = None) ->
         "parts_per_chunk": args.parts_per_chunk,
         "global_rank": args.rank,
         "global_size": args.ranks,
-        "cat_dtype": args.cat_dtype,
         "cont_dtype": args.cont_dtype,
         "label_dtype": args.label_dtype,
+        **({} if args.cat_dtype is None else {"cat_dtype": args.cat_dtype}),
     }
 
 
@@ -847,7 +850,7 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.framework == "torch":
         import torch
 
-        advice = _thread_warning(torch.get_num_threads(), usable_cores())
+        advice = thread_advice(torch.get_num_threads(), usable_cores())
         if advice:
             err.write(f"tabloader: warning: {advice}\n")
     batches = len(loader)
@@ -859,7 +862,12 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     started = time.perf_counter()
     for epoch in range(args.epochs):
         epoch_started = time.perf_counter()
-        with Progress(epoch_rows, desc=f"epoch {epoch}", stream=err) as progress:
+        with (
+            Progress(epoch_rows, desc=f"epoch {epoch}", stream=err) as progress,
+            warnings.catch_warnings(),
+        ):
+            # said above, not again as TorchAsyncItr's warning when the epoch starts
+            warnings.filterwarnings("ignore", "PyTorch uses", PerformanceWarning)
             for i, _ in enumerate(iterable):
                 progress.update(min(args.batch_size, epoch_rows - i * args.batch_size))
         seconds = time.perf_counter() - epoch_started
@@ -1234,7 +1242,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="deliver list columns padded to --sparse-max values",
     )
-    group.add_argument("--cat-dtype", default="int64", help="dtype of categorical columns")
+    group.add_argument(
+        "--cat-dtype",
+        help="dtype of categorical columns (default: int64; int32 with --framework jax)",
+    )
     group.add_argument("--cont-dtype", default="float32", help="dtype of continuous columns")
     group.add_argument("--label-dtype", default="float32", help="dtype of label columns")
     group = p.add_argument_group("how to batch and shuffle")
@@ -1305,7 +1316,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(FRAMEWORKS),
         default="none",
         help="none: the core Loader; torch: TorchAsyncItr and DLDataLoader; tensorflow: "
-        "KerasSequenceLoader",
+        "KerasSequenceLoader; jax: JaxLoader",
     )
 
     p = commands.add_parser(

@@ -78,6 +78,7 @@ __all__ = [
     "LoaderConfig",
     "LoaderOptions",
     "check_dataset",
+    "encoding_hint",
 ]
 
 ALIASES = {"cat_names": "cats", "cont_names": "conts", "label_names": "labels"}
@@ -556,15 +557,36 @@ def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset
             if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
                 raise ColumnTypeError(
                     f"categorical column {name!r} is {t} in {where}; cats must hold integer "
-                    "ids. Encode it as integers first (for example with pandas factorize or "
-                    "NVTabular Categorify), or list it under conts"
+                    f"ids. {encoding_hint(name, t)}"
                 )
         elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
             kind = "label" if name in config.labels else "continuous column"
             raise ColumnTypeError(
                 f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
-                "(integer, floating point or boolean). Convert it, or leave it out"
+                f"(integer, floating point or boolean). {encoding_hint(name, t)}"
             )
+
+
+def encoding_hint(name: str, field_type: pa.DataType) -> str:
+    """How to make a column of ``field_type`` loadable, for an error or ``inspect``.
+
+    Examples:
+        >>> encoding_hint("country", pa.string()).split(" (or")[0]
+        'Give it integer ids with tabloader convert --categorify country'
+    """
+    if pa.types.is_string(field_type) or pa.types.is_large_string(field_type):
+        return (
+            f"Give it integer ids with tabloader convert --categorify {name} (or --hash "
+            f"{name}=BUCKETS)"
+        )
+    if pa.types.is_timestamp(field_type) or pa.types.is_date(field_type):
+        return (
+            f"Take its parts as integers with tabloader convert --time-parts "
+            f"{name}=hour,dow (or epoch)"
+        )
+    if pa.types.is_floating(field_type):
+        return "A floating point column is a measurement: list it under conts"
+    return "Leave it out, or convert it to numbers first"
 
 
 def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
