@@ -472,3 +472,62 @@ def test_a_dask_cluster_gives_the_same_vocabulary_ids_and_splits(tmp_path):
         theirs = pq.read_table([str(f) for f in files])
         assert theirs.equals(ours)  # the same rows, in the same order, with the same ids
     assert there.notes == here.notes
+
+
+PEAK_MEMORY = """
+import sys, threading, time
+from tabloader.convert import convert
+
+def anonymous():  # the process's own memory; memory-mapped files are the page cache's
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+peak, done = [anonymous()], []
+def watch():
+    while not done:
+        peak[0] = max(peak[0], anonymous())
+        time.sleep(0.005)
+threading.Thread(target=watch, daemon=True).start()
+result = convert(sys.argv[1], sys.argv[2], categorify=["user"])
+done.append(True)
+print(result.vocabulary["user"], peak[0])
+"""
+
+
+@pytest.mark.slow
+def test_a_vocabulary_of_ten_million_values_needs_no_more_memory_than_one_of_a_thousand(
+    tmp_path,
+):
+    """Converting 10M rows of 10M distinct users takes about the memory of converting 10M
+    rows of 1,000 users: what the vocabulary needs is on disk, never in memory (its
+    values and counts alone would take about 200 MiB, a Python dict of them gigabytes)."""
+    import subprocess
+    import sys
+
+    import pyarrow.compute as pc
+
+    rows = 10_000_000
+    order = np.random.default_rng(0).permutation(rows)
+    peaks = {}
+    for name, ids in (("distinct", order), ("few", order % 1_000)):
+        text = pc.binary_join_element_wise("u", pa.array(ids + 10_000_000).cast(pa.string()), "")
+        src = tmp_path / f"{name}.csv"
+        pacsv.write_csv(pa.table({"user": text, "n": pa.array(ids % 7)}), src)
+        del text
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_MEMORY, str(src), str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+        )
+        assert done.returncode == 0, done.stderr
+        size, peak = map(int, done.stdout.split())
+        assert size == (rows if name == "distinct" else 1_000) + 2
+        peaks[name] = peak
+        src.unlink()
+    extra = peaks["distinct"] - peaks["few"]
+    assert extra < 100 * 2**20, f"{extra / 2**20:.0f} MiB more for 10M distinct values"
+    assert peaks["distinct"] < 1 * 2**30
+    got = pq.read_table(tmp_path / "distinct", columns=["user"]).column("user")
+    assert pc.min_max(got).as_py() == {"min": 2, "max": rows + 1}

@@ -57,7 +57,7 @@ __all__ = [
     "write_vocabularies",
 ]
 
-SPILL_ENTRIES = 1 << 20
+SPILL_ENTRIES = 1 << 18
 """Distinct values (per batch, summed) held before they are merged and written as a run."""
 BUCKET_BITS = 6
 """The index is merged in 2**BUCKET_BITS hash ranges, one at a time."""
@@ -118,8 +118,10 @@ class ValueCounter:
             values = values.combine_chunks()
         self.rows += len(values)
         self.nulls += values.null_count
-        counted = pc.value_counts(values.drop_null() if values.null_count else values)
-        self.add_counts(counted.field("values"), counted.field("counts"))
+        for start in range(0, len(values), SPILL_ENTRIES):  # a block of distinct values
+            part = values.slice(start, SPILL_ENTRIES)
+            counted = pc.value_counts(part.drop_null() if part.null_count else part)
+            self.add_counts(counted.field("values"), counted.field("counts"))
 
     def add_counts(self, values: Any, counts: Any) -> None:
         """Add ``counts`` occurrences of ``values`` (distinct within this call)."""
@@ -203,7 +205,7 @@ class CategoryIndex:
             open_rows, at = open_rows[same_hash], at[same_hash]
             if not len(open_rows):
                 break
-            found = stored.take(at)
+            found = _take(stored, at)
             same: Any = pc.equal(found, values.take(open_rows))
             equal = np.asarray(pc.fill_null(same, False))
             ids = np.asarray(self._ids[at[equal]])
@@ -219,8 +221,10 @@ class CategoryIndex:
             stop = min(start + chunk, FIRST_ID + self.size)
             where = np.flatnonzero((self._ids >= start) & (self._ids < stop))
             where = where[np.argsort(self._ids[where], kind="stable")]
-            taken = self._table.take(where)
-            yield taken.column("value").combine_chunks(), taken.column("count").combine_chunks()
+            yield (
+                _take(self._table.column("value"), where),
+                _take(self._table.column("count"), where),
+            )
 
     def counts(self) -> dict[str, int]:
         """Counted values left out of the vocabulary, and their occurrences."""
@@ -233,6 +237,29 @@ class CategoryIndex:
             left_rows += int(counts[left].sum())
             start += len(chunk)
         return {"values_left_out": left_values, "rows_left_out": left_rows}
+
+
+def _take(column: Any, positions: np.ndarray[Any, Any]) -> Any:
+    """``column[positions]`` of a memory-mapped column of many chunks, taken chunk by
+    chunk: a take over the whole column would first copy all of it into memory."""
+    chunks = column.chunks
+    if len(chunks) <= 1:
+        return column.take(positions)
+    starts = np.cumsum([0, *(len(c) for c in chunks)])
+    order = np.argsort(positions, kind="stable")
+    ordered = positions[order]
+    bounds = np.searchsorted(ordered, starts)
+    parts = [
+        chunks[k].take(ordered[bounds[k] : bounds[k + 1]] - starts[k])
+        for k in range(len(chunks))
+        if bounds[k + 1] > bounds[k]
+    ]
+    if not parts:
+        return pa.array([], column.type)
+    joined = pa.concat_arrays(parts)
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.arange(len(order))
+    return joined.take(inverse)
 
 
 def _numpy(column: Any) -> np.ndarray[Any, Any]:

@@ -15,6 +15,7 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -60,6 +61,25 @@ def _segment_hashes(values: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any])
     with np.errstate(over="ignore"):
         sums = np.add.reduceat(weighted, first) if len(first) else weighted[:0]
         out[nonempty] = _mix(out[nonempty] ^ sums)
+    return out
+
+
+_TEXT_BYTES = 1 << 20
+"""Bytes of text hashed at once: the hash works on a few 8-byte words per byte."""
+
+
+def _text_hashes(raw: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> Any:
+    """One hash per string ``raw[offsets[i]:offsets[i + 1]]``, a slice of rows holding
+    about ``_TEXT_BYTES`` at a time, so that memory stays bounded whatever the column."""
+    rows = len(offsets) - 1
+    cuts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], _TEXT_BYTES))
+    bounds = np.unique(np.clip(np.r_[0, cuts, rows], 0, rows))
+    out = np.empty(rows, dtype=np.uint64)
+    for start, stop in itertools.pairwise(bounds.tolist()):
+        if stop == start:
+            continue
+        part = offsets[start : stop + 1]
+        out[start:stop] = _segment_hashes(raw[part[0] : part[-1]], part)
     return out
 
 
@@ -119,7 +139,7 @@ def column_hashes(column: Any) -> np.ndarray[Any, np.dtype[np.uint64]]:
         ]
         data = raw_bytes.buffers()[2]
         raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-        out = _segment_hashes(raw[offsets[0] : offsets[-1]], offsets)
+        out = _text_hashes(raw, offsets)
     if column.null_count:
         out[np.asarray(column.is_null())] = _NULL
     return cast("np.ndarray[Any, np.dtype[np.uint64]]", out)
