@@ -996,10 +996,16 @@ examples:
   tabloader convert 'raw/day_*.tsv.gz' data --no-header --names label,I1,I2,C1
   tabloader convert events.jsonl data --split valid=0.1,test=0.1 --seed 7
   tabloader convert old/*.parquet data --schema user=int32,price=float64
+  tabloader convert clicks.csv data --split valid=0.1 --categorify user_id,country
+  tabloader convert clicks.csv data --time-parts event_time=hour,dow --hash item_id=100000
+  tabloader convert day2.csv data2 --vocabulary data --time-parts event_time=hour,dow
 
-Every file gets one schema: integers int64, floating point (or mixed) float32, text
-stays text, or the --schema types. With --split, each row goes to a split by a seeded
-hash of its values (DEST/train/, DEST/valid/, ...). It checks that rows in = rows out.
+Every file gets one schema: integers (and floats of whole numbers) int64, other
+floating point float32, text stays text, or the --schema types; a value that would
+change is an error naming it and its row. With --split, each row goes to a split by a
+seeded hash of its values as read (DEST/train/, DEST/valid/, ...), which no encoding
+changes. It checks that rows in = rows out, and puts the files in place only when all
+are written (docs/convert.md).
 """
 _SELFTEST_DESCRIPTION = """\
 Check this install on generated data (with nulls, NaN and infinities): every row once
