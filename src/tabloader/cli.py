@@ -1000,7 +1000,7 @@ examples:
   tabloader convert clicks.csv data --time-parts event_time=hour,dow --hash item_id=100000
   tabloader convert day2.csv data2 --vocabulary data --time-parts event_time=hour,dow
 
-Every file gets one schema: integers (and floats of whole numbers) int64, other
+Every file gets one schema: integers (and whole numbers in text) int64, other
 floating point float32, text stays text, or the --schema types; a value that would
 change is an error naming it and its row. With --split, each row goes to a split by a
 seeded hash of its values as read (DEST/train/, DEST/valid/, ...), which no encoding

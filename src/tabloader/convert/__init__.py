@@ -3,9 +3,9 @@
 ``tabloader convert raw/*.csv data --split valid=0.1`` (or [`convert`][tabloader.convert.convert])
 reads every file, in order, and writes parquet:
 
-- **one schema for every file**: integer columns, and floating point columns holding
-  whole numbers only (pandas writes ``123.0`` for integers with nulls), become
-  ``int64``; other floating point columns ``float32``; text stays text; ``schema=``
+- **one schema for every file**: integer columns, and text columns of whole numbers
+  (pandas writes ``123.0`` for integers with nulls), become ``int64``; other floating
+  point columns ``float32``; text stays text; ``schema=``
   (``--schema``) sets the type of any column. A value that would change (a fraction in
   a column of whole numbers, an id ``float32`` cannot hold, a value beyond ``int64``) is
   an error naming the file, the column, the value and the row;

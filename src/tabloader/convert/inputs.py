@@ -4,9 +4,10 @@ Each input is probed once (format, header, delimiter, the types its first block 
 suggests), the types of all inputs are merged into one read type and one written type
 per column, and then the rows are read block by block. Nothing is changed silently:
 
-- a column of whole numbers (``123`` or pandas' ``123.0``) is written as ``int64``; a
-  later fraction in it, or a value beyond ``int64``, is an error naming the file, the
-  column, the value and the row;
+- a column of whole numbers in text (``123`` or pandas' ``123.0``) is written as
+  ``int64``; a later fraction in it, or a value beyond ``int64``, is an error naming the
+  file, the column, the value and the row (a parquet file's floating point columns stay
+  floating point: their type was chosen);
 - a column with fractions is written as ``float32``, unless it holds a whole number
   ``float32`` cannot hold exactly (an id near 2**40): that is an error too, unless
   ``schema=`` says which type to write;
@@ -265,7 +266,7 @@ def probe(
         finally:
             raw.close()
         _refuse_undecoded_text(item, first)
-    if first is not None:
+    if first is not None and item.format != "parquet":  # a parquet file's types are its own
         for f in item.schema:
             if pa.types.is_floating(f.type):
                 item.whole[f.name] = _all_whole(first.column(f.name))
@@ -611,9 +612,9 @@ def _misfit(
     return InvalidFileError(
         f"{item.path}: column {name!r} holds {_shown(values[i].item())} at row "
         f"{first_row + i + 1:,}, a whole number {target} cannot hold exactly (it would become "
-        f"{_shown(float(converted[i]))}); the column holds fractions too, so it would be "
-        f"written as {target}. Pass --schema {name}=float64 (or =string for ids) "
-        f"(schema={{{name!r}: 'float64'}})"
+        f"{_shown(float(converted[i]))}), and the column is written as {target} (it holds "
+        f"fractions, or its files store floating point numbers). Pass --schema {name}=int64 "
+        f"for ids, or {name}=float64 (schema={{{name!r}: 'float64'}})"
     )
 
 
