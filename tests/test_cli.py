@@ -18,7 +18,6 @@ import tabloader
 from tabloader.cli import (
     _batches,
     _loader_options,
-    _thread_warning,
     build_parser,
     compact_names,
     inspect_dataset,
@@ -27,6 +26,7 @@ from tabloader.cli import (
 )
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS
 from tabloader.progress import Progress
+from tabloader.stages import thread_advice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,9 @@ def test_inspect_checks_the_requested_columns(mixed, capsys):
     out = capsys.readouterr().out
     assert "error: with the requested columns: continuous column 'name' is string" in out
     assert main(["inspect", *files, "--conts", "x"]) == 1
-    assert "column 'x' has null values" in capsys.readouterr().out
+    assert "column with null values and no fill value: 'x' in" in capsys.readouterr().out
+    assert main(["inspect", *files, "--conts", "x", "--fill-null", "x=0.5"]) == 0
+    assert "ok: nothing here" in capsys.readouterr().out
     assert main(["inspect", *files, "--cats", "nope"]) == 1
     assert "column 'nope' is not in" in capsys.readouterr().out
 
@@ -113,9 +115,9 @@ def test_schemas_that_disagree_only_outside_the_loaded_columns_are_a_warning(mix
     report = json.loads(capsys.readouterr().out)  # x has nulls: that fails, not the schemas
     assert report["warnings"][0].startswith("the files disagree on their schema")
     assert report["errors"] == [
-        f"with the requested columns: column 'x' has null values in {files[0]} (row group 0) "
-        "and 1 more partition(s). Fill them in the data, or pass fill_null={'x': 0} (any "
-        "number) to the loader"
+        f"with the requested columns: column with null values and no fill value: 'x' in "
+        f"{files[0]} (row group 0) and 1 more partition(s). Fill them in the data, or pass "
+        "fill_null={'x': 0} (any numbers) to the loader; on the command line, --fill-null x=0"
     ]
     assert main(["inspect", *files, "--labels", "click"]) == 0
     out = capsys.readouterr().out
@@ -232,9 +234,9 @@ def test_bench_runs_epochs_and_splits_the_time(dataset_dir, capsys):
     assert "\r" not in captured.err
 
 
-@pytest.mark.parametrize("framework", ["none", "torch", "tensorflow"])
+@pytest.mark.parametrize("framework", ["none", "torch", "tensorflow", "jax"])
 def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
-    pytest.importorskip({"none": "numpy", "torch": "torch", "tensorflow": "tensorflow"}[framework])
+    pytest.importorskip({"none": "numpy"}.get(framework, framework))
     paths = dataset_dir([[100]])
     for extra, within in (([], True), (["--stored-order"], False)):
         args = build_parser().parse_args(
@@ -242,6 +244,16 @@ def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
         )
         _, loader = _batches(args, _loader_options(args))
         assert loader.shuffle_within_batch is within
+
+
+@pytest.mark.jax
+def test_bench_times_the_jax_loader(dataset_dir, capsys):
+    paths = dataset_dir([[300, 200]])
+    argv = ["bench", *paths, "--cats", "id", "--labels", "label", "--batch-size", "64"]
+    assert main([*argv, "--framework", "jax"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("measured: JaxLoader (jax.Array per column, on the loader's JAX ")
+    assert "epoch 0: 500 rows in " in out
 
 
 def test_bench_without_torch_says_how_to_install_it(dataset_dir):
@@ -262,14 +274,14 @@ def test_bench_without_torch_says_how_to_install_it(dataset_dir):
 
 
 def test_thread_oversubscription_is_named_with_what_to_set():
-    advice = _thread_warning(2, 2)
+    advice = thread_advice(2, 2)
     assert advice is not None
     assert "PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores" in (
         advice
     )
     assert "torch.set_num_threads(1) or set OMP_NUM_THREADS=1" in advice
-    assert "OMP_NUM_THREADS=6" in (_thread_warning(8, 8) or "")
-    assert _thread_warning(6, 8) is None
+    assert "OMP_NUM_THREADS=6" in (thread_advice(8, 8) or "")
+    assert thread_advice(6, 8) is None
 
 
 @pytest.mark.torch
@@ -450,8 +462,9 @@ def test_bench_with_nulls_needs_fill_null_and_says_how_to_give_it(user_data, cap
     assert main(["bench", user_data, "--batch-size", "64"]) == 2
     err = capsys.readouterr().err
     assert "tabloader: loading the suggested columns: --cats user,item --conts price" in err
-    assert "has null values" in err
-    assert "on the command line: --fill-null NAME=VALUE,... for some columns" in err
+    assert "2 columns with null values and no fill value: 'user' in" in err
+    assert "fill_null={'user': 0, 'price': 0}" in err
+    assert "on the command line, --fill-null user=0,price=0\n" in err
     assert main(["bench", user_data, "--batch-size", "64", "--fill-null", "0"]) == 0
     out = capsys.readouterr().out
     assert "--fill-null 0" in out.splitlines()[0]
@@ -554,8 +567,9 @@ def test_bench_on_the_gpu(user_data, capsys):
 def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
     assert main(["inspect", user_data, "--batch-size", "64"]) == 1  # nulls, without a fill
     out = capsys.readouterr().out
-    assert "ids (min..max -> embedding rows x width; Dataset.embedding_sizes):\n" in out
-    assert "  user 0..96 -> 97 x 21, item 0..29 -> 30 x 16\n" in out
+    assert "ids (min..max, distinct -> embedding rows x width, float32 bytes; " in out
+    assert "  user 0..96, 97 distinct -> 97 x 21, 8.0 KiB\n" in out
+    assert "  item 0..29, 30 distinct -> 30 x 16, 1.9 KiB\n" in out
     bare = tmp_path / "bare.parquet"
     pq.write_table(pq.read_table(user_data), bare, write_statistics=["item"], row_group_size=200)
     # without statistics the footers cannot tell the nulls either: that shows when reading
@@ -564,8 +578,11 @@ def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
     assert ids["user"] == {
         "min": 0,
         "max": 96,
+        "distinct": 97,
         "rows": 97,
         "width": 21,
+        "bytes": 97 * 21 * 4,
+        "vocabulary": False,
         "row_groups_read": 3,
         "row_groups": 3,
     }
@@ -684,3 +701,67 @@ def test_inspect_says_a_failure_it_has_no_message_for_in_one_line(dataset_dir, m
     monkeypatch.setattr(tabloader.cli, "bench_columns", broken_reader)
     with pytest.raises(pa.ArrowInvalid):  # bench raises it as it is
         main(["bench", path, "--cats", "id"])
+
+
+def test_inspect_warns_about_tables_above_the_budget_and_sizes_them_by_a_vocabulary(
+    tmp_path, capsys
+):
+    from tabloader.convert import convert
+
+    src = tmp_path / "clicks.csv"
+    src.write_text("user_id,label\n" + "".join(f"{u},{u % 2}\n" for u in [3, 5_279_479] * 50))
+    convert(str(src), tmp_path / "raw")
+    assert main(["inspect", str(tmp_path / "raw")]) == 0
+    out = capsys.readouterr().out
+    assert "  user_id 3..5,279,479, 2 distinct -> 5,279,480 x 512, 10.1 GiB\n" in out
+    assert (
+        "warning: the embedding table of 'user_id' has 5,279,480 rows x 512 = 10.1 GiB of "
+        "float32 weights (before the optimizer's state), above 1.0 GiB: its ids run to "
+        "5,279,479 but only 2 are used. Give them contiguous ids with tabloader convert "
+        "--categorify user_id (4 rows), or hash them (--hash user_id=BUCKETS)\n"
+    ) in out
+    convert(str(src), tmp_path / "ids", categorify="user_id")
+    vocabulary = str(tmp_path / "ids" / "_vocabulary")
+    assert main(["inspect", str(tmp_path / "ids"), "--vocabulary", vocabulary, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ids"]["user_id"]["rows"] == 4 and report["ids"]["user_id"]["vocabulary"]
+    assert not [w for w in report["warnings"] if "embedding table" in w]
+    # data converted without the vocabulary holds ids beyond it: said
+    assert main(["inspect", str(tmp_path / "raw"), "--vocabulary", vocabulary, "--json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert any("beyond its vocabulary's 4 rows" in w for w in warnings)
+
+
+def test_inspect_on_a_csv_file_points_to_convert(tmp_path, capsys):
+    src = tmp_path / "clicks.csv"
+    src.write_text("user,label\nu1,1\n")
+    assert main(["inspect", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src} is a CSV file; the loader reads parquet. Convert it first: " in err
+    assert f"tabloader convert {src} DEST" in err
+
+
+def test_text_and_time_columns_are_told_how_to_become_numbers(tmp_path, capsys):
+    table = pa.table(
+        {
+            "country": ["fr", "de"],
+            "seen": pa.array([0, 1], pa.timestamp("ms")),
+            "price": [0.5, 1.5],
+            "label": [0.0, 1.0],
+        }
+    )
+    write(tmp_path / "t.parquet", table)
+    assert main(["inspect", str(tmp_path / "t.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "warning: columns that cannot be loaded: country (string): Give it integer ids with "
+        "tabloader convert --categorify country (or --hash country=BUCKETS); seen "
+        "(timestamp[ms]): Take its parts as integers with tabloader convert --time-parts "
+        "seen=hour,dow (or epoch)\n"
+    ) in out
+    with pytest.raises(tabloader.ColumnTypeError) as info:
+        tabloader.Loader(str(tmp_path / "t.parquet"), cats=["country"], batch_size=2)
+    assert "tabloader convert --categorify country" in str(info.value)
+    assert "conts" not in str(info.value)  # text is no measurement
+    with pytest.raises(tabloader.ColumnTypeError, match="list it under conts"):
+        tabloader.Loader(str(tmp_path / "t.parquet"), cats=["price"], batch_size=2)

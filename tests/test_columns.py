@@ -248,3 +248,26 @@ def test_files_that_differ_only_in_width_load_on_the_gpu(mixed_widths):
     assert user.dtype == np.int64 and x.dtype == np.float32
     assert user.tolist() == list(range(30))
     np.testing.assert_array_equal(x, (np.arange(30) / 2).astype(np.float32))
+
+
+def test_embedding_sizes_warn_above_the_budget_with_the_distinct_ids(tmp_path):
+    from tabloader.convert import convert
+
+    ds = tabloader.Dataset(pa.table({"user": [3, 5_279_479] * 5, "item": [1, 2] * 5}))
+    with pytest.warns(tabloader.EmbeddingSizeWarning) as caught:
+        sizes = ds.embedding_sizes(["user", "item"])
+    assert sizes == {"user": (5_279_480, 512), "item": (3, 16)}
+    assert len(caught) == 1  # the small table is fine
+    message = str(caught[0].message)
+    assert "'user' has 5,279,480 rows x 512 = 10.1 GiB of float32 weights" in message
+    assert "only 2 are used" in message and "--categorify user (4 rows)" in message
+    with pytest.warns(tabloader.EmbeddingSizeWarning, match="--hash item=BUCKETS"):
+        ds.embedding_sizes(["item"], budget_bytes=100)  # 3 ids, 3 distinct: dense, but large
+    src = tmp_path / "clicks.csv"
+    src.write_text("user\n" + "".join(f"{u}\n" for u in [3, 5_279_479, 7, 7]))
+    convert(str(src), tmp_path / "data", categorify="user")
+    encoded = tabloader.Dataset(str(tmp_path / "data"))
+    # rows from the vocabulary: 3 values, unknown values and nulls
+    assert encoded.embedding_sizes("user", vocabulary=tmp_path / "data") == {"user": (5, 16)}
+    with pytest.warns(tabloader.EmbeddingSizeWarning, match="--min-count N"):
+        encoded.embedding_sizes("user", vocabulary=tmp_path / "data", budget_bytes=10)

@@ -110,7 +110,9 @@ def test_the_checks_against_the_data_run_without_a_loader():
     dataset = tabloader.Dataset(TABLE)
     checked = check_dataset(LoaderConfig.build(batch_size=2, cats="user"), dataset, stacklevel=1)
     assert checked.types == {"user": pa.int64()} and checked.narrowed == frozenset()
-    with pytest.raises(tabloader.NullValuesError, match="column 'x' has null values"):
+    with pytest.raises(
+        tabloader.NullValuesError, match="column with null values and no fill value: 'x'"
+    ):
         check_dataset(LoaderConfig.build(batch_size=2, conts="x"), dataset, stacklevel=1)
     with pytest.raises(tabloader.ColumnTypeError, match="categorical column 'x' is double"):
         check_dataset(LoaderConfig.build(batch_size=2, cats="x"), dataset, stacklevel=1)
@@ -131,3 +133,31 @@ def test_a_loaders_options_are_its_configs_and_stay_fixed():
         loader.batch_size = 3
     with pytest.raises(AttributeError, match="has no attribute 'no_such_option'"):
         _ = loader.no_such_option
+
+
+def test_every_null_column_is_named_in_one_error_with_a_ready_fill(tmp_path):
+    import re
+
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "price": [1.0, None, 3.0, 4.0],
+            "dwell_sec": [None, 2.0, 3.0, 4.0],
+            "user": pa.array([1, 2, None, 4]),
+            "label": [0.0, 1.0, 0.0, 1.0],
+        }
+    )
+    pq.write_table(table, tmp_path / "clicks.parquet")
+    dataset = tabloader.Dataset(str(tmp_path / "clicks.parquet"))
+    options = {"conts": ["price", "dwell_sec"], "cats": ["user"], "labels": ["label"]}
+    with pytest.raises(tabloader.NullValuesError) as info:
+        tabloader.Loader(dataset, batch_size=2, fill_null={"user": -1}, **options)
+    message = str(info.value)
+    assert message.startswith("2 columns with null values and no fill value: 'price' in ")
+    assert "'dwell_sec' in " in message and "'user'" not in message.split("fill_null=")[0]
+    ready = re.search(r"fill_null=(\{.*?\})", message).group(1)
+    assert ready == "{'user': -1, 'price': 0, 'dwell_sec': 0}"
+    assert message.endswith("--fill-null user=-1,price=0,dwell_sec=0")
+    loader = tabloader.Loader(dataset, batch_size=2, fill_null=eval(ready), **options)
+    assert [b["dwell_sec"].tolist() for b in loader] == [[0.0, 2.0], [3.0, 4.0]]

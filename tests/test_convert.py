@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tabloader
-from tabloader import convert as convert_module
 from tabloader.convert import (
     column_hashes,
     convert,
@@ -27,6 +26,7 @@ from tabloader.convert import (
     row_hashes,
     split_rows,
 )
+from tabloader.convert import inputs as convert_inputs
 
 pytestmark = pytest.mark.smoke
 
@@ -160,13 +160,13 @@ def test_schema_forces_types_and_checks_its_names(tmp_path):
 
 
 def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(convert_module, "_BLOCK_BYTES", 64)  # types from the first rows only
+    monkeypatch.setattr(convert_inputs, "BLOCK_BYTES", 64)  # types from the first rows only
     rows = [[i] for i in range(40)] + [["1.5"]]
     src = write_csv(tmp_path / "a.csv", rows, ["user"])
     with pytest.raises(tabloader.InvalidFileError) as info:
         convert(src, tmp_path / "out")
     message = str(info.value)
-    assert "a.csv: column 'user' holds '1.5', which is not int64" in message
+    assert "a.csv: column 'user' holds '1.5' (after row 23), which is not int64" in message
     assert "--schema user=TYPE" in message and "float32" in message
     assert not list((tmp_path / "out").rglob("*.parquet"))  # nothing half-written is left
     convert(src, tmp_path / "out", schema={"user": "float32"})
@@ -175,13 +175,18 @@ def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monk
 
 def test_narrowing_never_overflows_silently(tmp_path):
     big = tmp_path / "big.parquet"
-    pq.write_table(pa.table({"x": pa.array([1.0, 1e300])}), big)
-    with pytest.raises(tabloader.InvalidFileError, match=r"'x' holds 1e\+300, beyond the range"):
+    pq.write_table(pa.table({"x": pa.array([1.5, 1e300])}), big)
+    with pytest.raises(
+        tabloader.InvalidFileError, match=r"'x' holds 1e\+300 at row 2, beyond the range of float"
+    ):
         convert(str(big), tmp_path / "out")
     convert(str(big), tmp_path / "out", schema={"x": "float64"})
     huge = tmp_path / "huge.parquet"
     pq.write_table(pa.table({"id": pa.array([1, 2**63], pa.uint64())}), huge)
-    with pytest.raises(tabloader.InvalidFileError, match="column 'id' does not fit int64"):
+    with pytest.raises(
+        tabloader.InvalidFileError,
+        match=r"column 'id' holds 9223372036854775808 at row 2, beyond the range of int64",
+    ):
         convert(str(huge), tmp_path / "out2")
 
 
@@ -321,3 +326,113 @@ def test_a_transform_encodes_columns_on_the_way(tmp_path):
     assert result.schema == pa.schema([("c", pa.int64())])
     ids = read(tmp_path / "out").column("c").to_pylist()
     assert ids[0] == ids[2] != ids[1] and ids[3] == 0
+
+
+# -- nothing changed silently ---------------------------------------------------------------
+
+
+def test_whole_floats_become_int64_as_pandas_writes_integer_ids_with_nulls(tmp_path):
+    import pandas as pd
+
+    ids = [2**40 + i for i in range(1_000)]
+    frame = pd.DataFrame({"id": pd.array([*ids, None], dtype="Int64").astype("float64")})
+    frame["label"] = [i % 2 for i in range(1_001)]
+    frame.to_csv(tmp_path / "export.csv", index=False)  # ids as "1099511627776.0"
+    assert "1099511627776.0" in (tmp_path / "export.csv").read_text()
+    result = convert(str(tmp_path / "export.csv"), tmp_path / "csv")
+    assert result.schema.field("id").type == pa.int64()
+    written = read(tmp_path / "csv").column("id").to_pylist()
+    assert written == [*ids, None]  # 1,000 distinct ids stay 1,000 distinct ids
+    # in parquet the doubles are the file's chosen type: kept floating point, so the ids
+    # that float32 would merge are refused, and --schema says what they are
+    frame.to_parquet(tmp_path / "export.parquet")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(tmp_path / "export.parquet"), tmp_path / "pq")
+    assert "column 'id' holds 1099511627777 at row 2, a whole number float cannot hold" in str(
+        info.value
+    )
+    assert "--schema id=int64 for ids" in str(info.value)
+    convert(str(tmp_path / "export.parquet"), tmp_path / "pq", schema="id=int64")
+    assert read(tmp_path / "pq").column("id").to_pylist() == [*ids, None]
+
+
+def test_a_lossy_column_is_refused_with_its_value_and_row_unless_the_schema_says(tmp_path):
+    src = tmp_path / "ids.csv"
+    lines = [f"{2**40 + i},{i}" for i in range(999)] + ["0.5,999"]
+    src.write_text("id,n\n" + "\n".join(lines) + "\n")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(src), tmp_path / "out")
+    message = str(info.value)
+    assert "ids.csv: column 'id' holds 1099511627777 at row 2" in message
+    assert "a whole number float cannot hold exactly (it would become 1099511627776)" in message
+    assert "id=float64" in message
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.parquet"))
+    convert(str(src), tmp_path / "f64", schema="id=float64")
+    assert read(tmp_path / "f64").column("id").to_pylist()[:2] == [2.0**40, 2.0**40 + 1]
+    convert(str(src), tmp_path / "f32", schema="id=float32")  # rounding asked for
+    assert len(set(read(tmp_path / "f32").column("id").to_pylist())) < 1_000
+
+
+def test_a_fraction_after_whole_numbers_and_values_beyond_int64_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(convert_inputs, "BLOCK_BYTES", 64)  # the first block: whole numbers
+    src = tmp_path / "late.csv"
+    src.write_text("x\n" + "".join(f"{i}.0\n" for i in range(40)) + "2.5\n")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(src), tmp_path / "out")
+    assert "column 'x' holds 2.5 at row 41, which is not a whole number" in str(info.value)
+    assert "--schema x=TYPE" in str(info.value) and "float32, float64" in str(info.value)
+    convert(str(src), tmp_path / "fixed", schema="x=float32")
+    assert read(tmp_path / "fixed").column("x").to_pylist()[-1] == 2.5
+    big = tmp_path / "big.csv"
+    big.write_text("id\n1\n99999999999999999999\n")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(big), tmp_path / "big")
+    assert "column 'id' holds 100000000000000000000 at row 2, beyond the range of int64" in str(
+        info.value
+    )
+    convert(str(big), tmp_path / "text", schema="id=string")
+    assert read(tmp_path / "text").column("id").to_pylist() == ["1", "99999999999999999999"]
+
+
+def test_duplicate_header_names_are_named_with_the_file(tmp_path, capsys):
+    from tabloader.cli import main
+
+    src = tmp_path / "dup.csv"
+    src.write_text("user,price,user\n1,2.5,3\n")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(src), tmp_path / "out")
+    assert f"{src}: the header names 'user' (columns 1, 3) more than once" in str(info.value)
+    assert "--names" in str(info.value)
+    convert(str(src), tmp_path / "named", names=["user", "price", "user2"])
+    assert read(tmp_path / "named").column_names == ["user", "price", "user2"]
+    assert main(["convert", str(src), str(tmp_path / "cli"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tabloader: error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing garbage"])
+def test_a_damaged_gzip_file_is_named(tmp_path, damage, capsys):
+    from tabloader.cli import main
+
+    data = ("a,b\n" + "".join(f"{i},{i * 2}\n" for i in range(200_000))).encode()
+    packed = gzip.compress(data)
+    src = tmp_path / "day.csv.gz"
+    src.write_bytes(packed[: len(packed) // 2] if damage == "truncated" else packed + b"junk!!")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(src), tmp_path / "out")
+    assert f"{src}: the gzip stream is damaged" in str(info.value)
+    assert "gzip -t" in str(info.value)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.parquet"))
+    assert main(["convert", str(src), str(tmp_path / "cli"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the gzip stream is damaged" in err and "Traceback" not in err
+
+
+def test_bytes_that_are_not_utf8_in_a_number_column_are_refused(tmp_path):
+    src = tmp_path / "latin.csv"
+    src.write_bytes(b"price,label\n1.5,1\n2.5\xe9,0\n3.0,1\n")
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(src), tmp_path / "out")
+    message = str(info.value)
+    assert f"{src}: column 'price' holds bytes that are not UTF-8 text, at row 2" in message
+    assert "iconv" in message

@@ -528,3 +528,21 @@ def test_example_auc_matches_the_pairwise_definition():
     pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
     assert example.roc_auc(labels, scores) == pytest.approx(pairs)
     assert example.roc_auc(labels, np.zeros(300)) == 0.5
+
+
+def test_iterating_warns_when_torch_and_the_loader_oversubscribe_the_cores(tmp_path):
+    import torch
+
+    table = pa.table({"id": list(range(100)), "label": [0.0] * 100})
+    items = TorchAsyncItr(tabloader.Dataset(table), cats=["id"], labels=["label"], batch_size=50)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(usable_cores())  # set after the loader was built: still seen
+        with pytest.warns(tabloader.PerformanceWarning, match="torch.set_num_threads") as caught:
+            assert len(list(items)) == 2
+        assert "PyTorch uses" in str(caught[0].message)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once, not every epoch
+            assert len(list(items)) == 2
+    finally:
+        torch.set_num_threads(before)

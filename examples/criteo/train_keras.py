@@ -40,10 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import example_flags as common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
+ID_DTYPE = "int32" if keras.backend.backend() == "jax" else "int64"
+"""The ids' dtype in a batch: JAX holds no 64-bit integers by default (docs/keras.md)."""
 
 
 def build_model(rows: dict[str, int], buckets: int, dim: int) -> keras.Model:
-    inputs = {name: keras.Input(shape=(), name=name, dtype="int64") for name in CATS}
+    inputs = {name: keras.Input(shape=(), name=name, dtype=ID_DTYPE) for name in CATS}
     inputs.update({name: keras.Input(shape=(), name=name) for name in CONTS})
     parts = []
     for name in CATS:

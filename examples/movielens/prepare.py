@@ -11,16 +11,12 @@ Writes ``<out>/train.parquet``, ``<out>/valid.parquet`` and ``<out>/meta.json``:
   ids into ``meta.json``'s ``genre_names``), for an embedding bag, and one float32
   column ``genre_<name>`` per genre, 1.0 when the movie has that genre (multi-hot).
 
-Where the ratings come from:
-
-- the official zip, when given: ``ml-100k.zip`` (``u.data``, genres from ``u.item``),
-  or ``ml-latest-small.zip`` / ``ml-25m.zip`` / ``ml-20m.zip`` (``ratings.csv``, genres
-  from ``movies.csv``), from https://grouplens.org/datasets/movielens/;
-- otherwise the ml-100k ratings shipped inside the ``recbole`` wheel
-  (``pip install --no-deps recbole==1.2.1``), read from the installed package's files.
-
-The MovieLens licence does not allow redistributing the data: keep it out of version
-control (``examples/*/data/`` is ignored).
+The ratings come from an official zip: ``ml-100k.zip`` (``u.data``, genres from
+``u.item``), or ``ml-latest-small.zip`` / ``ml-25m.zip`` / ``ml-20m.zip``
+(``ratings.csv``, genres from ``movies.csv``), from
+https://grouplens.org/datasets/movielens/. The MovieLens licence does not allow
+redistributing the data: it is not shipped here, and stays out of version control
+(``examples/*/data/`` is ignored).
 
 The split is random by default: ``--valid-fraction`` of the ratings (0.2), drawn with
 ``--seed`` (0), so the same input always gives the same files. ``--split time`` instead
@@ -28,14 +24,12 @@ keeps the latest ratings (by timestamp) for validation, as a deployed recommende
 meet them.
 
 Usage:
-    python examples/movielens/prepare.py                       # bundled ml-100k
-    python examples/movielens/prepare.py ml-25m.zip --genres   # an official zip
+    python examples/movielens/prepare.py ml-100k.zip --genres  # an official zip
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
@@ -57,21 +51,6 @@ ML100K_GENRES = [
     "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
     "Romance", "Sci-Fi", "Thriller", "War", "Western",
 ]  # fmt: skip
-
-
-def bundled_ml100k() -> Path | None:
-    """The ml-100k ratings file inside the installed ``recbole`` package, if any.
-
-    Found from the package's location alone: nothing of recbole is imported.
-    """
-    spec = importlib.util.find_spec("recbole")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        path = Path(root) / "dataset_example" / "ml-100k" / "ml-100k.inter"
-        if path.is_file():
-            return path
-    return None
 
 
 # -- reading --------------------------------------------------------------------------
@@ -104,25 +83,6 @@ def _ratings(table: pa.Table) -> pa.Table:
             "timestamp": pc.cast(table["timestamp"], pa.int64(), safe=False),
         }
     )
-
-
-def read_bundled(path: Path) -> tuple[pa.Table, Genres]:
-    """recbole's ``ml-100k.inter`` (and ``ml-100k.item`` beside it, for genres)."""
-    table = _csv(path, delimiter="\t", quoting=False)
-    renamed = {"user_id": "userId", "item_id": "movieId"}
-    table = table.rename_columns(
-        [renamed.get(name.split(":")[0], name.split(":")[0]) for name in table.column_names]
-    )
-    genres: Genres = {}
-    items = path.with_suffix(".item")
-    if items.is_file():
-        movies = _csv(items, delimiter="\t", quoting=False)
-        movies = movies.rename_columns([name.split(":")[0] for name in movies.column_names])
-        for movie, classes in zip(
-            movies["item_id"].to_pylist(), movies["class"].to_pylist(), strict=True
-        ):
-            genres[int(movie)] = str(classes or "").split()
-    return _ratings(table), genres
 
 
 def _member(archive: zipfile.ZipFile, name: str) -> str | None:
@@ -270,7 +230,7 @@ def prepare(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("zip", nargs="?", type=Path, help="an official MovieLens zip")
+    parser.add_argument("zip", type=Path, help="an official MovieLens zip (ml-100k.zip, ...)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     parser.add_argument("--split", choices=["random", "time"], default="random")
     parser.add_argument("--valid-fraction", type=float, default=0.2)
@@ -279,20 +239,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if not 0 < args.valid_fraction < 1:
         parser.error(f"--valid-fraction must be in (0, 1), got {args.valid_fraction}")
-    if args.zip is not None:
-        if not args.zip.is_file():
-            parser.error(f"{args.zip} does not exist")
-        ratings, genres = read_zip(args.zip)
-        source = str(args.zip)
-    else:
-        bundled = bundled_ml100k()
-        if bundled is None:
-            parser.error(
-                "give a MovieLens zip (https://grouplens.org/datasets/movielens/), or install "
-                "the package that bundles ml-100k: pip install --no-deps recbole==1.2.1"
-            )
-        ratings, genres = read_bundled(bundled)
-        source = str(bundled)
+    if not args.zip.is_file():
+        parser.error(
+            f"{args.zip} does not exist: download ml-100k.zip (or another release) from "
+            "https://grouplens.org/datasets/movielens/"
+        )
+    ratings, genres = read_zip(args.zip)
+    source = str(args.zip)
     meta = prepare(
         ratings,
         genres,

@@ -40,19 +40,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import example_flags as common
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data"
+ID_DTYPE = "int32" if keras.backend.backend() == "jax" else "int64"
+"""The ids' dtype in a batch: JAX holds no 64-bit integers by default (docs/keras.md)."""
 
 
 def build_model(cardinalities: dict[str, int], genres: int, longest: int, dim: int) -> keras.Model:
     """Users, movies and, with ``genres`` > 0, the mean embedding of a movie's genres,
     given as ``[B, longest]`` ids padded with ``genres`` (an id no genre has)."""
-    user = keras.Input(shape=(), name="userId", dtype="int64")
-    movie = keras.Input(shape=(), name="movieId", dtype="int64")
+    user = keras.Input(shape=(), name="userId", dtype=ID_DTYPE)
+    movie = keras.Input(shape=(), name="movieId", dtype=ID_DTYPE)
     inputs: dict[str, Any] = {"userId": user, "movieId": movie}
     u = keras.layers.Embedding(cardinalities["userId"], dim, name="user_embedding")(user)
     m = keras.layers.Embedding(cardinalities["movieId"], dim, name="movie_embedding")(movie)
     parts = [u, m, keras.layers.Multiply()([u, m])]
     if genres:
-        ids = inputs["genres"] = keras.Input(shape=(longest,), name="genres", dtype="int64")
+        ids = inputs["genres"] = keras.Input(shape=(longest,), name="genres", dtype=ID_DTYPE)
         vectors = keras.layers.Embedding(genres + 1, dim, name="genre_embedding")(ids)
         real = keras.ops.expand_dims(keras.ops.cast(ids < genres, "float32"), -1)
         total = keras.ops.sum(vectors * real, axis=1)

@@ -15,13 +15,21 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 import numpy as np
 import pyarrow as pa
 
-from tabloader.columns import embedding_dim, id_ranges, type_difference
+from tabloader.columns import (
+    distinct_ids,
+    embedding_advice,
+    embedding_bytes,
+    embedding_dim,
+    id_ranges,
+    type_difference,
+)
+from tabloader.config import encoding_hint
 from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,
@@ -33,7 +41,7 @@ from tabloader.errors import (
     ColumnTypeError,
     EmptyDatasetError,
     InvalidArgumentError,
-    NullValuesError,
+    PerformanceWarning,
     SchemaMismatchError,
     SourceNotFoundError,
     TabloaderError,
@@ -42,7 +50,7 @@ from tabloader.loader import Loader
 from tabloader.plan import count_batches, rank_rows
 from tabloader.progress import Progress
 from tabloader.sources.partitions import describe_filters
-from tabloader.stages import usable_cores
+from tabloader.stages import LOADER_THREADS, thread_advice, usable_cores
 
 __all__ = [
     "LOADER_THREADS",
@@ -58,31 +66,8 @@ __all__ = [
     "usable_cores",
 ]
 
-LOADER_THREADS = 2
-"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool
-and the reader's short-lived layout helpers."""
 LABEL_NAME = re.compile(r"label|target|click", re.IGNORECASE)
 """Column names taken for labels when suggesting columns."""
-
-
-def _thread_warning(torch_threads: int, cores: int) -> str | None:
-    """What to set when PyTorch's intra-op threads and the loader's threads exceed the cores.
-
-    Examples:
-        >>> _thread_warning(2, 2).split(";")[0]
-        'PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores'
-        >>> _thread_warning(6, 8) is None
-        True
-    """
-    if torch_threads + LOADER_THREADS <= cores:
-        return None
-    fit = max(1, cores - LOADER_THREADS)
-    return (
-        f"PyTorch uses {torch_threads} intra-op threads and the loader {LOADER_THREADS} "
-        f"background threads on {cores} cores; they will fight over the cores and an epoch "
-        f"can take several times longer. Call torch.set_num_threads({fit}) or set "
-        f"OMP_NUM_THREADS={fit} (see docs/performance.md)"
-    )
 
 
 # -- inspect ----------------------------------------------------------------------------
@@ -225,25 +210,50 @@ def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> tuple[str, bo
     return "; ".join(notes) or "same columns, in another order", conflict
 
 
-def _id_report(dataset: Dataset, cats: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per id column that can be sized: its ids, the embedding table for them, and whether
-    the footers told or the column was read (on the CPU)."""
+def _id_report(
+    dataset: Dataset, cats: Sequence[str], vocabulary: str | None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per id column that can be sized: its ids, how many are distinct, the embedding table
+    for them (rows from ``vocabulary`` where it holds the column) and its bytes, and
+    whether the footers told or the column was read (on the CPU); and the warnings about
+    tables above the budget."""
+    from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
+
+    held: dict[str, str] = {}
+    if vocabulary is not None:
+        directory = find_vocabulary_dir(vocabulary)
+        held = {n: directory for n in vocabulary_columns(directory)}
     found: dict[str, dict[str, Any]] = {}
+    advice = []
     for name in cats:
         try:
             ranges = id_ranges(dataset, [name], device="cpu")
         except TabloaderError:
             continue  # the loader's check reports what is wrong with it
         ids = ranges[name]
+        rows = vocabulary_rows(held[name], name) if name in held else ids.cardinality
+        width = embedding_dim(rows)
+        distinct = distinct_ids(dataset, name)
         found[name] = {
             "min": ids.min,
             "max": ids.max,
-            "rows": ids.cardinality,
-            "width": embedding_dim(ids.cardinality),
+            "distinct": distinct,
+            "rows": rows,
+            "width": width,
+            "bytes": embedding_bytes(rows, width),
+            "vocabulary": name in held,
             "row_groups_read": ids.partitions_read,
             "row_groups": ids.partitions,
         }
-    return found
+        if ids.max is not None and name in held and ids.max >= rows:
+            advice.append(
+                f"column {name!r} holds id {ids.max:,}, beyond its vocabulary's {rows:,} rows: "
+                f"the data was not converted with the vocabulary in {held[name]}"
+            )
+        said = embedding_advice(name, rows, width, distinct=distinct, from_vocabulary=name in held)
+        if said:
+            advice.append(said)
+    return found, advice
 
 
 def _null_counts(dataset: Dataset) -> dict[str, int | None]:
@@ -268,6 +278,8 @@ def inspect_dataset(
     cats: Sequence[str] = (),
     conts: Sequence[str] = (),
     labels: Sequence[str] = (),
+    fill_null: float | Mapping[str, float] | None = None,
+    vocabulary: str | None = None,
 ) -> dict[str, Any]:
     """Everything about ``dataset`` that would make training fail or crawl, from footers.
 
@@ -306,7 +318,9 @@ def inspect_dataset(
     which = "the requested columns" if any(requested.values()) else "the suggested columns"
     if not any(requested.values()):
         requested = suggested
-    failure = _loader_failure(dataset, requested, batch_size=batch_size, ranks=ranks)
+    failure = _loader_failure(
+        dataset, requested, batch_size=batch_size, ranks=ranks, fill_null=fill_null
+    )
     errors: list[str] = []
     warns = layout_warnings(rows, sizes, ranks=ranks)
     notes: list[str] = []
@@ -332,16 +346,18 @@ def inspect_dataset(
                 f"the files store some columns with other widths ({len(groups)} schemas): "
                 f"{listing}. The loader reads each column as one type; widening loses nothing"
             )
-    unsupported = [c for c in columns if c["use"] == "unsupported"]
+    unsupported = [f for f in reference if role.get(f.name, _kind(f.type)) == "unsupported"]
     if unsupported:
         warns.append(
             "columns that cannot be loaded: "
-            + ", ".join(f"{c['name']} ({c['type']})" for c in unsupported)
-            + ". Encode strings as integer ids (for example with pandas factorize), or leave "
-            "them out"
+            + "; ".join(
+                f"{f.name} ({f.type}): {encoding_hint(f.name, f.type)}" for f in unsupported
+            )
         )
     if failure is not None:
         errors.append(f"with {which}: {failure}")
+    ids, advice = _id_report(dataset, requested["cats"], vocabulary)
+    warns += advice
     per_rank_rows = dataset.num_rows // ranks
     batches = count_batches(per_rank_rows, batch_size, drop_last=False)
     lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)
@@ -384,7 +400,7 @@ def inspect_dataset(
         },
         "suggested": suggested,
         "checked": requested,
-        "ids": _id_report(dataset, requested["cats"]),
+        "ids": ids,
         "errors": errors,
         "warnings": warns,
         "notes": notes,
@@ -392,7 +408,12 @@ def inspect_dataset(
 
 
 def _loader_failure(
-    dataset: Dataset, columns: dict[str, list[str]], *, batch_size: int, ranks: int
+    dataset: Dataset,
+    columns: dict[str, list[str]],
+    *,
+    batch_size: int,
+    ranks: int,
+    fill_null: float | Mapping[str, float] | None = None,
 ) -> TabloaderError | None:
     """Why a loader of ``columns`` could not be built on ``dataset``, or None if it can.
 
@@ -416,6 +437,7 @@ def _loader_failure(
                 cats=columns["cats"],
                 conts=columns["conts"],
                 labels=columns["labels"],
+                fill_null=fill_null,
             )
     except TabloaderError as error:
         return error
@@ -575,20 +597,28 @@ def _newest_metadata(table_directory: str) -> str:
     return os.path.join(folder, max(names, key=lambda n: (number(n), n)))
 
 
-def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO, width: int = 92) -> None:
-    """``ids`` a few columns to a line: ``C1 0..1,459 -> 1,460 x 96``."""
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO) -> None:
+    """``ids`` a line per column: ``C1 0..1,459, 1,203 distinct -> 1,460 x 96, 535.3 KiB``."""
     if not ids:
         return
-    out.write("ids (min..max -> embedding rows x width; Dataset.embedding_sizes):\n")
-    line = " "
+    out.write(
+        "ids (min..max, distinct -> embedding rows x width, float32 bytes; "
+        "Dataset.embedding_sizes):\n"
+    )
     for name, found in ids.items():
         span = "no values" if found["max"] is None else f"{found['min']:,}..{found['max']:,}"
-        entry = f" {name} {span} -> {found['rows']:,} x {found['width']}"
-        if len(line) + len(entry) + 1 > width and line.strip():
-            out.write(line.rstrip(",") + "\n")
-            line = " "
-        line += entry + ","
-    out.write(line.rstrip(",") + "\n")
+        rows = f"{found['rows']:,}" + (" (vocabulary)" if found["vocabulary"] else "")
+        out.write(
+            f"  {name} {span}, {found['distinct']:,} distinct -> {rows} x {found['width']}, "
+            f"{_size(found['bytes'])}\n"
+        )
     read = [
         f"{name} ({found['row_groups_read']:,} of {found['row_groups']:,} row groups)"
         for name, found in ids.items()
@@ -600,7 +630,25 @@ def _write_ids(ids: dict[str, dict[str, Any]], out: TextIO, width: int = 92) -> 
         )
 
 
+def _refuse_text_files(paths: str | list[str]) -> None:
+    """A CSV, TSV or JSON lines file is no parquet: say how to convert it."""
+    from tabloader.convert.inputs import COMPRESSION, SUFFIXES
+
+    for path in [paths] if isinstance(paths, str) else paths:
+        stem, suffix = os.path.splitext(path.lower())
+        if suffix in COMPRESSION:
+            suffix = os.path.splitext(stem)[1]
+        kind = SUFFIXES.get(suffix)
+        if kind is not None and kind != "parquet" and os.path.isfile(path):
+            raise InvalidArgumentError(
+                f"{path} is a {kind.upper()} file; the loader reads parquet. Convert it first: "
+                f"tabloader convert {path} DEST (see tabloader convert --help), then "
+                "tabloader inspect DEST"
+            )
+
+
 def inspect(args: argparse.Namespace, out: TextIO) -> int:
+    _refuse_text_files(args.path)
     filters = [parse_filter(t) for t in args.filter] if args.filter else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it reports layout problems itself
@@ -612,6 +660,8 @@ def inspect(args: argparse.Namespace, out: TextIO) -> int:
         cats=_names(args.cats),
         conts=_names(args.conts),
         labels=_names(args.labels),
+        fill_null=_fill_null(args.fill_null),
+        vocabulary=args.vocabulary,
     )
     if args.json:
         json.dump(report, out, indent=2)
@@ -627,6 +677,7 @@ FRAMEWORKS = {
     "none": "tabloader.Loader (numpy arrays per column)",
     "torch": "TorchAsyncItr through DLDataLoader (torch tensors)",
     "tensorflow": "KerasSequenceLoader, as model.fit reads it (TensorFlow tensors)",
+    "jax": "JaxLoader (jax.Array per column, on the loader's JAX device)",
 }
 """What ``bench --framework`` times, in the words its report uses."""
 
@@ -724,6 +775,11 @@ def _batches(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Iterabl
             keras_loader.on_epoch_end()
 
         return _Repeatable(items), keras_loader.loader
+    if args.framework == "jax":
+        from tabloader.jax import JaxLoader
+
+        jax_loader = JaxLoader(dataset, device=device, **options)
+        return jax_loader, jax_loader.loader
     loader = Loader(dataset, device=device, **options)
     return loader, loader
 
@@ -758,9 +814,9 @@ def _loader_options(args: argparse.Namespace, dataset: Dataset | None = None) ->
         "parts_per_chunk": args.parts_per_chunk,
         "global_rank": args.rank,
         "global_size": args.ranks,
-        "cat_dtype": args.cat_dtype,
         "cont_dtype": args.cont_dtype,
         "label_dtype": args.label_dtype,
+        **({} if args.cat_dtype is None else {"cat_dtype": args.cat_dtype}),
     }
 
 
@@ -796,7 +852,7 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.framework == "torch":
         import torch
 
-        advice = _thread_warning(torch.get_num_threads(), usable_cores())
+        advice = thread_advice(torch.get_num_threads(), usable_cores())
         if advice:
             err.write(f"tabloader: warning: {advice}\n")
     batches = len(loader)
@@ -808,7 +864,12 @@ def bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     started = time.perf_counter()
     for epoch in range(args.epochs):
         epoch_started = time.perf_counter()
-        with Progress(epoch_rows, desc=f"epoch {epoch}", stream=err) as progress:
+        with (
+            Progress(epoch_rows, desc=f"epoch {epoch}", stream=err) as progress,
+            warnings.catch_warnings(),
+        ):
+            # said above, not again as TorchAsyncItr's warning when the epoch starts
+            warnings.filterwarnings("ignore", "PyTorch uses", PerformanceWarning)
             for i, _ in enumerate(iterable):
                 progress.update(min(args.batch_size, epoch_rows - i * args.batch_size))
         seconds = time.perf_counter() - epoch_started
@@ -844,10 +905,18 @@ def convert_files(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         delimiter=args.delimiter,
         schema=args.schema,
         split=args.split,
+        split_key=args.split_key,
         seed=args.seed,
+        categorify=args.categorify,
+        min_count=args.min_count,
+        vocabulary=args.vocabulary,
+        hash_buckets=args.hash,
+        time_parts=args.time_parts,
+        time_zone=args.time_zone,
         row_group_rows=args.row_group_rows,
         rows_per_file=args.rows_per_file,
         overwrite=args.overwrite,
+        cluster=args.cluster,
         progress=None if args.quiet else err,
     )
     rows_out = sum(result.rows_out.values())
@@ -868,9 +937,18 @@ def convert_files(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "schema: " + "; ".join(f"{t} {compact_names(n)}" for t, n in by_type.items()) + "\n"
         f"row groups of up to {result.row_group_rows:,} rows\n"
     )
+    for note in result.notes:
+        out.write(f"  {note}\n")
+    if result.vocabulary_dir is not None:
+        out.write(
+            f"vocabularies -> {result.vocabulary_dir} (embedding rows: "
+            + ", ".join(f"{n} {rows:,}" for n, rows in result.vocabulary.items())
+            + f"); convert later data with --vocabulary {result.vocabulary_dir}\n"
+        )
     first = next(iter(result.files))
     target = os.path.join(args.dest, first) if first else args.dest
-    out.write(f"next: tabloader inspect {target}\n")
+    more = f" --vocabulary {result.vocabulary_dir}" if result.vocabulary_dir else ""
+    out.write(f"next: tabloader inspect {target}{more}\n")
     return 0
 
 
@@ -920,10 +998,16 @@ examples:
   tabloader convert 'raw/day_*.tsv.gz' data --no-header --names label,I1,I2,C1
   tabloader convert events.jsonl data --split valid=0.1,test=0.1 --seed 7
   tabloader convert old/*.parquet data --schema user=int32,price=float64
+  tabloader convert clicks.csv data --split valid=0.1 --categorify user_id,country
+  tabloader convert clicks.csv data --time-parts event_time=hour,dow --hash item_id=100000
+  tabloader convert day2.csv data2 --vocabulary data --time-parts event_time=hour,dow
 
-Every file gets one schema: integers int64, floating point (or mixed) float32, text
-stays text, or the --schema types. With --split, each row goes to a split by a seeded
-hash of its values (DEST/train/, DEST/valid/, ...). It checks that rows in = rows out.
+Every file gets one schema: integers (and whole numbers in text) int64, other
+floating point float32, text stays text, or the --schema types; a value that would
+change is an error naming it and its row. With --split, each row goes to a split by a
+seeded hash of its values as read (DEST/train/, DEST/valid/, ...), which no encoding
+changes. It checks that rows in = rows out, and puts the files in place only when all
+are written (docs/convert.md).
 """
 _SELFTEST_DESCRIPTION = """\
 Check this install on generated data (with nulls, NaN and infinities): every row once
@@ -1025,7 +1109,59 @@ def build_parser() -> argparse.ArgumentParser:
         help="NAME=FRACTION,...: write each split to DEST/NAME by a seeded hash of each row; "
         "train gets the rest (default: no split, DEST/part-*.parquet)",
     )
+    p.add_argument(
+        "--split-key",
+        metavar="COLUMNS",
+        help="hash these columns' values for the split instead of the whole row, e.g. "
+        "user_id: a user's rows stay in one split (default: the whole row as read)",
+    )
     p.add_argument("--seed", type=_non_negative, default=0, help="seed of the split's hash")
+    group = p.add_argument_group("encoding columns on the way")
+    group.add_argument(
+        "--categorify",
+        action="append",
+        metavar="COLUMNS",
+        help="text or integer columns whose values become ids by frequency (2, 3, ...; 0 "
+        "for values not in the vocabulary, 1 for nulls), counted on the train split and "
+        "written to DEST/_vocabulary (default: none, or those of --vocabulary)",
+    )
+    group.add_argument(
+        "--min-count",
+        type=_positive,
+        help="values seen fewer times in training get id 0 (default: 1)",
+    )
+    group.add_argument(
+        "--vocabulary",
+        metavar="DIR",
+        help="take the ids from this vocabulary (a DEST/_vocabulary of an earlier "
+        "conversion, or that DEST) instead of counting them: ids stay the same (default: "
+        "count them)",
+    )
+    group.add_argument(
+        "--hash",
+        action="append",
+        metavar="COLUMN=BUCKETS",
+        help="ids by the value's hash, 1..BUCKETS-1 (0 for nulls), without a vocabulary "
+        "(default: none)",
+    )
+    group.add_argument(
+        "--time-parts",
+        action="append",
+        metavar="COLUMN=PARTS",
+        help="replace a timestamp column by int64 columns of its parts: epoch, year, month, "
+        "day, dow, hour, minute, e.g. event_time=hour,dow,day (repeat for more columns; "
+        "default: none)",
+    )
+    group.add_argument(
+        "--time-zone",
+        help="zone of times written without an offset, and of the parts (default: UTC)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run on this Dask scheduler (tcp://HOST:8786); the inputs and DEST must be on a "
+        "file system every worker sees (default: this machine)",
+    )
     p.add_argument(
         "--row-group-rows",
         type=_positive,
@@ -1033,7 +1169,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rows-per-file", type=_positive, help="rows per file (default: 16 row groups)")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace the parquet files already in DEST"
+        "--overwrite",
+        action="store_true",
+        help="replace the files an earlier conversion wrote in DEST, once the new ones are "
+        "complete",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -1070,6 +1209,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=_positive, default=1, help="ranks the data will be split across")
     p.add_argument("--batch-size", type=_positive, default=65_536, help="rows per batch per rank")
     _column_flags(p, "to check", "the suggested ones")
+    _fill_null_flag(p)
+    p.add_argument(
+        "--vocabulary",
+        metavar="DIR",
+        help="size the embedding tables of categorified columns by their vocabularies "
+        "(DEST/_vocabulary of tabloader convert --categorify) (default: max id + 1)",
+    )
     p.add_argument("--max-files", type=_positive, default=5, help="files to list per schema")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -1092,12 +1238,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="columns to load, comma separated, each as a cat, cont or label by its type and "
         "name as inspect suggests (default: see --cats)",
     )
-    group.add_argument(
-        "--fill-null",
-        metavar="VALUE|NAME=VALUE,...",
-        help="replace nulls: one number for every column, or per column (default: none, "
-        "nulls are an error)",
-    )
+    _fill_null_flag(group)
     group.add_argument(
         "--sparse", action="append", help="list (multi-hot) columns, comma separated"
     )
@@ -1109,7 +1250,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="deliver list columns padded to --sparse-max values",
     )
-    group.add_argument("--cat-dtype", default="int64", help="dtype of categorical columns")
+    group.add_argument(
+        "--cat-dtype",
+        help="dtype of categorical columns (default: int64; int32 with --framework jax)",
+    )
     group.add_argument("--cont-dtype", default="float32", help="dtype of continuous columns")
     group.add_argument("--label-dtype", default="float32", help="dtype of label columns")
     group = p.add_argument_group("how to batch and shuffle")
@@ -1180,7 +1324,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(FRAMEWORKS),
         default="none",
         help="none: the core Loader; torch: TorchAsyncItr and DLDataLoader; tensorflow: "
-        "KerasSequenceLoader",
+        "KerasSequenceLoader; jax: JaxLoader",
     )
 
     p = commands.add_parser(
@@ -1202,6 +1346,15 @@ def _column_flags(parser: Any, what: str, default: str) -> None:
             metavar="NAMES",
             help=f"{meaning} columns {what}, comma separated (default: {default})",
         )
+
+
+def _fill_null_flag(parser: Any) -> None:
+    parser.add_argument(
+        "--fill-null",
+        metavar="VALUE|NAME=VALUE,...",
+        help="replace nulls as the loader's fill_null does: one number for every column, or "
+        "per column (default: none, nulls are an error)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -1245,15 +1398,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except TabloaderError as error:
         sys.stderr.write(f"tabloader: error: {error}\n")
-        if isinstance(error, NullValuesError) and args.command == "bench":
-            sys.stderr.write(
-                "tabloader: on the command line: --fill-null NAME=VALUE,... for some columns, "
-                "or --fill-null VALUE for every column\n"
-            )
         return 2
     except ImportError as error:  # an optional framework that is not installed
         sys.stderr.write(f"tabloader: error: {error}\n")
         return 2
+    except KeyboardInterrupt:
+        what = f"; {args.dest} is as it was" if args.command == "convert" else ""
+        sys.stderr.write(f"\ntabloader: interrupted{what}\n")
+        return 130  # 128 + SIGINT
     except BrokenPipeError:
         # The reader went away (`tabloader inspect ... | head`): stop quietly, as other
         # command-line tools do. Python would flush stdout again at exit and fail.

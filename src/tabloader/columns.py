@@ -41,9 +41,13 @@ if TYPE_CHECKING:
     from tabloader.device import Device
 
 __all__ = [
+    "EMBEDDING_BUDGET_BYTES",
     "IdRange",
     "closest_name",
     "common_type",
+    "distinct_ids",
+    "embedding_advice",
+    "embedding_bytes",
     "embedding_dim",
     "id_ranges",
     "is_list_type",
@@ -54,6 +58,8 @@ __all__ = [
 
 MIN_EMBEDDING_DIM = 16
 MAX_EMBEDDING_DIM = 512
+EMBEDDING_BUDGET_BYTES = 2**30
+"""Above this many bytes, an embedding table is worth a warning (1 GiB, float32 weights)."""
 
 
 # -- one type per column ----------------------------------------------------------------
@@ -210,6 +216,80 @@ def embedding_dim(
         [16, 77, 512]
     """
     return int(min(max(min_dim, round(1.6 * cardinality**0.56)), max_dim))
+
+
+def embedding_bytes(rows: int, width: int, *, itemsize: int = 4) -> int:
+    """Bytes of an embedding table's weights (float32 by default), before the optimizer's
+    state (Adam keeps two more tables of the same size).
+
+    Examples:
+        >>> embedding_bytes(5_279_480, 512) / 2**30
+        10.069...
+    """
+    return rows * width * itemsize
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def embedding_advice(
+    name: str,
+    rows: int,
+    width: int,
+    *,
+    distinct: int | None,
+    budget_bytes: int = EMBEDDING_BUDGET_BYTES,
+    from_vocabulary: bool = False,
+) -> str | None:
+    """What to do about an embedding table above ``budget_bytes``, or None below it.
+
+    Examples:
+        >>> print(embedding_advice("user", 5_279_480, 512, distinct=48_213))  # doctest: +ELLIPSIS
+        the embedding table of 'user' has 5,279,480 rows x 512 = 10.1 GiB of float32 weights ...
+    """
+    size = embedding_bytes(rows, width)
+    if size <= budget_bytes:
+        return None
+    text = (
+        f"the embedding table of {name!r} has {rows:,} rows x {width} = {_gib(size)} of "
+        f"float32 weights (before the optimizer's state), above {_gib(budget_bytes)}"
+    )
+    if from_vocabulary:
+        return text + (
+            f". Raise the minimum count of its vocabulary (tabloader convert --categorify "
+            f"{name} --min-count N), or hash it (--hash {name}=BUCKETS)"
+        )
+    if distinct is not None and distinct < rows // 2:
+        return text + (
+            f": its ids run to {rows - 1:,} but only {distinct:,} are used. Give them "
+            f"contiguous ids with tabloader convert --categorify {name} ({distinct + 2:,} rows), "
+            f"or hash them (--hash {name}=BUCKETS)"
+        )
+    return text + (
+        f". Keep the frequent ids only (tabloader convert --categorify {name} --min-count N), "
+        f"hash them into fewer rows (--hash {name}=BUCKETS), or use a narrower width"
+    )
+
+
+def distinct_ids(dataset: Dataset, name: str) -> int:
+    """How many distinct ids (nulls left out) ``name`` holds in ``dataset``, read a
+    partition at a time (on the CPU); memory holds the distinct ids, never the column.
+    List columns count the ids inside their lists."""
+    seen = np.zeros(0, dtype=np.int64)
+    pending: list[np.ndarray[Any, Any]] = []
+    held = 0
+    for p in range(dataset.num_partitions):
+        column: Any = dataset.read_partition(p, [name]).column(name)
+        if is_list_type(column.type):
+            column = pc.list_flatten(column)
+        ids = pc.unique(column.drop_null()).to_numpy(zero_copy_only=False).astype(np.int64)
+        pending.append(ids)
+        held += len(ids)
+        if held > max(len(seen), 1 << 20):
+            seen = np.unique(np.concatenate([seen, *pending]))
+            pending, held = [], 0
+    return len(np.unique(np.concatenate([seen, *pending])))
 
 
 def id_ranges(

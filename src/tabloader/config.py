@@ -81,6 +81,7 @@ __all__ = [
     "LoaderConfig",
     "LoaderOptions",
     "check_dataset",
+    "encoding_hint",
 ]
 
 ALIASES = {"cat_names": "cats", "cont_names": "conts", "label_names": "labels"}
@@ -648,14 +649,13 @@ def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset
             if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
                 raise ColumnTypeError(
                     f"categorical column {name!r} is {t} in {where}; cats must hold integer "
-                    "ids. Encode it as integers first (for example with pandas factorize or "
-                    "NVTabular Categorify), or list it under conts"
+                    f"ids. {encoding_hint(name, t)}"
                 )
         elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
             kind = "label" if name in config.labels else "continuous column"
             raise ColumnTypeError(
                 f"{kind} {name!r} is {t} in {where}; conts and labels must be numeric "
-                "(integer, floating point or boolean). Convert it, or leave it out"
+                f"(integer, floating point or boolean). {encoding_hint(name, t)}"
             )
 
 
@@ -683,6 +683,28 @@ def _check_vector(config: LoaderConfig, name: str, t: pa.DataType, width: int, w
         )
 
 
+def encoding_hint(name: str, field_type: pa.DataType) -> str:
+    """How to make a column of ``field_type`` loadable, for an error or ``inspect``.
+
+    Examples:
+        >>> encoding_hint("country", pa.string()).split(" (or")[0]
+        'Give it integer ids with tabloader convert --categorify country'
+    """
+    if pa.types.is_string(field_type) or pa.types.is_large_string(field_type):
+        return (
+            f"Give it integer ids with tabloader convert --categorify {name} (or --hash "
+            f"{name}=BUCKETS)"
+        )
+    if pa.types.is_timestamp(field_type) or pa.types.is_date(field_type):
+        return (
+            f"Take its parts as integers with tabloader convert --time-parts "
+            f"{name}=hour,dow (or epoch)"
+        )
+    if pa.types.is_floating(field_type):
+        return "A floating point column is a measurement: list it under conts"
+    return "Leave it out, or convert it to numbers first"
+
+
 def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
     for name, value in config.fill_null.items():
         if not is_number(value):
@@ -705,6 +727,8 @@ def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
 
 
 def _check_nulls(config: LoaderConfig, dataset: Dataset) -> None:
+    """Every column with nulls and no fill value, in one error with the fill to pass."""
+    found = []
     for name in config.dtypes:
         if name in config.fill_null or name in config.sparse_names:
             continue  # null lists are empty lists; nulls inside raise when read
@@ -712,11 +736,18 @@ def _check_nulls(config: LoaderConfig, dataset: Dataset) -> None:
         bad = np.flatnonzero(flags == 1)
         if len(bad):
             more = f" and {len(bad) - 1} more partition(s)" if len(bad) > 1 else ""
-            raise NullValuesError(
-                f"column {name!r} has null values in "
-                f"{dataset.describe_partition(int(bad[0]))}{more}. Fill them in the "
-                f"data, or pass fill_null={{{name!r}: 0}} (any number) to the loader"
-            )
+            found.append((name, f"{dataset.describe_partition(int(bad[0]))}{more}"))
+    if not found:
+        return
+    fill = {**config.fill_null, **dict.fromkeys((name for name, _ in found), 0)}
+    where = "; ".join(f"{name!r} in {place}" for name, place in found)
+    flag = ",".join(f"{name}={value:g}" for name, value in fill.items())
+    columns = "column" if len(found) == 1 else f"{len(found)} columns"
+    raise NullValuesError(
+        f"{columns} with null values and no fill value: {where}. Fill them in the data, or "
+        f"pass fill_null={fill!r} (any numbers) to the loader; on the command line, "
+        f"--fill-null {flag}"
+    )
 
 
 def _check_ranges(

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.errors import InvalidArgumentError, ReadError
-from tabloader.options import flag, int_at_least, is_number
+from tabloader.options import column_names, flag, int_at_least, is_number
 from tabloader.sources import open_source
 from tabloader.sources.base import PieceResult, Source, read_error
 from tabloader.sources.partitions import FileColumns, Filters, normalize_filters
@@ -619,12 +619,22 @@ class Dataset(_Partitions):
         device: Any = None,
         min_dim: int = 16,
         max_dim: int = 512,
+        vocabulary: str | os.PathLike[str] | None = None,
+        budget_bytes: int = 2**30,
     ) -> dict[str, tuple[int, int]]:
         """``{column: (rows, width)}`` for an embedding table per id column.
 
-        ``rows`` is [`cardinalities`][tabloader.Dataset.cardinalities]' figure; ``width`` follows
-        fastai's rule of thumb ``round(1.6 * rows ** 0.56)``, kept within ``[min_dim, max_dim]``, as
-        NVTabular's ``get_embedding_sizes`` does.
+        ``rows`` is [`cardinalities`][tabloader.Dataset.cardinalities]' figure (the
+        largest id + 1), or, for a column ``vocabulary`` holds (the ``_vocabulary``
+        directory ``tabloader convert --categorify`` writes, or its destination), the
+        vocabulary's size: its values and the ids of unknown values and nulls. ``width``
+        follows fastai's rule of thumb ``round(1.6 * rows ** 0.56)``, kept within
+        ``[min_dim, max_dim]``, as NVTabular's ``get_embedding_sizes`` does.
+
+        A table whose float32 weights exceed ``budget_bytes`` (1 GiB) gets a
+        [`EmbeddingSizeWarning`][tabloader.errors.EmbeddingSizeWarning] saying how many
+        distinct ids the column holds (its ids are read to count them) and how to make
+        the table smaller: ``--categorify`` for sparse ids, ``--hash`` otherwise.
 
         Examples:
             >>> import pyarrow as pa, tabloader
@@ -635,14 +645,38 @@ class Dataset(_Partitions):
             >>> tables = {name: torch.nn.Embedding(rows, width)  # doctest: +SKIP
             ...           for name, (rows, width) in ds.embedding_sizes(["user"]).items()}
         """
-        from tabloader.columns import embedding_dim
+        from tabloader.columns import distinct_ids, embedding_advice, embedding_dim
+        from tabloader.errors import EmbeddingSizeWarning
+        from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
         min_dim = int_at_least(min_dim, 1, "min_dim")
         max_dim = int_at_least(max_dim, min_dim, "max_dim")
-        return {
-            name: (rows, embedding_dim(rows, min_dim=min_dim, max_dim=max_dim))
-            for name, rows in self.cardinalities(columns, device=device).items()
-        }
+        budget_bytes = int_at_least(budget_bytes, 1, "budget_bytes")
+        names = column_names(columns, "columns")
+        held: dict[str, str] = {}
+        if vocabulary is not None:
+            directory = find_vocabulary_dir(vocabulary)
+            held = {n: directory for n in vocabulary_columns(directory) if n in names}
+        rows = {n: vocabulary_rows(held[n], n) for n in held}
+        counted = [n for n in names if n not in held]
+        if counted:
+            rows.update(self.cardinalities(counted, device=device))
+        sizes = {}
+        for name in names:
+            width = embedding_dim(rows[name], min_dim=min_dim, max_dim=max_dim)
+            sizes[name] = (rows[name], width)
+            if embedding_advice(name, rows[name], width, distinct=None, budget_bytes=budget_bytes):
+                distinct = None if name in held else distinct_ids(self, name)
+                advice = embedding_advice(
+                    name,
+                    rows[name],
+                    width,
+                    distinct=distinct,
+                    budget_bytes=budget_bytes,
+                    from_vocabulary=name in held,
+                )
+                warnings.warn(str(advice), EmbeddingSizeWarning, stacklevel=2)
+        return sizes
 
     def __repr__(self) -> str:
         source = self._source

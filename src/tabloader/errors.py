@@ -19,6 +19,7 @@ __all__ = [
     "CacheWarning",
     "ColumnNotFoundError",
     "ColumnTypeError",
+    "EmbeddingSizeWarning",
     "EmptyDatasetError",
     "EmptyEpochWarning",
     "GPUMemoryError",
@@ -101,6 +102,12 @@ class GPUMemoryError(TabloaderError, MemoryError):
 class EmptyEpochWarning(UserWarning):
     """A rank (or worker) gets fewer rows than a batch with ``drop_last=True``: its epochs
     yield no batch, as a torch ``DataLoader`` with ``drop_last=True`` would."""
+
+
+class EmbeddingSizeWarning(UserWarning):
+    """An embedding table sized for a column would be larger than the memory budget
+    (``Dataset.embedding_sizes``); the message says how many distinct ids the column holds
+    and how to get a smaller table (``tabloader convert --categorify`` or ``--hash``)."""
 
 
 class PerformanceWarning(UserWarning):

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BATCH_QUEUE_DEPTH",
     "GATHER_THREADS",
+    "LOADER_THREADS",
     "Prefetcher",
     "ReadRequest",
     "SplitWork",
@@ -73,6 +74,7 @@ __all__ = [
     "decode_ahead",
     "drawn_ahead",
     "run_ahead",
+    "thread_advice",
     "usable_cores",
 ]
 
@@ -325,6 +327,31 @@ def balanced_groups(weights: Sequence[int], count: int) -> list[list[int]]:
 def _run_all(jobs: Sequence[Callable[[], None]]) -> None:
     for job in jobs:
         job()
+
+
+LOADER_THREADS = 2
+"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool
+and the reader's short-lived layout helpers."""
+
+
+def thread_advice(torch_threads: int, cores: int) -> str | None:
+    """What to set when PyTorch's intra-op threads and the loader's threads exceed the cores.
+
+    Examples:
+        >>> thread_advice(2, 2).split(";")[0]
+        'PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores'
+        >>> thread_advice(6, 8) is None
+        True
+    """
+    if torch_threads + LOADER_THREADS <= cores:
+        return None
+    fit = max(1, cores - LOADER_THREADS)
+    return (
+        f"PyTorch uses {torch_threads} intra-op threads and the loader {LOADER_THREADS} "
+        f"background threads on {cores} cores; they will fight over the cores and an epoch "
+        f"can take several times longer. Call torch.set_num_threads({fit}) or set "
+        f"OMP_NUM_THREADS={fit} (see docs/performance.md)"
+    )
 
 
 def usable_cores() -> int:

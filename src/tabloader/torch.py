@@ -17,6 +17,7 @@ Examples:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,9 +37,10 @@ from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
 from tabloader.epochs import EpochRun, IterableEpochs
-from tabloader.errors import InvalidArgumentError, TabloaderError
+from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
+from tabloader.stages import thread_advice, usable_cores
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -239,6 +241,7 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
                 options[option] = numpy_dtype(options[option], option)  # type: ignore[literal-required]
         ranks = _resolve_ranks(options.pop("global_rank", None), options.pop("global_size", None))
         rank_options = {"global_rank": ranks[0], "global_size": ranks[1]}
+        self._threads_checked = False
         self._start_epochs(dataset, {**options, **rank_options, "batch_size": batch_size}, seed_fn)
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
@@ -276,6 +279,11 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
                 f"TorchAsyncItr(device={str(self.device)!r}) cannot run in DataLoader worker "
                 "processes (CUDA does not work there): use num_workers=0, or device='cpu'"
             )
+        if not in_worker and not self._threads_checked:
+            self._threads_checked = True  # once: the threads are as the training loop set them
+            advice = thread_advice(torch.get_num_threads(), usable_cores())
+            if advice is not None:
+                warnings.warn(advice, PerformanceWarning, stacklevel=2)
         stager = self._builder.stager
         receive = None if stager is None else stager.receive
         return self._epochs.start(*self._worker(), receive=receive, in_worker=in_worker)

@@ -1,0 +1,693 @@
+"""Reading the inputs: which files, in which format, with which types, and every value checked.
+
+Each input is probed once (format, header, delimiter, the types its first block of rows
+suggests), the types of all inputs are merged into one read type and one written type
+per column, and then the rows are read block by block. Nothing is changed silently:
+
+- a column of whole numbers in text (``123`` or pandas' ``123.0``) is written as
+  ``int64``; a later fraction in it, or a value beyond ``int64``, is an error naming the
+  file, the column, the value and the row (a parquet file's floating point columns stay
+  floating point: their type was chosen);
+- a column with fractions is written as ``float32``, unless it holds a whole number
+  ``float32`` cannot hold exactly (an id near 2**40): that is an error too, unless
+  ``schema=`` says which type to write;
+- a damaged compressed file, a header naming a column twice and text that is not UTF-8
+  are errors naming the file.
+
+Rows are numbered from 1, the first row of data of each file (a header is not counted).
+"""
+
+from __future__ import annotations
+
+import csv as csvlib
+import glob as globlib
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from tabloader.columns import closest_name, is_list_type, value_type
+from tabloader.convert.options import Format
+from tabloader.errors import (
+    ColumnNotFoundError,
+    InvalidArgumentError,
+    InvalidFileError,
+    SchemaMismatchError,
+    SourceNotFoundError,
+)
+
+__all__ = [
+    "Input",
+    "cast_table",
+    "common_schema",
+    "describe",
+    "expand",
+    "probe",
+    "read",
+    "written_type",
+]
+
+SUFFIXES: dict[str, Format] = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".txt": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".parquet": "parquet",
+    ".parq": "parquet",
+    ".pq": "parquet",
+}
+COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
+BLOCK_BYTES = 16 * 2**20
+"""Bytes of text parsed at once; column types are inferred from the first block."""
+_PARQUET_BATCH_ROWS = 65_536
+_INT64_LIMIT = 2.0**63
+_FLOAT32_EXACT = 2**24
+"""Integers up to this magnitude are exact in float32."""
+
+
+@dataclass
+class Input:
+    """One input file and how to read it (filled in by `probe`)."""
+
+    path: str
+    format: Format
+    compression: str | None
+    size: int
+    delimiter: str = ","
+    header: bool = False
+    names: list[str] | None = None
+    schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
+    whole: dict[str, bool] = field(default_factory=dict)
+    """Per floating point column: whether the first block held whole numbers only."""
+
+
+def expand(sources: Sequence[str]) -> list[str]:
+    """The input files ``sources`` name (files, directories, globs), in order."""
+    files: list[str] = []
+    for spec in sources:
+        path = os.path.expanduser(spec)
+        if "://" in path:
+            raise InvalidArgumentError(
+                f"convert reads local files, got {spec!r}: copy the files here first"
+            )
+        if globlib.has_magic(path):
+            found = sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+        elif os.path.isdir(path):
+            found = sorted(
+                os.path.join(d, n)
+                for d, dirs, names in os.walk(path)
+                for n in names
+                if not n.startswith((".", "_"))
+            )
+            if not found:
+                raise SourceNotFoundError(f"the directory {spec!r} holds no files")
+        elif os.path.isfile(path):
+            found = [path]
+        else:
+            raise SourceNotFoundError(f"{spec!r} does not exist")
+        files.extend(f for f in found if not os.path.basename(f).startswith((".", "_")))
+    return list(dict.fromkeys(files))
+
+
+def _open_stream(item: Input) -> tuple[Any, Any]:
+    """``(raw file, stream to read)``: the raw file's position tells the progress."""
+    raw = pa.OSFile(item.path, "rb")
+    if item.compression is None:
+        return raw, raw
+    return raw, pa.CompressedInputStream(raw, cast(Any, item.compression))
+
+
+def _damaged(item: Input, err: Exception, rows: int | None = None) -> InvalidFileError:
+    after = f" after {rows:,} rows" if rows else ""
+    return InvalidFileError(
+        f"{item.path}: the {item.compression} stream is damaged{after} ({err}): the file is "
+        "truncated, or has bytes after its end. Copy or download it again, or test it "
+        f"with `{'gzip' if item.compression == 'gzip' else item.compression} -t`"
+    )
+
+
+def _head(item: Input, limit: int = 1 << 16) -> str:
+    raw, stream = _open_stream(item)
+    try:
+        data = stream.read(limit)
+    except OSError as err:
+        raise _damaged(item, err) from None
+    finally:
+        raw.close()
+    return bytes(data).decode("utf-8", errors="replace")
+
+
+def describe(path: str, given: Format | None) -> Input:
+    """``path``'s format and compression, from ``given``, its suffix or its first bytes."""
+    name = os.path.basename(path).lower()
+    stem, suffix = os.path.splitext(name)
+    compression = COMPRESSION.get(suffix)
+    if compression is not None:
+        suffix = os.path.splitext(stem)[1]
+    size = os.path.getsize(path)
+    kind: Format | None = given or SUFFIXES.get(suffix)
+    item = Input(path, kind or "csv", compression, size)
+    if kind is None:  # no telling suffix: look at the text
+        head = _head(item).lstrip()
+        if head.startswith("PAR1"):
+            item.format = "parquet"
+        elif head.startswith("{"):
+            item.format = "json"
+        else:
+            first = head.splitlines()[0] if head else ""
+            item.format = "tsv" if "\t" in first else "csv"
+    if item.format == "parquet" and compression is not None:
+        raise InvalidArgumentError(f"{path}: a parquet file compresses its own pages; unpack it")
+    return item
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_fields(item: Input) -> list[str]:
+    lines = _head(item).splitlines()
+    if not lines:
+        return []
+    return next(csvlib.reader([lines[0]], delimiter=item.delimiter), [])
+
+
+def _csv_options(item: Input, column_types: Mapping[str, pa.DataType] | None) -> dict[str, Any]:
+    read = pacsv.ReadOptions(
+        block_size=BLOCK_BYTES,
+        skip_rows=1 if item.header and item.names is not None else 0,
+        column_names=item.names,
+        autogenerate_column_names=not item.header and item.names is None,
+    )
+    return {
+        "read_options": read,
+        "parse_options": pacsv.ParseOptions(delimiter=item.delimiter),
+        "convert_options": pacsv.ConvertOptions(
+            column_types=dict(column_types or {}),
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=True,
+        ),
+    }
+
+
+def probe(
+    item: Input, *, header: bool | None, names: Sequence[str] | None, delimiter: str | None
+) -> None:
+    """Fill in how to read ``item``, the schema its first rows suggest, and which of its
+    floating point columns held whole numbers only there."""
+    first: pa.RecordBatch | None = None
+    if item.format == "parquet":
+        try:
+            parquet = pq.ParquetFile(item.path)
+            item.schema = parquet.schema_arrow
+            _refuse_repeated_names(item, item.schema.names)
+            first = next(parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS), None)
+        except (pa.ArrowException, OSError) as err:
+            raise InvalidFileError(f"{item.path} is not a readable parquet file ({err})") from err
+    elif item.format == "json":
+        from pyarrow import json as pajson
+
+        raw, stream = _open_stream(item)
+        try:
+            options = pajson.ReadOptions(block_size=BLOCK_BYTES)
+            reader = pajson.open_json(stream, read_options=options)
+            item.schema = reader.schema
+            first = _first_batch(reader)
+        except OSError as err:
+            raise _damaged(item, err) from None
+        except pa.ArrowException as err:
+            raise InvalidFileError(f"{item.path} is not JSON lines ({err})") from err
+        finally:
+            raw.close()
+    else:
+        item.delimiter = delimiter or ("\t" if item.format == "tsv" else ",")
+        fields = _first_fields(item)
+        item.header = (
+            header
+            if header is not None
+            else bool(fields) and not any(_is_number(f) for f in fields)
+        )
+        if names is not None:
+            if fields and len(names) != len(fields):
+                raise InvalidArgumentError(
+                    f"{len(names)} names given, but the first line of {item.path} holds "
+                    f"{len(fields)} fields: {shorten(fields)}"
+                )
+            item.names = list(names)
+        elif item.header:
+            _refuse_repeated_names(item, fields)
+        raw, stream = _open_stream(item)
+        try:
+            csv_reader = pacsv.open_csv(stream, **_csv_options(item, None))
+            item.schema = csv_reader.schema
+            first = _first_batch(csv_reader)
+        except OSError as err:
+            raise _damaged(item, err) from None
+        except pa.ArrowException as err:
+            raise InvalidFileError(
+                f"{item.path} could not be read as {item.format.upper()} ({err})"
+            ) from err
+        finally:
+            raw.close()
+        _refuse_undecoded_text(item, first)
+    if first is not None and item.format != "parquet":  # a parquet file's types are its own
+        for f in item.schema:
+            if pa.types.is_floating(f.type):
+                item.whole[f.name] = _all_whole(first.column(f.name))
+
+
+def _first_batch(reader: Any) -> pa.RecordBatch | None:
+    try:
+        return cast(pa.RecordBatch, reader.read_next_batch())
+    except StopIteration:
+        return None
+
+
+def _refuse_repeated_names(item: Input, names: Sequence[str]) -> None:
+    repeated = sorted({n for n in names if list(names).count(n) > 1})
+    if repeated:
+        where = ", ".join(
+            f"{n!r} (columns {', '.join(str(i + 1) for i, m in enumerate(names) if m == n)})"
+            for n in repeated
+        )
+        raise InvalidFileError(
+            f"{item.path}: the header names {where} more than once, so a column could not "
+            "be told from another. Rename them in the file, or pass names= (--names) with a "
+            "distinct name for every column"
+        )
+
+
+def _refuse_undecoded_text(item: Input, batch: pa.RecordBatch | None) -> None:
+    """Text that is not UTF-8 makes the CSV reader give raw bytes: refused, with the row."""
+    if batch is None:
+        return
+    for f in item.schema:
+        if not pa.types.is_binary(f.type):
+            continue
+        values = batch.column(f.name).to_pylist()
+        row, value = next(
+            ((i, v) for i, v in enumerate(values) if v is not None and not _utf8(v)),
+            (0, b""),
+        )
+        raise InvalidFileError(
+            f"{item.path}: column {f.name!r} holds bytes that are not UTF-8 text, at row "
+            f"{row + 1:,}: {value!r}. Save the file as UTF-8 (for example `iconv -f latin1 -t "
+            "utf-8`), or correct that row"
+        )
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _all_whole(column: Any) -> bool:
+    """Whether every value of a floating point column is a whole number (and some are
+    within int64: a column of 1e30s is a measurement, a column of ids with one beyond
+    int64 holds ids)."""
+    values = column.drop_null().to_numpy(zero_copy_only=False).astype(np.float64)
+    if not len(values):
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(
+            np.isfinite(values).all()
+            and (values == np.trunc(values)).all()
+            and (np.abs(values) < _INT64_LIMIT).any()
+        )
+
+
+def shorten(values: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(v) for v in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+# -- one type per column --------------------------------------------------------------------
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    return cast(Any, t).value_type if pa.types.is_dictionary(t) else t
+
+
+def _read_type(
+    name: str, types: list[tuple[str, pa.DataType]], forced: pa.DataType | None
+) -> pa.DataType:
+    """The one type a column is read as, from its types in every file: numbers at full
+    width, so that checking them against the written type can name what does not fit."""
+    kinds = [_plain(t) for _, t in types if not pa.types.is_null(t)]
+    numeric = all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds)
+    if forced is not None:
+        if pa.types.is_string(forced) or pa.types.is_large_string(forced):
+            return pa.string()
+        if pa.types.is_floating(forced) and numeric:
+            return pa.float64()
+        if pa.types.is_integer(forced) and numeric:
+            return pa.float64() if any(pa.types.is_floating(t) for t in kinds) else pa.int64()
+        return forced
+    if not kinds:
+        return pa.float64()  # empty everywhere: numbers with nulls are the likeliest
+    if all(pa.types.is_integer(t) for t in kinds):
+        return pa.uint64() if all(pa.types.is_uint64(t) for t in kinds) else pa.int64()
+    if numeric:
+        return pa.float64()
+    if all(pa.types.is_boolean(t) for t in kinds):
+        return pa.bool_()
+    if all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in kinds):
+        return pa.string()
+    if all(pa.types.is_timestamp(t) for t in kinds):
+        zones = {cast(Any, t).tz for t in kinds}
+        if len(zones) == 1:
+            units = ["s", "ms", "us", "ns"]
+            unit = max((cast(Any, t).unit for t in kinds), key=units.index)
+            return pa.timestamp(unit, tz=zones.pop())
+    if all(is_list_type(t) for t in kinds):
+        values = [(where, value_type(t)) for where, t in types if is_list_type(t)]
+        return pa.list_(_read_type(name, values, None))
+    if all(t == kinds[0] for t in kinds):
+        return kinds[0]
+    listed = "; ".join(f"{t} in {where}" for where, t in types[:4])
+    raise SchemaMismatchError(
+        f"column {name!r} has types that do not mix ({listed}). Pass schema={{{name!r}: ...}} "
+        f"(--schema {name}=TYPE) to convert every file's {name!r} to one type"
+    )
+
+
+def written_type(read: pa.DataType, *, whole: bool) -> pa.DataType:
+    """The type a column read as ``read`` is written with: integers as int64, floating
+    point as int64 when its values are ``whole`` numbers and float32 otherwise,
+    timestamps of seconds as milliseconds (parquet stores no seconds), text as text.
+
+    Examples:
+        >>> written_type(pa.float64(), whole=True), written_type(pa.float64(), whole=False)
+        (DataType(int64), DataType(float))
+        >>> written_type(pa.timestamp("s"), whole=False)
+        TimestampType(timestamp[ms])
+    """
+    if pa.types.is_integer(read):
+        return pa.int64()
+    if pa.types.is_floating(read):
+        return pa.int64() if whole else pa.float32()
+    if pa.types.is_timestamp(read) and cast(Any, read).unit == "s":
+        return pa.timestamp("ms", tz=cast(Any, read).tz)
+    if pa.types.is_large_string(read):
+        return pa.string()
+    if is_list_type(read):
+        return pa.list_(written_type(value_type(read), whole=False))
+    return read
+
+
+def common_schema(
+    inputs: list[Input], forced: Mapping[str, pa.DataType]
+) -> tuple[pa.Schema, pa.Schema]:
+    """``(read schema, written schema)`` of the inputs: every file must have the same
+    columns; ``forced`` (``schema=``) decides the types it names."""
+    first = inputs[0]
+    names = first.schema.names
+    for item in inputs[1:]:
+        missing = [n for n in names if n not in item.schema.names]
+        extra = [n for n in item.schema.names if n not in names]
+        if missing or extra:
+            what = (
+                f"has no column {missing[0]!r}"
+                if missing
+                else f"has a column {extra[0]!r} that {first.path} has not"
+            )
+            close = closest_name(missing[0], extra) if missing and extra else None
+            raise ColumnNotFoundError(
+                f"{item.path} {what}"
+                + (f" (it has {close!r})" if close else "")
+                + f": every file needs the same columns ({shorten(names)}). Convert them "
+                "separately, or name the columns with names= (--names)"
+            )
+    unknown = [n for n in forced if n not in names]
+    if unknown:
+        close = closest_name(unknown[0], names)
+        raise ColumnNotFoundError(
+            f"schema names column {unknown[0]!r}, which the files do not have"
+            + (f" (did you mean {close!r}?)" if close else "")
+            + f"; they have {shorten(names)}"
+        )
+    read_fields, written_fields = [], []
+    for name in names:
+        types = [(i.path, i.schema.field(name).type) for i in inputs]
+        read = _read_type(name, types, forced.get(name))
+        whole = all(
+            pa.types.is_integer(_plain(t)) or i.whole.get(name, False)
+            for i, (_, t) in zip(inputs, types, strict=True)
+            if not pa.types.is_null(t)
+        ) and any(not pa.types.is_null(t) for _, t in types)
+        read_fields.append((name, read))
+        written_fields.append((name, forced.get(name) or written_type(read, whole=whole)))
+    return pa.schema(read_fields), pa.schema(written_fields)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def read(item: Input, schema: pa.Schema) -> Iterator[tuple[pa.Table, int, int]]:
+    """``item``'s rows with ``schema``'s types (in its column order), the input bytes
+    consumed so far, and the number of rows before these in the file."""
+    done = 0
+    if item.format == "parquet":
+        parquet = pq.ParquetFile(item.path)
+        total = max(parquet.metadata.num_rows, 1)
+        try:
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=schema.names):
+                table = pa.Table.from_batches([batch])
+                yield (
+                    cast_table(item, table, schema, done),
+                    item.size * (done + len(batch)) // (total),
+                    done,
+                )
+                done += batch.num_rows
+        except (pa.ArrowException, OSError) as err:
+            raise InvalidFileError(f"{item.path} could not be read: {err}") from err
+        return
+    raw, stream = _open_stream(item)
+    try:
+        if item.format == "json":
+            from pyarrow import json as pajson
+
+            reader: Any
+            reader = pajson.open_json(
+                stream,
+                read_options=pajson.ReadOptions(block_size=BLOCK_BYTES),
+                parse_options=pajson.ParseOptions(
+                    explicit_schema=schema, unexpected_field_behavior="error"
+                ),
+            )
+        else:
+            reader = pacsv.open_csv(stream, **_csv_options(item, _types(schema)))
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except pa.ArrowInvalid as err:
+                raise _value_error(item, schema, err, done) from None
+            except OSError as err:
+                raise _damaged(item, err, done) from None
+            table = pa.Table.from_batches([batch]).select(schema.names)
+            yield cast_table(item, table, schema, done), raw.tell(), done
+            done += batch.num_rows
+    finally:
+        raw.close()
+
+
+def _types(schema: pa.Schema) -> dict[str, pa.DataType]:
+    return {f.name: f.type for f in schema}
+
+
+def _value_error(
+    item: Input, schema: pa.Schema, err: pa.ArrowInvalid, rows: int
+) -> InvalidFileError:
+    message = str(err)
+    index = re.search(r"column #(\d+)", message)
+    value = re.search(r"invalid value '([^']*)'", message)
+    after = f" (after row {rows:,})" if rows else ""
+    if index is None:
+        return InvalidFileError(f"{item.path} could not be read{after}: {message}")
+    name = item.schema.names[int(index.group(1))]
+    target = schema.field(name).type
+    if "invalid UTF8" in message:
+        return InvalidFileError(
+            f"{item.path}: column {name!r} holds bytes that are not UTF-8 text{after}. Save "
+            "the file as UTF-8 (for example `iconv -f latin1 -t utf-8`), or correct that row"
+        )
+    shown = f"holds {value.group(1)!r}" if value else "holds a value"
+    return InvalidFileError(
+        f"{item.path}: column {name!r} {shown}{after}, which is not {target}: the type comes "
+        f"from the first rows of the files (or from schema=). Pass --schema {name}=TYPE "
+        f"(schema={{{name!r}: ...}}) with a type that holds every value, e.g. "
+        f"{'float32' if pa.types.is_integer(target) or pa.types.is_floating(target) else 'string'}"
+    )
+
+
+# -- every value checked --------------------------------------------------------------------
+
+
+def _numbers(column: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A numeric column's values (nulls as 0) and where they are valid."""
+    valid = np.asarray(column.is_valid()) if column.null_count else np.ones(len(column), bool)
+    values: np.ndarray[Any, Any] = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+    return values, valid
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value == value and value == int(value):
+        return f"{int(value)}"
+    return repr(value)
+
+
+def _misfit(
+    item: Input, name: str, column: Any, target: pa.DataType, first_row: int, *, forced: bool
+) -> InvalidFileError | None:
+    """Why ``column`` (numbers) cannot be written as ``target`` without changing a value,
+    naming the first value that would change and its row; None when all fit."""
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        return None
+    if not (pa.types.is_integer(target) or pa.types.is_floating(target)):
+        return None
+    values, valid = _numbers(column)
+    fix = f"Pass --schema {name}=TYPE (schema={{{name!r}: ...}})"
+    if pa.types.is_integer(target):
+        fraction, beyond = _integer_misfits(values, valid, np.dtype(target.to_pandas_dtype()))
+        bad = fraction | beyond
+        if not bad.any():
+            return None
+        i = int(np.flatnonzero(bad)[0])
+        if fraction[i] and not forced:
+            why = (
+                f"which is not a whole number; its first rows held whole numbers only, so it "
+                f"is written as {target}. {fix} with a floating point type (float32, float64) "
+                "to keep fractions"
+            )
+        elif fraction[i]:
+            why = f"which {target} cannot hold. {fix} with a floating point type"
+        else:
+            info = np.iinfo(target.to_pandas_dtype())
+            why = (
+                f"beyond the range of {target} ({info.min:,} to {info.max:,}). {fix}: "
+                "float64, or string for ids"
+            )
+        return InvalidFileError(
+            f"{item.path}: column {name!r} holds {_shown(values[i].item())} at row "
+            f"{first_row + i + 1:,}, {why}"
+        )
+    narrow = np.dtype(target.to_pandas_dtype())
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = values.astype(narrow)
+        overflow = valid & np.isinf(converted) & ~np.isinf(values.astype(np.float64))
+    if overflow.any():
+        i = int(np.flatnonzero(overflow)[0])
+        return InvalidFileError(
+            f"{item.path}: column {name!r} holds {values[i].item()!r} at row "
+            f"{first_row + i + 1:,}, beyond the range of {target}. Pass --schema {name}=float64 "
+            f"(schema={{{name!r}: 'float64'}})"
+        )
+    if forced:
+        return None  # the type asked for rounds as it does
+    changed = _inexact_wholes(values, valid, converted)
+    if not changed.any():
+        return None
+    i = int(np.flatnonzero(changed)[0])
+    return InvalidFileError(
+        f"{item.path}: column {name!r} holds {_shown(values[i].item())} at row "
+        f"{first_row + i + 1:,}, a whole number {target} cannot hold exactly (it would become "
+        f"{_shown(float(converted[i]))}), and the column is written as {target} (it holds "
+        f"fractions, or its files store floating point numbers). Pass --schema {name}=int64 "
+        f"for ids, or {name}=float64 (schema={{{name!r}: 'float64'}})"
+    )
+
+
+def _integer_misfits(
+    values: np.ndarray[Any, Any], valid: np.ndarray[Any, Any], target: np.dtype[Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Where ``values`` are not whole numbers, and where they are beyond ``target``."""
+    info = np.iinfo(target)
+    if values.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            fraction = valid & ~(np.isfinite(values) & (values == np.trunc(values)))
+            beyond = (
+                valid & ~fraction & ((values < float(info.min)) | (values >= float(info.max) + 1.0))
+            )
+        return fraction, beyond
+    source = np.iinfo(values.dtype)
+    low, high = max(info.min, source.min), min(info.max, source.max)
+    beyond = valid & ((values < values.dtype.type(low)) | (values > values.dtype.type(high)))
+    return np.zeros(len(values), bool), beyond
+
+
+def _inexact_wholes(
+    values: np.ndarray[Any, Any], valid: np.ndarray[Any, Any], converted: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """Where a whole number (an id, a count) comes out of the narrower type changed."""
+    back = converted.astype(np.float64)
+    if values.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            whole = (
+                valid
+                & np.isfinite(values)
+                & (values == np.trunc(values))
+                & (np.abs(values) < _INT64_LIMIT)
+            )
+        changed: np.ndarray[Any, Any] = whole & (back != values.astype(np.float64))
+        return changed
+    inside = np.abs(back) < _INT64_LIMIT
+    as_int = np.where(inside, back, 0).astype(np.int64)
+    if values.dtype == np.uint64:
+        changed = valid & (~inside | (as_int < 0) | (as_int.astype(np.uint64) != values))
+    else:
+        changed = valid & (~inside | (as_int != values.astype(np.int64)))
+    return changed
+
+
+def cast_table(
+    item: Input,
+    table: pa.Table,
+    schema: pa.Schema,
+    first_row: int,
+    *,
+    forced: frozenset[str] = frozenset(),
+) -> pa.Table:
+    """``table`` as ``schema``: widening freely, anything else only where every value is
+    kept (``forced`` columns: as their type holds them); otherwise an error naming the
+    value and its row, counted from ``first_row``."""
+    columns = []
+    for f in schema:
+        column: Any = table.column(f.name)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        if column.type != f.type:
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+            problem = _misfit(item, f.name, column, f.type, first_row, forced=f.name in forced)
+            if problem is not None:
+                raise problem
+            try:
+                column = column.cast(f.type, safe=not pa.types.is_floating(f.type))
+            except pa.ArrowInvalid as err:
+                raise InvalidFileError(
+                    f"{item.path}: column {f.name!r} does not fit {f.type} ({err}). Pass "
+                    f"--schema {f.name}=TYPE (schema={{{f.name!r}: ...}}) with a wider type"
+                ) from None
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
