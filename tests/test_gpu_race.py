@@ -5,11 +5,15 @@ JAX (XLA) and TensorFlow do on a GPU: on their streams, told through DLPack or n
 letting go of a tensor on the host without waiting for their queued kernels. Each
 consumer here is slower than the loader (a sleep queued before each step) and reads
 every batch; the emulated device refuses a read of a batch before it is written and a
-write of memory a step still reads.
+write of memory a step still reads. ``benchmarks/gpu_race.py`` runs the same consumers
+with the real frameworks on a GPU (checksums of every batch against the CPU backend's),
+and here, smaller, on the emulated device.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -273,3 +277,39 @@ def test_the_tensorflow_recipe_of_the_gpu_page_reads_complete_batches_in_order(
             del batch
         tf_gpu.sync_devices()
         assert sorted(np.concatenate(seen).ravel().tolist()) == list(range(2048))
+
+
+# -- the race test of the GPU host run, smaller ------------------------------------------------
+
+
+@gpu
+@pytest.mark.slow
+def test_the_race_test_of_the_gpu_host_run_passes_on_the_emulated_device(tmp_path):
+    """``benchmarks/gpu_race.py`` (the race test of the GPU host run) on the emulated device:
+    every framework it can run here, streamed and cached, a consumer slower than the
+    loader, every batch's checksum against the CPU backend's."""
+    import cupy
+
+    if not getattr(cupy, "__emulated__", False):
+        pytest.skip("the GPU host run runs it on a GPU")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_race.py"),
+            *("--rows", "6000", "--row-group-size", "250", "--batch-size", "100"),
+            *("--min-batches", "60", "--step-seconds", "0.001"),
+            *("--data", str(tmp_path / "data")),
+            *("--out", str(tmp_path / "race.json")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=ROOT,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert "EMULATED" in output
+    rows = re.findall(r"^(\S.*?) +(\d+) batches +(\d+) mismatches", output, re.M)
+    assert len(rows) >= 6, output
+    assert all(int(batches) >= 60 and mismatches == "0" for _, batches, mismatches in rows), output
