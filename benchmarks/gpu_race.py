@@ -66,6 +66,7 @@ def write_data(directory: Path, rows: int, row_group: int) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    directory = directory / f"{rows}-rows-{row_group}-per-row-group"  # reused when the same
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     per_file = max(row_group, rows // 4)
