@@ -10,8 +10,11 @@ training loop does. A later epoch's time per step against ``step_ms_alone`` is w
 loader costs under training (``gpu_goals.py`` derives it): with the loader's work
 overlapped, a step fed by the loader takes the longer of the two, not their sum.
 
-Two feeds, at the smallest size: the GPU backend (``TorchAsyncItr(device="cuda")``),
-and the path without cudf (``backend="cpu"``, pinned staging).
+Four feeds, at the smallest size: the GPU backend streaming
+(``TorchAsyncItr(device="cuda")``) and from a cache in GPU memory (``cache="memory"``),
+the path without cudf (``backend="cpu"``, pinned staging), and a jitted JAX step of the
+same matrix products fed by ``JaxLoader(device="cuda")`` (its depth sized the same way,
+its step timed alone on a resident batch).
 """
 
 from __future__ import annotations
@@ -31,16 +34,30 @@ STEP_MS = 4.0
 rows at 15M rows/s, so that waiting on each other shows."""
 WIDTH = 1024
 TRAIN_GPU = "training step fed by TorchAsyncItr(device='cuda') (shuffle)"
+TRAIN_GPU_CACHED = "training step fed by TorchAsyncItr(device='cuda', cache='memory') (shuffle)"
 TRAIN_CPU = "training step fed by TorchAsyncItr(device='cuda', backend='cpu') (shuffle)"
+TRAIN_JAX = "training step fed by JaxLoader(device='cuda') (shuffle)"
 
 
 def cases(ctx: Context) -> list[Case]:
-    if ctx.device != "cuda" or not ctx.gpu or importlib.util.find_spec("torch") is None:
+    if ctx.device != "cuda" or not ctx.gpu:
         return []
-    return [
-        Case(TRAIN_GPU, _training(ctx, "gpu"), group="training", every_size=False),
-        Case(TRAIN_CPU, _training(ctx, "cpu"), group="training", every_size=False),
-    ]
+    found: list[Case] = []
+    if importlib.util.find_spec("torch") is not None:
+        found += [
+            Case(TRAIN_GPU, _training(ctx, "gpu"), group="training", every_size=False),
+            Case(
+                TRAIN_GPU_CACHED,
+                _training(ctx, "gpu", cache="memory"),
+                group="training",
+                every_size=False,
+                epochs=4,  # the cache filled, then placed, then two steady epochs
+            ),
+            Case(TRAIN_CPU, _training(ctx, "cpu"), group="training", every_size=False),
+        ]
+    if importlib.util.find_spec("jax") is not None:
+        found.append(Case(TRAIN_JAX, _jax_training(ctx), group="training", every_size=False))
+    return found
 
 
 class MatmulModel:
@@ -91,7 +108,9 @@ class MatmulModel:
         return (time.perf_counter() - started) / steps
 
 
-def _training(ctx: Context, backend: str) -> Callable[[], Callable[[], int]]:
+def _training(
+    ctx: Context, backend: str, cache: str | None = None
+) -> Callable[[], Callable[[], int]]:
     def make() -> Callable[[], int]:
         import torch
 
@@ -128,6 +147,7 @@ def _training(ctx: Context, backend: str) -> Callable[[], Callable[[], int]]:
             shuffle=True,
             device="cuda" if backend == "gpu" else target,
             backend=backend,
+            cache=cache,
         )
         batches = DLDataLoader(dataset, batch_size=None, collate_fn=lambda b: b, num_workers=0)
 
@@ -140,6 +160,91 @@ def _training(ctx: Context, backend: str) -> Callable[[], Callable[[], int]]:
             model.synchronize()
             fact("steps_per_epoch", steps)
             loader_facts(dataset.loader)
+            return delivered
+
+        return run
+
+    return make
+
+
+def _jax_training(ctx: Context) -> Callable[[], Callable[[], int]]:
+    """The same matrix products as `MatmulModel`, one jitted JAX step a batch of
+    ``JaxLoader(device="cuda")``; its depth sized to `STEP_MS` the same way."""
+
+    def make() -> Callable[[], int]:
+        from functools import partial
+
+        import jax
+        import jax.numpy as jnp
+
+        import tabloader
+        from tabloader.jax import JaxLoader
+
+        on_gpu = ctx.gpu == "real"
+        width = WIDTH if on_gpu else 32  # JAX on the CPU: the emulated device, in CI
+        features = len(ctx.cats) + len(ctx.conts)
+        keys = jax.random.split(jax.random.PRNGKey(0), 3)
+        params = [
+            jax.random.normal(keys[0], (features, width)) / features**0.5,
+            jax.random.normal(keys[1], (width, width)) / width**0.5,
+            jax.random.normal(keys[2], (width, 1)) / width**0.5,
+        ]
+
+        def loss(params: list[Any], x: Any, y: Any, depth: int) -> Any:
+            w_in, w, w_out = params
+            h = x @ w_in
+            for _ in range(depth):
+                h = jax.nn.relu(h @ w)
+            return jnp.mean(((h @ w_out).reshape(-1) - y.reshape(-1)) ** 2)
+
+        @partial(jax.jit, static_argnums=3)
+        def step(params: list[Any], columns: dict[str, Any], y: Any, depth: int) -> list[Any]:
+            x = jnp.stack(
+                [columns[c].astype(jnp.float32) * 1e-6 for c in ctx.cats]
+                + [columns[c] for c in ctx.conts],
+                axis=1,
+            )
+            grads = jax.grad(loss)(params, x, y, depth)
+            return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
+
+        rows = ctx.batch_size
+        resident = (
+            {c: jnp.zeros(rows, jnp.int32) for c in ctx.cats}
+            | {c: jnp.ones(rows, jnp.float32) for c in ctx.conts},
+            jnp.zeros(rows, jnp.float32),
+        )
+
+        def time_steps(depth: int, steps: int) -> float:
+            state = params
+            state = jax.block_until_ready(step(state, *resident, depth))  # compiled
+            started = time.perf_counter()
+            for _ in range(steps):
+                state = step(state, *resident, depth)
+            jax.block_until_ready(state)
+            return (time.perf_counter() - started) / steps
+
+        per_step = time_steps(4, 10)
+        depth = max(1, min(64, round(4 * STEP_MS / 1e3 / per_step)))
+        steps = -(-ctx.rows // ctx.batch_size)
+        fact("width", width)
+        fact("depth", depth)
+        fact("step_ms_alone", 1e3 * time_steps(depth, steps))
+        loader = JaxLoader(
+            tabloader.Dataset(ctx.files), **ctx.loader_options, seed=0, shuffle=True,
+            device="cuda",
+        )  # fmt: skip
+        state = {"params": params}
+
+        def run() -> int:
+            delivered = steps = 0
+            current = state["params"]
+            for columns, y in loader:
+                current = step(current, columns, y, depth)
+                delivered += int(y.shape[0])
+                steps += 1
+            state["params"] = jax.block_until_ready(current)
+            fact("steps_per_epoch", steps)
+            loader_facts(loader.loader)
             return delivered
 
         return run

@@ -9,8 +9,15 @@
 #   env         the GPU, the driver and the versions (seconds)
 #   tests       python3 -m pytest -m gpu tests            (the GPU suite on the real GPU)
 #   selftest    python3 -m tabloader.cli selftest --device cuda
-#   bench       benchmarks/throughput.py --device cuda at 4M and 16M rows, every GPU case
-#               (the data is written in the background from the start, on all cores)
+#   race        benchmarks/gpu_race.py: a consumer slower than the loader (torch.cuda._sleep,
+#               a long lax.fori_loop), PyTorch, JAX, Keras on JAX and on PyTorch, TensorFlow
+#               where installed; streamed, cache in GPU memory, in pinned memory; every
+#               batch's checksum against the CPU backend's (0 mismatches in >= 2000 each)
+#   memory      benchmarks/gpu_memory_check.py: after close() PyTorch allocates >= 95% of
+#               what was free before; a cache in GPU memory gives way to a growing step
+#   bench       benchmarks/throughput.py --device cuda at 4M and 16M rows, every GPU case,
+#               the training steps (PyTorch's, JAX's) among them (the data is written in
+#               the background from the start, on all cores)
 #   frameworks  framework_checks below: Keras on JAX and on torch, the JAX adapter, dask-cudf
 #   profile     benchmarks/profile_threads.py: where shuffled GPU epochs spend their time,
 #               the first epochs sampled apart
@@ -20,18 +27,20 @@
 # The limits share one budget (GPU_RUN_BUDGET seconds, 500 by default): a step gets its
 # cap, or less when the steps after it would otherwise lose their floor.
 #
-# What comes back ($OUT, 6 files): summary.txt (also printed at the end), gpu.json and
-# gpu.md (the benchmark's report, written after every case, so a stopped run keeps what it
-# measured), profile.txt, cache-profile.txt, logs.tar.gz (every step's full output, and
-# env.txt).
+# What comes back ($OUT, 8 files): summary.txt (also printed at the end), race.json and
+# memory.json (each case's verdict), gpu.json and gpu.md (the benchmark's report, written
+# after every case, so a stopped run keeps what it measured), profile.txt,
+# cache-profile.txt, logs.tar.gz (every step's full output, and env.txt).
 # logs.tar.gz is refreshed after every step, so a call cut short still brings the logs.
 # Then, on the development machine: copy gpu.json to benchmarks/results/gpu.json and run
 #     python benchmarks/throughput.py --from-json benchmarks/results/gpu.json \
 #         --table benchmarks/results/gpu.md --doc docs/gpu.md
 #
 # Settings (environment), for smaller runs and for the test that runs this script on the
-# emulated device: PYTHON (python3), GPU_RUN_BUDGET (500), GPU_RUN_STEPS (all of the
-# above), GPU_RUN_SIZES (4000000,16000000), GPU_RUN_ROWS_PER_FILE (500000),
+# emulated device: PYTHON (python3), GPU_RUN_BUDGET (540), GPU_RUN_STEPS (all of the
+# above), GPU_RUN_RACE (gpu_race.py's options: --rows 400000 --row-group-size 10000
+# --batch-size 200 --min-batches 2000), GPU_RUN_MEMORY (gpu_memory_check.py's options:
+# --rows 2000000), GPU_RUN_SIZES (4000000,16000000), GPU_RUN_ROWS_PER_FILE (500000),
 # GPU_RUN_ROW_GROUP (131072), GPU_RUN_BATCH (65536), GPU_RUN_CASES (a regular expression:
 # the benchmark cases to run), GPU_RUN_TESTS (tests), GPU_RUN_FRAMEWORK_TESTS (the file
 # patterns framework_checks runs), GPU_RUN_DATA (/tmp/tabloader-bench-data),
@@ -43,8 +52,10 @@ cd "$(dirname "$0")/.." || exit 2
 mkdir -p "$OUT"
 
 PY=${PYTHON:-python3}
-BUDGET=${GPU_RUN_BUDGET:-500}
-STEPS=${GPU_RUN_STEPS:-tests selftest bench frameworks profile cache}
+BUDGET=${GPU_RUN_BUDGET:-540}
+STEPS=${GPU_RUN_STEPS:-tests selftest race memory bench frameworks profile cache}
+RACE=${GPU_RUN_RACE:---rows 400000 --row-group-size 10000 --batch-size 200 --min-batches 2000}
+MEMORY=${GPU_RUN_MEMORY:---rows 2000000}
 SIZES=${GPU_RUN_SIZES:-4000000,16000000}
 ROWS_PER_FILE=${GPU_RUN_ROWS_PER_FILE:-500000}
 ROW_GROUP=${GPU_RUN_ROW_GROUP:-131072}
@@ -65,8 +76,10 @@ DATA_SIZES="--sizes $SIZES --rows-per-file $ROWS_PER_FILE --row-group-size $ROW_
 
 # step: cap and floor (seconds). A step's limit is its cap, cut so that every later step
 # still gets its floor; what is left at the end packs the files.
-declare -A CAP=([tests]=150 [selftest]=60 [bench]=330 [frameworks]=90 [profile]=60 [cache]=90)
-declare -A FLOOR=([tests]=45 [selftest]=20 [bench]=120 [frameworks]=30 [profile]=25 [cache]=30)
+declare -A CAP=([tests]=150 [selftest]=60 [race]=150 [memory]=60 [bench]=300 [frameworks]=90
+  [profile]=60 [cache]=90)
+declare -A FLOOR=([tests]=45 [selftest]=20 [race]=60 [memory]=20 [bench]=100 [frameworks]=30
+  [profile]=25 [cache]=30)
 PACKING=10
 
 limit_for() {  # limit_for STEP: seconds this step may take now
@@ -132,6 +145,16 @@ step_tests() {
 
 step_selftest() {
   limited "$PY" -m tabloader.cli selftest --device cuda
+}
+
+step_race() {
+  # shellcheck disable=SC2086  # GPU_RUN_RACE holds several options
+  limited "$PY" benchmarks/gpu_race.py $RACE --case-timeout "$LIMIT" --out "$OUT/race.json"
+}
+
+step_memory() {
+  # shellcheck disable=SC2086  # GPU_RUN_MEMORY holds several options
+  limited "$PY" benchmarks/gpu_memory_check.py $MEMORY --out "$OUT/memory.json"
 }
 
 merlin_folder() {  # the staged merlin-dataloader (benchmarks/stage_merlin.sh), unpacked
@@ -220,13 +243,15 @@ for step in $STEPS; do
   case $step in
     tests) run_step tests step_tests ;;
     selftest) run_step selftest step_selftest ;;
+    race) run_step race step_race ;;
+    memory) run_step memory step_memory ;;
     bench) run_step bench step_bench ;;
     frameworks) run_step frameworks framework_checks ;;
     profile | cache)
       [ -n "${DATAGEN_PID:-}" ] && wait "$DATAGEN_PID" 2>/dev/null
       run_step "$step" "step_$step"
       ;;
-    *) echo "unknown step $step (tests, selftest, bench, frameworks, profile, cache)" ;;
+    *) echo "unknown step $step (tests, selftest, race, memory, bench, frameworks, profile, cache)" ;;
   esac
 done
 [ -n "${DATAGEN_PID:-}" ] && wait "$DATAGEN_PID" 2>/dev/null

@@ -21,6 +21,7 @@ PYTEST_RESULT = re.compile(
     r"\d+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed)|no tests ran"
 )
 SELFTEST_RESULT = re.compile(r"^\d+ failed, \d+ passed$")
+VERDICT = re.compile(r"\d+ of \d+ (cases )?passed")
 
 
 def _pytest_results(log: str) -> list[str]:
@@ -43,6 +44,10 @@ def step_result(name: str, log: str) -> str:
         lines = [line for line in log.splitlines() if SELFTEST_RESULT.match(line.strip())]
         failing = [line.strip() for line in log.splitlines() if line.strip().startswith("FAIL")]
         return "; ".join([*lines[-1:], *failing[:5]]) or "no verdict line (stopped?)"
+    if name in ("race", "memory"):
+        verdict = [line for line in log.splitlines() if VERDICT.search(line)]
+        failing = [line.strip()[:200] for line in log.splitlines() if "FAILED" in line]
+        return "; ".join([*verdict[-1:], *failing[:5]]) or "no verdict line (stopped?)"
     return ""
 
 

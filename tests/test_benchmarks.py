@@ -230,7 +230,9 @@ def test_every_gpu_case_runs_on_the_emulated_device(
             SIZES[0] * k for k in (1, 2, 3)
         ]
         assert len(result["device_used_after_epoch"]) == 3
-    for name in (cases_training.TRAIN_GPU, cases_training.TRAIN_CPU):
+    training = [cases_training.TRAIN_GPU, cases_training.TRAIN_GPU_CACHED]
+    training += [cases_training.TRAIN_CPU, cases_training.TRAIN_JAX]
+    for name in training:
         facts = first[name]["facts"]
         assert facts["step_ms_alone"] > 0 and facts["depth"] >= 1
         assert facts["steps_per_epoch"] == -(-SIZES[0] // 2048)
@@ -271,9 +273,11 @@ def test_every_gpu_case_runs_on_the_emulated_device(
         r"\| TorchAsyncItr \+ DLDataLoader / Loader stacked, shuffle \| >= 0.9 \| \d", text
     )
     assert re.search(
-        r"training step fed by TorchAsyncItr\(device='cuda'\): step time \| \| [\d.]+ ms alone",
+        r"training step fed by TorchAsyncItr\(device='cuda'\): step time \| <= 1.15x alone \| "
+        r"[\d.]+ ms alone",
         text,
     )
+    assert re.search(r"fed by JaxLoader\(device='cuda'\): step time \|\s+\| [\d.]+ ms alone", text)
     assert json.loads(out.read_text())["sizes"][1]["rows"] == SIZES[1]
     doc.write_text(f"# GPU\n\n{throughput.DOC_BEGIN}\nold\n{throughput.DOC_END}\n")
     with pytest.raises(SystemExit, match="never written into the docs"):
@@ -473,6 +477,9 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
         GPU_RUN_FRAMEWORK_TESTS="tests/test_no_such_framework*.py",
         GPU_RUN_PROFILE_MODES="columns,no-such-mode",  # fails: the summary says so
         GPU_RUN_PROFILE_SECONDS="0.2",
+        GPU_RUN_RACE="--rows 3000 --row-group-size 250 --batch-size 100 --min-batches 30 "
+        "--frameworks torch,jax --placements streamed",
+        GPU_RUN_MEMORY="--rows 100000 --row-group-size 10000 --batch-size 4096",
     )
     done = subprocess.run(
         ["bash", str(BENCHMARKS / "gpu_host_run.sh")],
@@ -486,7 +493,15 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 1, output  # the profile step failed, nothing else did
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["cache-profile.txt", "gpu.json", "gpu.md", "logs.tar.gz", "summary.txt"]
+    assert files == [
+        "cache-profile.txt",
+        "gpu.json",
+        "gpu.md",
+        "logs.tar.gz",
+        "memory.json",
+        "race.json",
+        "summary.txt",
+    ]
     assert all(
         re.fullmatch(r"[A-Za-z0-9._-]+", f) and (out / f).stat().st_size < 16 << 20 for f in files
     )
@@ -494,7 +509,8 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     assert summary in output  # printed at the end
     steps = dict(
         re.findall(
-            r"^(tests|selftest|bench|frameworks|profile|cache) +(ok|failed \(exit \d+\)|timed out)",
+            r"^(tests|selftest|race|memory|bench|frameworks|profile|cache) +"
+            r"(ok|failed \(exit \d+\)|timed out)",
             summary,
             re.M,
         )
@@ -502,6 +518,8 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     assert steps == {
         "tests": "ok",
         "selftest": "ok",
+        "race": "ok",
+        "memory": "ok",
         "bench": "ok",
         "frameworks": "ok",
         "profile": "failed (exit 1)",
@@ -511,6 +529,8 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     assert "unknown modes ['no-such-mode']" in summary
     assert re.search(r"^tests .* 1 passed", summary, re.M)
     assert re.search(r"^selftest .* 0 failed, \d+ passed", summary, re.M)
+    assert re.search(r"^race .* 2 of 2 cases passed", summary, re.M)
+    assert re.search(r"^memory .* 2 of 2 passed", summary, re.M)
     assert "no framework test files match" in summary
     assert "NOT GPU figures" in summary and "**GPU goals**" in summary
     report = json.loads((out / "gpu.json").read_text())
@@ -526,6 +546,8 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
         "env.txt",
         "tests.log",
         "selftest.log",
+        "race.log",
+        "memory.log",
         "bench.log",
         "profile.log",
         "cache.log",

@@ -129,3 +129,28 @@ def test_on_the_second_gpu_dasks_threads_compute_the_partitions_there(files):
     np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(TOTAL))
     assert len(computed) == 3
     assert set(computed) == {(1, 1)}  # current device, and where the partition's memory is
+
+
+def test_the_loaders_dask_threads_are_its_computations_own(files):
+    """The GPU's thread pool goes to the loader's own ``compute()`` calls, never into
+    dask's configuration, which the process shares: the user's dask work (or a loader on
+    another GPU) computing meanwhile sees dask's own settings."""
+    import sys
+
+    seen: list[Any] = []
+
+    def where(partition: Any) -> Any:
+        """Runs in a dask thread computing the loader's partition: what any other thread
+        would see of dask's configuration now."""
+        config = sys.modules["dask"].config
+        seen.append((config.get("scheduler", None), config.get("pool", None)))
+        return partition
+
+    read = _frame(files)
+    frame = read.map_partitions(where, meta=read._meta)
+    dataset = tabloader.Dataset(frame)
+    seen.clear()
+    loader = tabloader.Loader(dataset, device="cuda", **OPTIONS)
+    ids = np.concatenate([_host(batch)["id"] for batch in loader])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(TOTAL))
+    assert seen == [(None, None)] * 3

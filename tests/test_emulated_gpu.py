@@ -587,9 +587,11 @@ def test_memory_freed_on_a_destroyed_stream_breaks_the_device(gpu):
     """rmm's pool keeps freed blocks per stream and later synchronises with that stream:
     freeing memory on a stream already destroyed crashed a real GPU at a garbage
     collection; the emulated device refuses the next use instead."""
-    cupy, _cudf, _rmm = gpu
+    cupy, _cudf, rmm = gpu
     from cupy.cuda import _order
 
+    before = rmm.mr.get_current_device_resource()
+    rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(before, 2**20))
     try:
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
@@ -602,3 +604,243 @@ def test_memory_freed_on_a_destroyed_stream_breaks_the_device(gpu):
             cupy.arange(3) + 1
     finally:
         _order.reset()
+        rmm.mr.set_current_device_resource(before)
+
+
+# -- a stream is a queue with a clock -----------------------------------------------------------
+
+
+def test_a_stream_is_a_queue_with_a_clock(cupy_alone):
+    """A kernel queued behind a sleep ends after it; a query never blocks and says True
+    only once the clock passed the event; a host wait blocks the thread until then (its
+    seconds counted); another non-blocking stream's kernels run meanwhile."""
+    cupy = cupy_alone
+    order = cupy.cuda._order
+    slow, other = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    with slow:
+        a = cupy.arange(8)
+    order.sleep(0.3, slow._key())
+    with slow:
+        b = a + 1  # queued behind the sleep
+    behind = slow.record()
+    with other:
+        c = cupy.arange(8) * 2
+    beside = other.record()
+    assert behind.time - beside.time > 0.25
+    assert beside.query() and not behind.query() and not slow.done
+    name = threading.current_thread().name
+    before = order.host_wait_seconds().get(name, 0.0)
+    behind.synchronize()
+    assert 0.2 < order.host_wait_seconds()[name] - before < 0.5
+    assert behind.query() and slow.done
+    assert b.get().tolist() == list(range(1, 9)) and c.get().tolist() == list(range(0, 16, 2))
+
+
+def test_the_legacy_stream_and_the_blocking_streams_wait_for_each_others_work(cupy_alone):
+    cupy = cupy_alone
+    order = cupy.cuda._order
+    order.sleep(0.2, (0, 0))  # on the legacy default stream
+    with cupy.cuda.Stream():  # blocking: queued behind the legacy stream's work
+        blocking = cupy.cuda.get_current_stream().record()
+    with cupy.cuda.Stream(non_blocking=True):
+        free = cupy.cuda.get_current_stream().record()
+    assert blocking.time >= order.ends((0, 0)) - 1e-6
+    assert free.time < blocking.time - 0.15
+
+
+def test_a_wait_for_an_event_delays_the_waiting_streams_later_work(cupy_alone):
+    cupy = cupy_alone
+    order = cupy.cuda._order
+    producer, consumer = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    order.sleep(0.2, producer._key())
+    consumer.wait_event(producer.record())
+    with consumer:
+        cupy.arange(3)
+    assert consumer.record().time >= order.ends(producer._key()) - 1e-6
+
+
+# -- memory pools: a free list per stream ---------------------------------------------------
+
+
+def test_cupys_pool_reuses_a_block_on_the_stream_that_freed_it_only(cupy_alone):
+    """cupy keeps an arena per stream: a block freed on a stream is reused there, and not
+    by another stream's allocation."""
+    cupy = cupy_alone
+    first, second = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    with first:
+        a = cupy.empty(4096, dtype=np.uint8)
+    ptr = a.data.ptr
+    del a
+    with second:
+        b = cupy.empty(4096, dtype=np.uint8)
+    with first:
+        c = cupy.empty(4096, dtype=np.uint8)
+    assert b.data.ptr != ptr and c.data.ptr == ptr
+
+
+def _pool(rmm, size=MIB):
+    mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=size)
+    rmm.mr.set_current_device_resource(mr)
+    return mr
+
+
+def test_rmm_hands_a_block_back_on_its_stream_at_once_and_elsewhere_after_its_event(gpu):
+    """rmm's stream-ordered pool: a block freed on a stream is the best fit of that
+    stream's next allocation, with no wait; another stream takes it after waiting for the
+    event the freeing stream recorded when it freed it, which orders the freeing
+    stream's earlier work before the new owner's, and nothing else."""
+    cupy, _cudf, rmm = gpu
+    mr = _pool(rmm, 4096)  # one block: what the first stream frees is all there is
+    first, second = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+
+    def written(stream):
+        buffer = rmm.DeviceBuffer(size=4096, stream=stream, mr=mr)
+        memory = cupy.cuda.UnownedMemory(buffer.ptr, 4096, buffer, -1)
+        array = cupy.ndarray((512,), np.int64, cupy.cuda.MemoryPointer(memory, 0))
+        with stream:
+            array[...] = 7
+        return array
+
+    a = written(first)
+    ptr = a.data.ptr
+    del a
+    b = written(first)  # the same stream: the block back at once
+    assert b.data.ptr == ptr
+    del b
+    c = written(second)  # another stream: after the first stream's event, no race
+    assert c.data.ptr == ptr
+
+
+def test_memory_freed_while_another_stream_may_still_read_it_is_refused(gpu):
+    """A stream-ordered pool may hand a block freed on a stream out again at once there:
+    every other stream's use of it must be ordered before the free (CUDA's stream-ordered
+    allocator, and rmm's contract), else the next owner writes it under the reader's
+    kernels. The emulated device refuses such a free at its next use, and says whether
+    the read is still queued by the clock."""
+    cupy, _cudf, rmm = gpu
+    order = cupy.cuda._order
+    _pool(rmm)
+    loader, consumer = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    try:
+        with loader:
+            batch = cupy.arange(512) + 0
+        consumer.wait_event(loader.record())
+        order.sleep(0.2, consumer._key())
+        with consumer:
+            total = batch.sum()  # queued behind the sleep
+        del batch  # freed on the loader's stream, the read not ordered before it
+        with pytest.raises(cupy.cuda.RaceError, match="still queued"):
+            cupy.arange(3) + 1
+        cupy.cuda.Device(0).synchronize()  # the race's memory done with
+        with loader:
+            ordered = cupy.arange(512) + 0
+        consumer.wait_event(loader.record())
+        with consumer:
+            total = ordered.sum()
+        loader.wait_event(consumer.record())  # the freeing stream after the read
+        del ordered
+        cupy.arange(3) + 1  # nothing refused
+        consumer.synchronize()
+        assert int(total.get()) == 512 * 511 // 2
+    finally:
+        order.reset()
+
+
+def test_libcudf_allocates_from_rmm_and_waits_for_its_stream(gpu, tmp_path):
+    """pylibcudf's and cudf's parquet readers allocate from rmm's resource (the one given
+    as ``mr``, else the current device's), never through cupy's allocator, on their
+    stream, and wait on the host for that stream while they read."""
+    cupy, cudf, rmm = gpu
+    import pylibcudf as plc
+    from rmm.pylibrmm.stream import Stream as RmmStream
+
+    order = cupy.cuda._order
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": np.arange(1000), "b": np.ones(1000)}), path)
+    counted = rmm.mr.StatisticsResourceAdaptor(_pool(rmm))
+    calls = []
+
+    def cupys(nbytes):
+        calls.append(nbytes)
+        return cupy.cuda.memory._malloc(nbytes)
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    name = threading.current_thread().name + " inside libcudf"
+    waits = order.host_waits().get(name, 0)
+    options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo([str(path)])).build()
+    with cupy.cuda.using_allocator(cupys):
+        table = plc.io.parquet.read_parquet(options, stream=RmmStream(stream), mr=counted)
+        frame = cudf.read_parquet(str(path))
+    assert calls == []
+    assert counted.allocation_counts.current_bytes >= 16_000
+    assert order.host_waits()[name] == waits + 2
+    assert table.column_names() == ["a", "b"] and len(frame) == 1000
+
+
+# -- the frameworks' device side -----------------------------------------------------------------
+
+
+def test_xla_reads_on_its_compute_stream_and_deletes_without_waiting(gpu):
+    """JAX's stand-in: the import orders its ready-events stream after the producer, the
+    step waits for the definition event on the compute stream, and deleting the tensor
+    lets the memory go at once, its queued reads unordered with the producer's streams."""
+    cupy, _cudf, rmm = gpu
+    from emulated_gpu.frameworks import XlaOnGpu, sleep
+
+    order = cupy.cuda._order
+    _pool(rmm)
+    xla = XlaOnGpu()
+    producer = cupy.cuda.Stream(non_blocking=True)
+    try:
+        with producer:
+            batch = cupy.arange(256) + 0
+            tensor = xla.from_dlpack(batch)
+        del batch  # the producer let go; the tensor holds the memory
+        sleep(0.1, xla.stream)
+        xla.step(tensor)  # ordered after the write through the definition event
+        marker = xla.marker()
+        assert not marker.is_ready()
+        tensor.delete()  # PJRT's Delete: the deleter runs now, the step still queued
+        with pytest.raises(cupy.cuda.RaceError, match="may still use it"):
+            cupy.arange(3) + 1
+        marker.block_until_ready()
+        assert marker.is_ready()
+    finally:
+        order.reset()
+
+
+def test_tensorflow_is_told_no_stream_and_reads_on_its_own(gpu):
+    cupy, _cudf, _rmm = gpu
+    from emulated_gpu.frameworks import TensorflowOnGpu
+
+    _pool(_rmm)  # (rmm's default frees with cudaFree, which waits for the whole device)
+    tf_gpu = TensorflowOnGpu()
+    producer = cupy.cuda.Stream(non_blocking=True)
+    with producer:  # exported in the loader's thread: the default stream waits for it
+        batch = cupy.arange(64) + 0
+        tensor = tf_gpu.from_dlpack(batch.__dlpack__())
+    with pytest.raises(cupy.cuda.RaceError, match="without waiting"):
+        tf_gpu.step(tensor)
+    producer.synchronize()  # a host wait: the batch is complete for any stream
+    tf_gpu.step(tensor)
+    with pytest.raises(TypeError, match="capsule"):
+        tf_gpu.from_dlpack(batch)
+
+
+def test_torch_imports_on_its_current_stream_per_thread(gpu):
+    cupy, _cudf, _rmm = gpu
+    from emulated_gpu.frameworks import TorchOnGpu
+
+    torch_gpu = TorchOnGpu()
+    producer, mine = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    with producer:
+        batch = cupy.arange(64) + 0
+    seen = []
+    with torch_gpu.use(mine):
+        tensor = torch_gpu.from_dlpack(batch)  # mine waits for the producer
+        torch_gpu.step(tensor)
+        thread = threading.Thread(target=lambda: seen.append(torch_gpu.current_stream_ptr()))
+        thread.start()
+        thread.join()
+    assert seen == [0] and torch_gpu.current_stream_ptr() == 0
+    assert torch_gpu.values(tensor).tolist() == list(range(64))

@@ -467,89 +467,81 @@ def test_unaligned_dlpack_memory_does_abort_tensorflow():
     assert "IsAligned" in result.stderr
 
 
+def _tensorflow_on_the_emulated_gpu(monkeypatch):
+    """TensorFlow's device side on the emulated GPU (``emulated_gpu/frameworks.py``): the
+    adapter's tensors are imported as TensorFlow imports them (a capsule, no stream told)
+    and read by its steps on a non-blocking stream of its own; ``sync_devices`` is its
+    host wait. Skips on a real GPU, where TensorFlow itself runs."""
+    import cupy
+
+    if not getattr(cupy, "__emulated__", False):
+        pytest.skip("TensorFlow's streams are emulated on the emulated device only")
+    import tensorflow as tf
+
+    from emulated_gpu.frameworks import TensorflowOnGpu
+    from tabloader import tensors
+
+    tf_gpu = TensorflowOnGpu()
+    monkeypatch.setattr(
+        tensors.TensorflowTensors,
+        "tensor",
+        lambda self, array: tf_gpu.from_dlpack(array.__dlpack__()),
+    )
+    monkeypatch.setattr(tf.test.experimental, "sync_devices", tf_gpu.sync_devices)
+    return tf_gpu
+
+
 @pytest.mark.gpu
 def test_memory_tensorflow_let_go_of_is_reused_only_after_its_queued_work(dataset_dir, monkeypatch):
     """TensorFlow frees a DLPack tensor's memory when its last tensor is dropped, while
-    kernels reading it may still be queued on its streams; the loader's next batch must
-    not be written there before those kernels ran. Recorded: when each batch's memory
-    was lent, when TensorFlow let go of it, when the loader waited for TensorFlow (the
-    fence); a batch laid out where an earlier one was needs a fence in between."""
+    its kernels reading it may still be queued on its own stream; the loader writes that
+    memory again only after the host waited for TensorFlow (``sync_devices``), once every
+    few batches. Each step here reads its batch on TensorFlow's stream, queued behind a
+    slow kernel: the emulated device refuses a write into memory a step still reads, and
+    a step's read of a batch not complete yet."""
+    tf_gpu = _tensorflow_on_the_emulated_gpu(monkeypatch)
+    from emulated_gpu.frameworks import sleep
     from tabloader import tensors
 
-    events: list[tuple[str, int, frozenset[int]]] = []
-    original_lend, original_release = tensors.LentMemory.lend, tensors.LentMemory._release
-
-    def lend(self, arrays):
-        views = original_lend(self, arrays)
-        number = self._count - 1
-        spans = frozenset(int(a.__cuda_array_interface__["data"][0]) for a in arrays.values())
-        events.append(("lend", number, spans))
-        return views
-
-    def release(self, batch, **kwargs):
-        original_release(self, batch, **kwargs)
-        if batch in self._released:
-            events.append(("release", batch, frozenset()))
-
-    def fence_for(self, device):
-        def fence():
-            events.append(("fence", -1, frozenset()))
-
-        return fence
-
-    monkeypatch.setattr(tensors.LentMemory, "lend", lend)
-    monkeypatch.setattr(tensors.LentMemory, "_release", release)
-    monkeypatch.setattr(tensors.TensorflowTensors, "fence", fence_for)
     loader = make_loader(dataset_dir([[100] * 4]), device="cuda", batch_size=10, parts_per_chunk=1)
+    ids = []
     for _ in range(2):
         for features, labels in loader:
+            sleep(0.002, tf_gpu.stream)
+            tf_gpu.step(features, labels)
+            ids.append(tf_gpu.copy(features["id"]))  # read later: no host wait now
             del features, labels  # TensorFlow lets go of the batch here
-    lender = loader._tensor_maker.convert.lender
-    assert lender.fences >= len(loader) // tensors.FENCE_BATCHES  # (2 epochs)
-    assert lender.held <= tensors.FENCE_BATCHES + 8  # bounded: the queue and those waiting
-    assert _reused_without_fence(events) == []
-    assert any(_reuses(events)), "no memory was reused: the check above checked nothing"
-
-
-def _reuses(events):
-    """(earlier batch, later batch) pairs whose exported arrays start at the same address."""
-    lent = {number: spans for kind, number, spans in events if kind == "lend"}
-    return [(a, b) for a in lent for b in lent if a < b and lent[a] & lent[b]]
-
-
-def _reused_without_fence(events):
-    position = {(kind, number): i for i, (kind, number, _) in enumerate(events) if number >= 0}
-    fences = [i for i, (kind, _, _) in enumerate(events) if kind == "fence"]
-    bad = []
-    for earlier, later in _reuses(events):
-        released = position.get(("release", earlier))
-        lent = position[("lend", later)]
-        if released is None or not any(released < f < lent for f in fences):
-            bad.append((earlier, later))
-    return bad
+    tf_gpu.sync_devices()
+    assert sorted(np.concatenate(ids).ravel().tolist()) == sorted(list(range(400)) * 2)
+    fence = loader.loader.backend.xp.memory.consumer
+    assert isinstance(fence, tensors.HostFence)
+    assert fence.syncs >= 2 * len(loader) // tensors.FENCE_BATCHES - 1
 
 
 @pytest.mark.gpu
 def test_without_the_fence_memory_would_be_reused_under_tensorflow(dataset_dir, monkeypatch):
-    """The previous test can fail: with no fence, a batch TensorFlow let go of is written
-    over by a later one with nothing waiting for TensorFlow in between."""
+    """The previous test can fail: without waiting for TensorFlow, the loader writes a
+    batch's memory while a step TensorFlow queued still reads it."""
+    tf_gpu = _tensorflow_on_the_emulated_gpu(monkeypatch)
+    from cupy.cuda import RaceError
+
+    from emulated_gpu.frameworks import settle, sleep
     from tabloader import tensors
 
-    addresses: list[frozenset[int]] = []
-    original = tensors.BatchConverter.tensors_of
-
-    def tensors_of(self, arrays):
-        addresses.append(frozenset(int(a.__cuda_array_interface__["data"][0])
-                                   for a in arrays.values()))  # fmt: skip
-        return original(self, arrays)
-
-    monkeypatch.setattr(tensors.BatchConverter, "tensors_of", tensors_of)
-    monkeypatch.setattr(tensors.TensorflowTensors, "fence", lambda self, device: None)
+    monkeypatch.setattr(tensors.TensorflowTensors, "release_fence", lambda self, device: None)
     loader = make_loader(dataset_dir([[100] * 4]), device="cuda", batch_size=10, parts_per_chunk=1)
-    for features, labels in loader:
-        del features, labels
-    assert loader._tensor_maker.convert.lender is None
-    assert any(a & b for i, a in enumerate(addresses) for b in addresses[i + 1 :])
+
+    def train() -> None:
+        for features, labels in loader:
+            sleep(0.002, tf_gpu.stream)
+            tf_gpu.step(features, labels)
+            del features, labels
+
+    try:
+        with pytest.raises(RaceError, match=r"may still use it|still reads"):
+            train()
+    finally:
+        settle()
 
 
 # -- examples and docs --------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -251,11 +251,17 @@ class _Partitions:
         return self._source.local_paths(files)
 
     def computed_partitions(
-        self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
+        self,
+        pieces: Sequence[tuple[int, int, int]],
+        columns: Sequence[str],
+        *,
+        scheduler: Mapping[str, Any] | None = None,
     ) -> list[Any] | None:
         """For a Dask DataFrame: each piece's rows of its partition, computed (pandas, or
-        cudf for dask-cudf, whose partitions stay on the GPU); None for other sources."""
-        return self._source.computed_partitions(pieces, columns)
+        cudf for dask-cudf, whose partitions stay on the GPU; ``scheduler``: dask's
+        ``compute`` keywords for these computations only, not dask's configuration);
+        None for other sources."""
+        return self._source.computed_partitions(pieces, columns, scheduler=scheduler)
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
         """Arrow type of each column, checked to be present and of one type in every file

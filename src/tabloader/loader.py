@@ -488,6 +488,32 @@ class Loader(_Position):
         [`LoaderStats`][tabloader.LoaderStats])."""
         return dataclasses.replace(self._stats.snapshot(), rows_skipped=self.dataset.rows_skipped)
 
+    def close(self) -> None:
+        """Give back the memory the loader holds for its epochs: on a GPU, its memory
+        pool (once no other loader on the device uses it; memory the consumer let go of
+        after its work on it is done) and its decoded cache's copy in GPU or pinned
+        memory (the cache itself stays, and the next epoch places it again). Batches
+        still held stay valid. Also done when the loader is collected.
+
+        Examples:
+            >>> import pyarrow as pa, tabloader
+            >>> loader = tabloader.Loader(pa.table({"x": [1, 2, 3]}), cats=["x"], batch_size=2)
+            >>> [len(b["x"]) for b in loader]
+            [2, 1]
+            >>> loader.close()
+        """
+        if self.cache is not None:
+            self.cache.unplace()
+        close = getattr(self.backend, "close", None)  # a GPU backend's memory and streams
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def refresh(self, epoch: int) -> None:
         """List a ``refresh=True`` dataset again for ``epoch`` (once per epoch number) and
         check the files that joined; ``len()`` and [`plan`][tabloader.Loader.plan] then describe

@@ -267,7 +267,7 @@ def counter_permutation(
         stop = min(start + block, domain)
         positions = xp.arange(start, stop, dtype=kind)
         images = _network(positions, bits // 2, round_keys, xp)
-        inside = images < kind(n)
+        inside = images <= _last_row(n, kind)
         if scatter:
             places = xp.cumsum(inside, dtype=np.int64)
             if stop < domain:  # the count so far, for the next block's places
@@ -336,6 +336,18 @@ def counter_permutations(
         else:
             yield from _grouped_permutations(sizes[i : i + group], keys[i : i + group], bits, xp)
         i += group
+
+
+def _last_row(num_rows: int, kind: Any) -> Any:
+    """The last row of a permutation of ``num_rows`` rows, in the positions' type: images up
+    to it are kept. (``num_rows`` itself may not fit: a chunk of 2**32 rows has 32-bit
+    positions.)
+
+    Examples:
+        >>> int(_last_row(2**32, np.uint32)), int(_last_row(10, np.uint32))
+        (4294967295, 9)
+    """
+    return kind(int(num_rows) - 1)
 
 
 def _domain_bits(num_rows: int) -> int:
@@ -416,7 +428,8 @@ def _grouped_permutations(
     by_position = xp.take(table, chunk, axis=1)  # [round, position], one gather
     images = _network(x, bits // 2, [by_position[r] for r in range(len(keys[0]))], xp)
     del x, by_position
-    inside = images < xp.take(xp.asarray(np.array(sizes, dtype=kind)), chunk)
+    last = np.array([_last_row(n, kind) for n in sizes], dtype=kind)
+    inside = images <= xp.take(xp.asarray(last), chunk)
     places = xp.cumsum(inside, dtype=np.int64)
     total = int(sum(sizes))
     xp.add(places, -1, out=places)

@@ -425,16 +425,17 @@ def run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[list[Part]]:
-    """Reader thread: each planned chunk, as parts in delivery order."""
+def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[tuple[list[Part], Any]]:
+    """Reader thread: each planned chunk, as parts in delivery order, with the event at
+    which it is complete on a GPU (`DeviceArrays.chunk_ready`; None on the CPU)."""
     for parts in backend.read_chunks(request):
         request.stats.chunks += 1
-        yield parts
+        yield parts, backend.xp.chunk_ready()
 
 
 def chunks_ahead(
     backend: Backend, request: ReadRequest, *, stop: threading.Event
-) -> Prefetcher[list[Part]]:
+) -> Prefetcher[tuple[list[Part], Any]]:
     """Reader thread: ``backend.read_chunks(request)``, ``request.chunks_ahead`` chunks
     ahead of the batcher, stopped with the batcher (``stop``); ``request``'s
     ``consumer_waiting`` is set while the batcher waits for a chunk."""
@@ -475,10 +476,12 @@ def batch_stream(
         nonlocal upstream_wait
         while True:
             started = time.perf_counter()
-            chunk = next(chunks, None)
+            read = next(chunks, None)
             upstream_wait += time.perf_counter() - started
-            if chunk is None:
+            if read is None:
                 return
+            chunk, ready = read
+            backend.xp.wait_for(ready)  # on a GPU: gathers from the chunk run after it is laid out
             while chunk:
                 yield chunk.pop(0)
 
@@ -503,8 +506,9 @@ def batch_stream(
                     batch = detached(batch)  # lets go of the last chunk when the epoch ends
                 rows = int(next(iter(batch.values())).shape[0])
                 result = batch if transform is None else transform(batch)
-                # On a GPU: the consumer's work is ordered after the batch's (no host wait).
-                backend.xp.hand_over()
+                # On a GPU: the consumer's work is ordered after the batch's (no host wait),
+                # and the batch's memory is the consumer's until it is done with it.
+                backend.xp.hand_over(batch)
                 stats.batch_seconds += time.perf_counter() - started - (upstream_wait - waited)
                 yield rows, result
                 delivered += 1

@@ -10,8 +10,12 @@ One place decides, for each framework, what the adapters (`tabloader.keras`,
   through DLPack, from host memory or from the GPU;
 - whether it can see the memory of the loader's device (`Tensors.check_device`),
   checked when the adapter is built rather than deep inside the framework later;
-- whether memory it was lent may be used again as soon as it lets go of it, or only
-  after the work it queued on the GPU is done (`LentMemory`).
+- how the loader learns that the framework's GPU work on a batch it let go of is done
+  (`Tensors.release_fence`): each of them lets go of an imported tensor as soon as it is
+  dropped on the host, while kernels that read it may still be queued, so the loader
+  writes that memory again only after (`tabloader.backends.gpu_memory`);
+- whether a batch must be complete on the host's word before the framework reads it
+  (`Tensors.reads_unordered`): TensorFlow reads on a stream DLPack does not tell.
 
 Examples:
     >>> import numpy as np
@@ -32,8 +36,6 @@ import contextlib
 import functools
 import importlib
 import operator
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,6 +43,7 @@ import numpy as np
 
 from tabloader import _deps
 from tabloader.backends.cpu import BufferPool, PooledNumpy
+from tabloader.backends.gpu_memory import ConsumerFence, HostFence, MarkerFence, StreamFence
 from tabloader.batches import host_int
 from tabloader.device import Device
 from tabloader.errors import InvalidArgumentError
@@ -53,7 +56,6 @@ __all__ = [
     "FENCE_BATCHES",
     "BatchConverter",
     "JaxTensors",
-    "LentMemory",
     "TensorflowTensors",
     "Tensors",
     "TorchTensors",
@@ -71,8 +73,9 @@ Framework = Literal["tensorflow", "jax", "torch"]
 _KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
 
 FENCE_BATCHES = 4
-"""Batches a framework let go of that `LentMemory` keeps before waiting, once, for
-the framework's queued work: the memory held back is bounded by this many batches."""
+"""Batches TensorFlow let go of that the loader keeps before waiting, once, on the host
+for TensorFlow's queued work (`HostFence`): the memory held back is bounded by this many
+batches."""
 
 
 def dlpack_place(array: Any) -> tuple[Literal["cpu", "cuda"], int]:
@@ -163,84 +166,6 @@ def tensorflow_gpu_index(
     return None
 
 
-class LentMemory:
-    """Device memory lent to a framework that lets go of it before its GPU work is done.
-
-    TensorFlow and PyTorch free the memory of a DLPack tensor (they call its deleter)
-    as soon as the last tensor referring to it is dropped on the host, while kernels
-    that read it may still be queued on their streams. Given back to the memory pool
-    then, the memory could take the loader's next batch while a kernel still reads the
-    old one. So `lend` exports views of a batch's arrays and keeps the arrays
-    themselves; when the framework has dropped every view of a batch, the batch waits
-    in a queue, and once `FENCE_BATCHES` batches wait, `collect` calls
-    ``fence`` (which returns when the framework's queued work is done, work that read
-    them included) and lets them go. The producer calls `collect` before making
-    each batch, in its own thread: the training thread never waits.
-
-    Args:
-        fence: Blocks until the framework's work queued so far is done.
-        batches: Batches let go of that are kept before fencing.
-    """
-
-    def __init__(self, fence: Callable[[], None], *, batches: int = FENCE_BATCHES) -> None:
-        self._fence = fence
-        self.batches = batches
-        self._lock = threading.Lock()
-        self._held: dict[int, list[Any]] = {}  # batch number -> its arrays
-        self._lent: dict[int, int] = {}  # batch number -> views not let go of yet
-        self._released: list[int] = []  # batches let go of, not yet fenced
-        self._count = 0
-        self.fences = 0
-        """How many times `collect` waited for the framework (for tests)."""
-
-    @property
-    def held(self) -> int:
-        """Batches whose memory is held: lent out, or let go of but not yet fenced."""
-        with self._lock:
-            return len(self._held)
-
-    def lend(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
-        """Views of ``arrays`` to export to the framework; the arrays stay held until
-        the framework let go of every view and a fence followed."""
-        self.collect()
-        with self._lock:
-            batch = self._count
-            self._count += 1
-            self._held[batch] = list(arrays.values())
-            self._lent[batch] = len(arrays)
-        views = {name: array.view() for name, array in arrays.items()}
-        for view in views.values():
-            weakref.finalize(view, self._release, batch)
-        if not views:
-            self._release(batch, whole=True)
-        return views
-
-    def _release(self, batch: int, *, whole: bool = False) -> None:
-        """A view of ``batch`` was let go of (in whichever thread dropped it)."""
-        with self._lock:
-            left = 0 if whole else self._lent[batch] - 1
-            if left:
-                self._lent[batch] = left
-                return
-            del self._lent[batch]
-            self._released.append(batch)
-
-    def collect(self, *, force: bool = False) -> None:
-        """Fence and let go of the batches waiting, if `FENCE_BATCHES` wait
-        (``force``: if any)."""
-        with self._lock:
-            waiting = len(self._released)
-            if not waiting or (waiting < self.batches and not force):
-                return
-            ready = list(self._released)
-        self._fence()  # the framework let go of them before: its work on them is done
-        self.fences += 1
-        with self._lock:
-            for batch in ready:
-                self._released.remove(batch)
-                del self._held[batch]
-
-
 class Tensors:
     """What an adapter needs to hand one framework its batches (see the module)."""
 
@@ -264,19 +189,27 @@ class Tensors:
         """``array`` (contiguous, 64-byte aligned, writable) as a tensor sharing its memory."""
         raise NotImplementedError
 
+    reads_unordered = False
+    """Whether the framework reads an imported batch on a stream that DLPack does not
+    order after the loader's (a batch is then complete on the host's word first)."""
+
     def check_device(self, device: Device, place: tuple[str, int]) -> None:
         """Raise if the framework cannot find memory of ``place`` (where DLPack puts the
         memory of the loader's ``device``)."""
 
-    def fence(self, device: Device) -> Callable[[], None] | None:
-        """How to wait for the framework's queued work on ``device``, when memory it was
-        lent must not be used again before (None: the framework waits by itself)."""
+    def release_fence(self, device: Device) -> ConsumerFence | None:
+        """How the loader learns that the framework's queued work on memory it let go of
+        is done, on a GPU ``device`` (None: the loader's default, an event on the legacy
+        default stream)."""
         return None
 
 
 class TensorflowTensors(Tensors):
     name: Framework = "tensorflow"
     tensor_type = "tf.Tensor"
+    # tf.experimental.dlpack.from_dlpack takes a capsule: the producer is told no stream
+    # (the legacy default stream), and TensorFlow reads on streams of its own
+    reads_unordered = True
 
     def __init__(self) -> None:
         self.tf = _deps.require("tensorflow", what="this")
@@ -303,8 +236,12 @@ class TensorflowTensors(Tensors):
                 "device='cpu'"
             )
 
-    def fence(self, device: Device) -> Callable[[], None] | None:
-        return self.tf.test.experimental.sync_devices if device.is_cuda else None
+    def release_fence(self, device: Device) -> ConsumerFence | None:
+        """The host waits for TensorFlow's queued work (``sync_devices``) once
+        `FENCE_BATCHES` batches it let go of wait: its streams are its own."""
+        if not device.is_cuda:
+            return None
+        return HostFence(self.tf.test.experimental.sync_devices, batches=FENCE_BATCHES)
 
 
 class JaxTensors(Tensors):
@@ -314,6 +251,7 @@ class JaxTensors(Tensors):
     def __init__(self) -> None:
         self.jax = _deps.require("jax", what="this")
         importlib.import_module("jax.dlpack")
+        self._tokens: dict[int | None, Any] = {}  # device index -> a marker's input there
 
     @property
     def x64(self) -> bool:
@@ -330,9 +268,37 @@ class JaxTensors(Tensors):
         return self.x64 or dtype.itemsize < 8
 
     def tensor(self, array: Any) -> Any:
-        # JAX passes its stream to the producer (cupy orders it after the writes) and keeps
-        # an imported buffer until the computations reading it are done.
+        # JAX passes a stream of its own to the producer (cupy orders it after the writes),
+        # and its computations wait for that (jax/_src/dlpack.py).
         return self.jax.dlpack.from_dlpack(array)
+
+    def release_fence(self, device: Device) -> ConsumerFence | None:
+        """A marker queued on XLA's compute stream after JAX let go of a batch: JAX deletes
+        an imported buffer without waiting for the computations that read it (PJRT's
+        ``Delete`` does not wait for usage events on the compute stream), and XLA's
+        streams are non-blocking, so nothing on the default stream orders them."""
+        if not device.is_cuda:
+            return None
+        return MarkerFence(functools.partial(self.marker, device))
+
+    def marker(self, device: Device) -> Any:
+        """A tiny computation queued now on the JAX device of the loader's GPU: ready
+        once XLA's work queued before it is done (``is_ready()`` asks without blocking)."""
+        token = self._tokens.get(device.index)
+        if token is None:  # its input, on the device once
+            target = self._jax_device(device)
+            token = self._tokens[device.index] = self.jax.device_put(
+                np.zeros(1, np.float32), target
+            )
+        return _jax_bump(self.jax)(token)
+
+    def _jax_device(self, device: Device) -> Any:
+        for d in self.jax.local_devices():
+            if getattr(d, "platform", "") == "gpu" and (
+                getattr(d, "local_hardware_id", d.id) == device.index
+            ):
+                return d
+        return self.jax.local_devices()[0]  # the emulated GPU's memory is host memory
 
     def check_device(self, device: Device, place: tuple[str, int]) -> None:
         if place[0] != "cuda":
@@ -378,16 +344,20 @@ class TorchTensors(Tensors):
                 "device='cpu'"
             )
 
-    def fence(self, device: Device) -> Callable[[], None] | None:
+    def release_fence(self, device: Device) -> ConsumerFence | None:
+        """An event on the legacy default stream when PyTorch lets go of a batch: its
+        default stream is that stream; a step on a stream of its own
+        (``torch.cuda.stream(s)``, non-blocking) makes the default stream wait for it
+        before letting go (``torch.cuda.default_stream().wait_stream(s)``, docs/gpu.md)."""
         if not device.is_cuda:
             return None
-        torch = self.torch
+        return StreamFence(importlib.import_module("cupy"), device.index)
 
-        def synchronize() -> None:
-            if torch.cuda.is_available():  # the emulated device: PyTorch without CUDA
-                torch.cuda.synchronize(device.index)
 
-        return synchronize
+@functools.cache
+def _jax_bump(jax: Any) -> Any:
+    """One jitted function for markers (compiled once): a kernel on the compute stream."""
+    return jax.jit(lambda x: x + 1)
 
 
 def tensors_for(framework: str) -> Tensors:
@@ -481,9 +451,10 @@ class BatchConverter:
     hands them over: shuffled columns and aligned device columns as they are, the
     others copied to 64-byte aligned memory (TensorFlow aborts on unaligned memory, JAX
     copies it, and a tensor must not write into Arrow's buffers). Ids are narrowed
-    where the framework holds no int64. On a GPU, the batch's writes are complete
-    before the framework reads, and memory lent to a framework that frees it before its
-    queued work is done is held until that work is (`LentMemory`).
+    where the framework holds no int64. On a GPU, the batch's writes are ordered before
+    the framework reads (DLPack's stream, or a host wait for TensorFlow), and memory the
+    framework let go of is written again only after its queued work is done
+    (`Tensors.release_fence`, given to the loader's memory by `set_loader`).
     """
 
     def __init__(self, tensors: Tensors) -> None:
@@ -495,11 +466,14 @@ class BatchConverter:
         self.vectors: tuple[str, ...] = ()
         self.groups: list[tuple[np.dtype[Any], list[str]]] = []
         self.narrow: dict[str, np.dtype[Any]] = {}
-        self.lender: LentMemory | None = None
 
-    def set_loader(self, loader: Loader, delivered: Mapping[str, np.dtype[Any]]) -> None:
-        """Take the loader's columns, dtypes and device; raises if the framework cannot
-        find memory of that device."""
+    def set_loader(
+        self, loader: Loader, delivered: Mapping[str, np.dtype[Any]] | None = None
+    ) -> None:
+        """Take the loader's columns, dtypes and device (``delivered``: the dtypes of cats,
+        conts and labels as the framework gets them, by default the loader's); raises if
+        the framework cannot find memory of that device. On a GPU, the loader then waits
+        for this framework before writing memory it let go of."""
         self.device = loader.device
         cuda = self.device.is_cuda
         self.xp = importlib.import_module("cupy") if cuda else PooledNumpy(BufferPool())
@@ -515,14 +489,16 @@ class BatchConverter:
         for name in self.columns:
             groups.setdefault(loader.dtypes[name], []).append(name)
         self.groups = list(groups.items())
-        target = {
-            **dict.fromkeys(loader.cats, delivered["cat"]),
-            **dict.fromkeys(loader.conts, delivered["cont"]),
-            **dict.fromkeys(loader.labels, delivered["label"]),
-        }
-        self.narrow = {n: t for n, t in target.items() if t != loader.dtypes[n]}
-        fence = self.tensors.fence(self.device)
-        self.lender = None if fence is None else LentMemory(fence)
+        if delivered is not None:
+            target = {
+                **dict.fromkeys(loader.cats, delivered["cat"]),
+                **dict.fromkeys(loader.conts, delivered["cont"]),
+                **dict.fromkeys(loader.labels, delivered["label"]),
+            }
+            self.narrow = {n: t for n, t in target.items() if t != loader.dtypes[n]}
+        fence = self.tensors.release_fence(self.device)
+        if fence is not None:
+            loader.backend.xp.set_consumer(fence)
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:
@@ -553,9 +529,10 @@ class BatchConverter:
             for key in (name, (name, "values"))
             if key in arrays
         }
-        # Our copies, like the batch's own writes, complete before the framework reads
-        # (TensorFlow's streams are not ordered with ours): one wait of the host. When
-        # ids are narrowed, the check's verdict is that wait, unless a copy follows it.
+        # Our copies, like the batch's own writes, run on the batcher's stream, which DLPack
+        # orders the framework's stream after; TensorFlow's is not told, so for it they
+        # complete before it reads: one wait of the host. When ids are narrowed, the
+        # check's verdict is that wait, unless a copy follows it.
         complete = False
         if narrow:
             cast = narrowed({key: arrays[key] for key in narrow}, narrow)
@@ -563,15 +540,12 @@ class BatchConverter:
             for key, array in cast.items():
                 arrays[key] = self.aligned(array)
                 complete = complete and arrays[key] is array
-        if self.device.is_cuda and not complete:
+        if self.device.is_cuda and self.tensors.reads_unordered and not complete:
             self.xp.cuda.get_current_stream().synchronize()
         return arrays
 
     def tensors_of(self, arrays: Mapping[Any, Any]) -> dict[Any, Any]:
-        """The framework's tensors of ``arrays`` (from `arrays`, complete on the device),
-        sharing their memory."""
-        if self.device.is_cuda and self.lender is not None:
-            arrays = self.lender.lend(arrays)
+        """The framework's tensors of ``arrays`` (from `arrays`), sharing their memory."""
         return {key: self.tensors.tensor(array) for key, array in arrays.items()}
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:

@@ -296,8 +296,14 @@ class PooledNumpy:
         np.concatenate(arrays, axis=axis, out=out)
         return out
 
-    def hand_over(self) -> None:
+    def hand_over(self, batch: Any = None) -> None:
         """Nothing to order: numpy's work is done when its calls return."""
+
+    def chunk_ready(self) -> None:
+        """Nothing to wait for: a chunk is complete when it is read (see ``hand_over``)."""
+
+    def wait_for(self, ready: None) -> None:
+        """Nothing to wait for (see ``hand_over``)."""
 
 
 def null_message(column: str, count: int, where: str) -> str:

@@ -9,29 +9,35 @@ order, on both backends. Only reading and the array work differ.
 
 Devices, streams, and the hand-off rules
 ----------------------------------------
-Each loader works on its device (``cuda:N``) in every thread that touches the GPU, and
-issues its work to a stream of its own, created non-blocking (``cudaStreamNonBlocking``)
-so that it is never queued behind the training step's kernels on the default stream,
-nor they behind it (pylibcudf decodes on it too; ``cudf.read_parquet`` on the legacy
-default stream). Outside the parquet reader, no thread waits for the GPU; the order
-between the loader and its consumer is kept by events, two rules:
+Each loader works on its device (``cuda:N``) in every thread that touches the GPU, on two
+streams of its own, created non-blocking (``cudaStreamNonBlocking``) so that they are
+never queued behind the training step's kernels on the default stream, nor they behind
+them: the reader's (decoding with pylibcudf, layout, the orders of chunks) and the
+batcher's (a batch's gathers). ``cudf.read_parquet`` decodes on the legacy default
+stream. No thread of the loader waits for the GPU (but inside libcudf's parquet reader,
+which waits for its own stream); the order between the stages and the consumer is kept
+by events (`tabloader.backends.gpu_memory` owns the streams and the memory):
+
+    **A chunk is read after it is complete.** The reader records an event when a chunk
+    is laid out; the batcher's stream waits for it when it takes the chunk, and for
+    nothing the reader does after.
 
     **A batch is handed over ordered.** Once a batch's gathers are issued, the legacy
-    default stream of the device waits for them (an event recorded on the loader's
+    default stream of the device waits for them (an event recorded on the batcher's
     stream, ``cudaStreamWaitEvent``). Work a consumer issues afterwards to the default
     stream, or to any blocking stream (PyTorch's and cupy's defaults), runs after the
-    batch is complete. ``torch.from_dlpack(array)`` in the loader's ``transform`` is
-    ordered the same way by DLPack. A consumer on a non-blocking stream of its own makes
-    it wait for `DeviceArrays.hand_over`'s event, as the framework adapters do.
+    batch is complete. ``torch.from_dlpack(array)`` and ``jax.dlpack.from_dlpack`` in the
+    loader's ``transform`` are ordered the same way by DLPack. A consumer on a
+    non-blocking stream of its own makes it wait for `DeviceArrays.last_event` after
+    taking a batch.
 
-    **Memory is written only after the consumer is done with it.** Delivered arrays
-    are never written again; once the consumer drops them their memory returns to the
-    pool, which may give it to the loader's next allocation. So every allocation made
-    in the loader's threads is followed by the loader's stream waiting for an event
-    recorded on the default stream: whatever the consumer issued there before it let go
-    of the memory runs before the loader writes it. A consumer that reads batches on
-    streams of its own, after dropping its references to them, must make the default
-    stream wait for those streams first (see ``docs/gpu.md``).
+    **Memory is written only after the consumer is done with it.** Delivered arrays are
+    never written again. Once the consumer lets go of a batch, its memory goes back to
+    the pool only when the work the consumer queued before letting go is done: an event
+    recorded on the consumer's stream then (the legacy default stream, unless an adapter
+    says which), asked without waiting by the loader's threads. A consumer that reads
+    batches on streams of its own must make the default stream wait for them before it
+    lets go (see ``docs/gpu.md``); the framework adapters do what their framework needs.
 
 `batch_device` tells which GPU a batch lives on (``None`` for host arrays),
 `device_scope` makes that GPU current in the calling thread, and
@@ -52,9 +58,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -68,7 +74,23 @@ from tabloader._deps import gpu_module as _import
 from tabloader._deps import gpu_usable, import_gpu
 from tabloader._deps import optional as _optional_import
 from tabloader.backends.cpu import null_message
-from tabloader.backends.gpu_dask import dask_threads_on
+from tabloader.backends.gpu_dask import dask_compute_options
+from tabloader.backends.gpu_memory import (
+    DEFAULT_POOL_BYTES,
+    MEMORY_ENV,
+    POOL_ENV,
+    ConsumerFence,
+    DeviceMemory,
+    acquire_pool,
+    device_bytes_in_use,
+    finalize_loader_memory,
+    free_device_memory,
+    is_out_of_memory,
+    memory_error_message,
+    scoped,
+    take_streams,
+)
+from tabloader.backends.gpu_memory import out_of_memory_as_error as _out_of_memory_as_error
 from tabloader.batches import Ragged, host_int
 from tabloader.casting import check_block
 from tabloader.dataset import read_error
@@ -92,6 +114,9 @@ if TYPE_CHECKING:
     from tabloader.plan import EpochPlan
 
 __all__ = [
+    "DEFAULT_POOL_BYTES",
+    "MEMORY_ENV",
+    "POOL_ENV",
     "DeviceArrays",
     "GPUBackend",
     "GPUMemoryError",
@@ -102,6 +127,7 @@ __all__ = [
     "chunk_rows_for_device",
     "chunk_rows_for_fraction",
     "delivery_rows",
+    "device_bytes_in_use",
     "device_scope",
     "free_device_memory",
     "gpu_usable",
@@ -155,8 +181,8 @@ def as_contiguous(array: Any) -> Any:
 
     TensorFlow's DLPack import rejects strided arrays such as the column views of the
     ``"columns"`` layout. A GPU copy is made on the calling thread's current stream
-    (the loader's, inside its ``transform``) and handed over like a batch: the default
-    stream waits for it.
+    (the batcher's, inside the loader's ``transform``) and handed over like a batch: the
+    default stream waits for it.
 
     Examples:
         >>> import numpy as np
@@ -221,84 +247,11 @@ def chunk_rows_for_fraction(
     return max(rows // batch_size, 1) * int(batch_size)
 
 
-def free_device_memory(device: int | None = None) -> int:
-    """Bytes a new allocation can get on ``device`` (None: the current device).
-
-    Free memory as the driver reports it, plus what the memory pools hold unused and
-    hand out before asking the driver: cupy's default pool, and an rmm pool (the one
-    tabloader sets up, or the user's) of the device's rmm resource.
-    """
-    _, cupy, device = import_gpu(device)
-    with cupy.cuda.Device(device):
-        free, _total = cupy.cuda.runtime.memGetInfo()
-        pooled = cupy.get_default_memory_pool().free_bytes()
-    rmm = _optional_import("rmm")
-    return int(free) + int(pooled) + (_rmm_pool_free(rmm, device) if rmm is not None else 0)
-
-
-def _rmm_pool_free(rmm: Any, device: int) -> int:
-    """Bytes an rmm pool on ``device`` holds unused: its size less what it lent out (known
-    when a statistics adaptor wraps it, as the pool tabloader sets up does)."""
-    resource = rmm.mr.get_per_device_resource(device)
-    counts = getattr(resource, "allocation_counts", None)
-    pool = getattr(resource, "get_upstream", lambda: None)()
-    if counts is None or pool is None or not hasattr(pool, "pool_size"):
-        return 0
-    lent = counts["current_bytes"] if isinstance(counts, dict) else counts.current_bytes
-    return max(int(pool.pool_size()) - int(lent), 0)
-
-
 def chunk_rows_for_device(
     fraction: float, *, row_bytes: int, batch_size: int, device: int | None = None
 ) -> int:
     """`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
     return chunk_rows_for_fraction(fraction, free_device_memory(device), row_bytes, batch_size)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is a GPU allocation failure from cudf, rmm, cupy or CUDA.
-
-    rmm and cudf raise ``MemoryError`` (``std::bad_alloc: out_of_memory``), cupy its
-    ``OutOfMemoryError`` (a ``MemoryError``); some CUDA paths raise ``RuntimeError``.
-
-    Examples:
-        >>> is_out_of_memory(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
-        True
-        >>> is_out_of_memory(RuntimeError("cudaErrorMemoryAllocation out of memory"))
-        True
-        >>> is_out_of_memory(ValueError("bad value"))
-        False
-    """
-    if isinstance(error, MemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and (
-        "out of memory" in text or "out_of_memory" in text or "memoryallocation" in text
-    )
-
-
-def memory_error_message(error: BaseException, *, device: int, doing: str) -> str:
-    """The [`GPUMemoryError`][tabloader.errors.GPUMemoryError] message: what failed, and
-    how to make chunks smaller."""
-    return (
-        f"cuda:{device} ran out of memory {doing} ({type(error).__name__}: {error}). "
-        "Make chunks smaller: pass a smaller chunk_rows= or parts_per_chunk= to the Loader "
-        "(or a smaller buffer_size= to the Keras loader), lower prefetch=, or free memory "
-        "the framework holds. An RMM pool shared by cudf, cupy and the framework avoids "
-        "fragmentation (see docs/gpu.md)"
-    )
-
-
-@contextlib.contextmanager
-def _out_of_memory_as_error(device: int, doing: str) -> Iterator[None]:
-    try:
-        yield
-    except GPUMemoryError:
-        raise
-    except Exception as err:
-        if is_out_of_memory(err):
-            raise GPUMemoryError(memory_error_message(err, device=device, doing=doing)) from err
-        raise
 
 
 # -- pure helpers of the reader (tested on the CPU) ----------------------------------------
@@ -619,10 +572,13 @@ def _complete_columns(
     how: Sequence[Any],
     file_rows: Sequence[int],
     columns: Sequence[str],
+    where: str = "the file read",
 ) -> dict[str, Any]:
     """The columns read from files (their stored names, file after file; ``how`` holds
     each file's `FileColumns`) as the requested
-    ``columns``: renamed, constant ones (partition keys, columns a file predates) added."""
+    ``columns``: renamed, constant ones (partition keys, columns a file predates) added.
+    A column neither read nor constant raises [`ReadError`][tabloader.errors.ReadError]
+    naming ``where``."""
     first = how[0]
     if all(h.plain for h in how):
         return frame
@@ -632,8 +588,16 @@ def _complete_columns(
         if c in first.constants:
             values = [h.constants.get(c) for h in how]
             out[c] = _ConstantColumn(values, file_rows, first.types[c])
-        else:
+        elif c in stored and stored[c] in frame:
             out[c] = frame[stored[c]]
+        else:
+            name = stored.get(c, c)
+            also = f" (stored as {name!r})" if name != c else ""
+            raise ReadError(
+                f"column {c!r}{also} is missing from {where}: the file changed after the "
+                "dataset was created, or its table's metadata no longer matches it. Create "
+                "the Dataset again"
+            )
     return out
 
 
@@ -743,39 +707,42 @@ def _local_copies(handles: Sequence[Any]) -> Iterator[list[str]]:
 
 
 class DeviceArrays:
-    """The array namespace the batching code runs with on a GPU: cupy on one device and
-    one stream, allocations ordered after the consumer (see the module's rules).
+    """The array namespace the batching code runs with on a GPU: cupy on one device, on
+    the loader's streams, with the loader's allocator (see the module's rules).
 
-    `scope` sets a thread up (device, stream, allocator) for the loader's work;
-    every other method assumes it. ``take``/``concatenate`` only issue kernels;
-    `hand_over` orders the consumer after them.
+    `scope` sets a thread up (device, the batcher's stream, allocator) for the batcher's
+    work and `reading` for the reader's; every other method assumes one of them.
+    ``take``/``concatenate`` only issue kernels; `hand_over` orders the consumer after
+    them, `chunk_ready` and `wait_for` the batcher after a chunk.
     """
 
-    def __init__(self, cupy: Any, device: int, stream: Any) -> None:
+    def __init__(self, cupy: Any, device: int, memory: DeviceMemory) -> None:
         self.cupy = cupy
         self.device = device
-        self.stream = stream
-        self._events = threading.local()  # each thread's event (see `_event`)
+        self.memory = memory
+        self.stream = memory.streams.batcher
+        """The batcher's stream, where batches are gathered."""
+        self.reader_stream = memory.streams.reader
+        """The reader's stream, where chunks are decoded and laid out."""
         self.last_event: Any = None
-        """The event `hand_over` last recorded, at the last batch handed over: a consumer
-        on a non-blocking stream of its own makes it wait for this event after taking a
-        batch (which it covers, with perhaps a batch or two after it)."""
+        """The event of the last batch handed over (written by the batcher only): a
+        consumer on a non-blocking stream of its own makes it wait for this event after
+        taking a batch (which it covers, with perhaps a batch or two after it)."""
+        self._handed = cupy.cuda.Event(disable_timing=True)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
-        """The loader's device, stream and ordered allocator, in the calling thread."""
-        cuda = self.cupy.cuda
-        with cuda.Device(self.device):
-            allocate = cuda.get_allocator()
-            with self.stream, cuda.using_allocator(partial(self._allocate, allocate)):
-                yield
+        """The loader's device, the batcher's stream and the loader's allocator, in the
+        calling thread."""
+        with scoped(self.cupy, self.device, self.stream, self.memory.allocator()):
+            yield
 
-    def _allocate(self, allocate: Any, nbytes: int) -> Any:
-        """``allocate(nbytes)``, then the loader's stream waits for the default stream:
-        memory the consumer dropped is written only after its work on it."""
-        memory = allocate(nbytes)
-        self.follow_default_stream()
-        return memory
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """The loader's device, the reader's stream and the loader's allocator, in the
+        calling thread."""
+        with scoped(self.cupy, self.device, self.reader_stream, self.memory.allocator()):
+            yield
 
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
@@ -810,34 +777,37 @@ class DeviceArrays:
         with self._errors("joining a batch across chunks"):
             return self.cupy.concatenate(list(arrays), axis=axis, out=out)
 
-    def _event(self, on: str) -> Any:
-        """The calling thread's event for records on stream ``on`` (``"default"`` or
-        ``"loader"``), made once and recorded again for every order it passes on: a
-        stream waits for an event's latest record at the time it is told to
-        (``cudaStreamWaitEvent``), so a record and a wait back to back need no event of
-        their own, and a wait told later, on an event only ever recorded on one stream,
-        waits for a later point of that stream, never an earlier one. Each order then
-        costs two driver calls, not four (an event made and destroyed)."""
-        event = getattr(self._events, on, None)
-        if event is None:
-            event = self.cupy.cuda.Event(disable_timing=True)
-            setattr(self._events, on, event)
-        return event
+    def chunk_ready(self) -> Any:
+        """The event at which the chunk the reader just finished is complete (the
+        batcher's stream waits for it, `wait_for`); memory the consumer is done with is
+        freed here too, once a chunk."""
+        self.memory.collect()
+        return self.memory.chunk_ready()
 
-    def follow_default_stream(self) -> None:
-        """Order the loader's stream after the work issued so far on the default stream
-        (cudf's): what cudf wrote is complete for the loader's next kernels."""
-        self.stream.wait_event(self.cupy.cuda.Stream.null.record(self._event("default")))
+    def wait_for(self, ready: Any) -> None:
+        """The batcher's stream waits for a chunk's event (`chunk_ready`)."""
+        self.memory.wait_for(ready)
 
-    def hand_over(self) -> None:
+    def hand_over(self, batch: Any = None) -> None:
         """Order the default stream (and the blocking streams) after the work issued so
-        far on the loader's stream: the batch about to be handed over is complete for
-        whatever the consumer issues next. No host wait."""
-        self.last_event = self.stream.record(self._event("loader"))
+        far on the batcher's stream: the batch about to be handed over is complete for
+        whatever the consumer issues next. ``batch``'s memory becomes the consumer's (see
+        `DeviceMemory.lend`), and memory the consumer is done with is freed. No host
+        wait."""
+        if batch is not None:
+            self.memory.lend(batch)
+        self.last_event = self.stream.record(self._handed)
         self.cupy.cuda.Stream.null.wait_event(self.last_event)
+        self.memory.collect()
+
+    def set_consumer(self, fence: ConsumerFence) -> None:
+        """How the consumer says it is done with memory it let go of (an adapter's
+        framework, see `tabloader.backends.gpu_memory.ConsumerFence`)."""
+        self.memory.set_consumer(fence)
 
     def synchronize(self) -> None:
-        """Wait on the host for the loader's stream (tests, and the self-test's timings)."""
+        """Wait on the host for the loader's streams (tests, and the self-test's timings)."""
+        self.reader_stream.synchronize()
         self.stream.synchronize()
 
 
@@ -847,87 +817,11 @@ def _nbytes(array: Any) -> int:
     return int(array.nbytes)
 
 
-# -- device memory ---------------------------------------------------------------------------
-
-POOL_ENV = "TABLOADER_GPU_POOL_SIZE"
-"""Initial size in bytes of the memory pool tabloader sets up, or ``off`` for none."""
-DEFAULT_POOL_BYTES = 256 * 2**20
-
-
-def ensure_memory_pool(rmm: Any, device: int) -> bool:
-    """Give ``device`` an rmm pool unless memory there was configured already.
-
-    cudf points cupy at rmm when it is imported, and rmm's default resource calls
-    ``cudaMalloc``/``cudaFree`` for every allocation, which synchronises the device. When
-    the device still has that default resource, a `rmm.mr.PoolMemoryResource`
-    (initial size ``$TABLOADER_GPU_POOL_SIZE`` bytes, 256 MiB by default, growing on
-    demand) wrapped in a statistics adaptor becomes its resource; any other resource
-    (the user's pool, managed memory, an arena) is left as it is. Returns whether a
-    pool was set up.
-
-    The pool is built with ``device`` current: rmm's resources allocate on the current
-    device, so a pool made while GPU 0 is current would serve device N with GPU 0's
-    memory.
-    """
-    setting = os.environ.get(POOL_ENV, "").strip().lower()
-    if setting in ("off", "0", "none"):
-        return False
-    try:
-        size = int(setting) if setting else DEFAULT_POOL_BYTES
-    except ValueError:
-        raise InvalidArgumentError(
-            f"{POOL_ENV}={setting!r} must be a number of bytes or 'off'"
-        ) from None
-    current = rmm.mr.get_per_device_resource(device)
-    if type(current) is not rmm.mr.CudaMemoryResource:
-        return False
-    size = -(-size // 256) * 256  # rmm pools grow in multiples of 256 bytes
-    cupy = sys.modules["cupy"]
-    with cupy.cuda.Device(device):
-        pool = rmm.mr.PoolMemoryResource(current, initial_pool_size=size)
-        rmm.mr.set_per_device_resource(device, rmm.mr.StatisticsResourceAdaptor(pool))
-    return True
-
-
-def device_bytes_in_use(rmm: Any, cupy: Any, device: int) -> int:
-    """Bytes allocated on ``device``: rmm's count when it keeps one, else the driver's."""
-    resource = rmm.mr.get_per_device_resource(device) if rmm is not None else None
-    counts = getattr(resource, "allocation_counts", None)
-    if counts is not None:
-        # rmm before 25.x returns a dict; newer rmm a Statistics object with the same fields.
-        current = counts["current_bytes"] if isinstance(counts, dict) else counts.current_bytes
-        return int(current)
-    with cupy.cuda.Device(device):
-        free, total = cupy.cuda.runtime.memGetInfo()
-    return int(total) - int(free)
-
-
 # -- the backend ---------------------------------------------------------------------------
 
 READER_ENV = "TABLOADER_GPU_READER"
 """``cudf`` makes the GPU backend decode with ``cudf.read_parquet`` even where pylibcudf's
 reader works (to compare the two); unset, pylibcudf's is used where it can be."""
-
-
-_STREAMS: dict[int, Any] = {}
-_STREAMS_LOCK = threading.Lock()
-
-
-def _loader_stream(cupy: Any, device: int) -> Any:
-    """The loaders' stream on ``device``: one per device and process, never destroyed.
-
-    Non-blocking: it neither waits for the training step's kernels on the default stream
-    nor holds them up (see "Devices, streams, and the hand-off rules"). It outlives every
-    loader, because memory allocated on it outlives them: rmm's pools keep freed blocks
-    in lists per stream and synchronise with that stream when another takes them, so a
-    destroyed stream there crashes the process (seen on a GPU, at a garbage collection).
-    """
-    with _STREAMS_LOCK:
-        stream = _STREAMS.get(device)
-        if stream is None:
-            with cupy.cuda.Device(device):
-                stream = _STREAMS[device] = cupy.cuda.Stream(non_blocking=True)
-        return stream
 
 
 def _rmm_stream(stream: Any) -> Any:
@@ -954,17 +848,26 @@ class GPUBackend:
     def __init__(self, device: int | None = None) -> None:
         self._cudf, self._cupy, self.device = import_gpu(device)
         self.name = f"cuda:{self.device}"
-        self._rmm = _optional_import("rmm")
-        if self._rmm is not None:
-            ensure_memory_pool(self._rmm, self.device)
-        stream = _loader_stream(self._cupy, self.device)
-        self.xp = DeviceArrays(self._cupy, self.device, stream)
         reader = os.environ.get(READER_ENV, "").strip().lower()
         if reader not in ("", "cudf", "pylibcudf"):
             raise InvalidArgumentError(f"{READER_ENV}={reader!r} must be 'cudf' or 'pylibcudf'")
+        self._rmm = _optional_import("rmm")
+        pool = None if self._rmm is None else acquire_pool(self._rmm, self.device)
+        memory = DeviceMemory(self._cupy, self.device, take_streams(self._cupy, self.device))
+        self.xp = DeviceArrays(self._cupy, self.device, memory)
+        # Given back when the loader closes, or when it is collected.
+        self._finalizer = weakref.finalize(
+            self, finalize_loader_memory, self._rmm, self.device, memory, pool
+        )
         self._plc: Any = None if reader == "cudf" else _optional_import("pylibcudf")
-        self._plc_stream = _rmm_stream(stream) if self._plc is not None else None
+        self._plc_stream = _rmm_stream(self.xp.reader_stream) if self._plc is not None else None
         self._plc_worked = False
+
+    def close(self) -> None:
+        """Give the loader's GPU memory back: memory the consumer let go of, once its work
+        on it is done; the device's pool, when no other loader uses it (see
+        `tabloader.backends.gpu_memory`). Batches still held stay valid."""
+        self._finalizer()
 
     @property
     def reader(self) -> str:
@@ -979,10 +882,11 @@ class GPUBackend:
         plan, dataset = request.plan, request.dataset
         chunk_plans = drawn_ahead(plan, partial(self.plan_chunk, dataset, plan))
         try:
-            with self.scope():
+            with self.xp.reading():
                 for chunk, chunk_plan in zip(range(plan.num_chunks), chunk_plans, strict=True):
                     # the shuffled order, drawn on the device (the host's draw, exactly)
-                    order = plan.batch_order(chunk, xp=self._cupy)
+                    with _out_of_memory_as_error(self.device, f"drawing chunk {chunk}'s order"):
+                        order = plan.batch_order(chunk, xp=self._cupy)
                     yield self.load_chunk(request, plan.pieces(chunk), chunk_plan, order)
         finally:
             chunk_plans.close()
@@ -1014,7 +918,7 @@ class GPUBackend:
         order: Any = None,
     ) -> list[Part]:
         """Read one chunk and lay it out as the request's blocks, in the calling thread
-        (set up by `scope`)."""
+        (set up by `DeviceArrays.reading`)."""
         cupy, stats, dataset = self._cupy, request.stats, request.dataset
         blocks = request.blocks
         columns = [c for b in blocks for c in b.columns]
@@ -1036,21 +940,23 @@ class GPUBackend:
                         frames, _pieces_by_frame(pieces, chunk_plan, frames), strict=True
                     )
                 ]
-            if on_default:
-                self.xp.follow_default_stream()  # the layout below reads what cudf wrote
+            memory, default = self.xp.memory, cupy.cuda.Stream.null
+            if on_default:  # the layout below reads what cudf wrote
+                memory.order(self.xp.reader_stream, after=default)
             t1 = time.perf_counter()
             stats.read_seconds += t1 - t0
             segment = assemble_frames(converted, blocks, cupy)
-            del converted
+            if on_default:  # nothing of the chunk stays in memory of the default stream
+                segment = {name: _owned(a) for name, a in segment.items()}
             stats.bytes_read += sum(_nbytes(a) for a in segment.values())
             index, first = delivery_rows(chunk_plan.spans, chunk_plan.frame_rows, order, xp=cupy)
             if index is None and (first or chunk_plan.rows != _segment_rows(segment)):
                 segment = {name: a[first : first + chunk_plan.rows] for name, a in segment.items()}
             if on_default:
-                # cudf's frames go back to its pool (the default stream's) once the layout
-                # issued above has read them: ordered like a batch handed over
-                self.xp.hand_over()
-            del frames
+                # cudf's frames and their conversions go back to the default stream's pool
+                # once the layout issued above has read them
+                memory.order(default, after=self.xp.reader_stream)
+            del converted, frames
         stats.assemble_seconds += time.perf_counter() - t1
         stats.device_bytes = device_bytes_in_use(self._rmm, cupy, self.device)
         return [(segment, index)]
@@ -1069,8 +975,9 @@ class GPUBackend:
         cudf = self._cudf
         if read is not None:
             return self._read_parquet(dataset, read, columns, lists)
-        with dask_threads_on(self.device, self._cupy):  # dask's threads on this GPU, not 0
-            partitions = dataset.computed_partitions(pieces, columns)
+        # dask's threads on this GPU, not GPU 0
+        scheduler = dask_compute_options(self.device, self._cupy)
+        partitions = dataset.computed_partitions(pieces, columns, scheduler=scheduler)
         if partitions is not None:  # dask-cudf partitions stay on the device
             frames = [
                 frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)
@@ -1132,7 +1039,7 @@ class GPUBackend:
         # Partition keys, and table columns renamed or added after a file was written:
         # deliver exactly the requested columns, keys typed as on the CPU.
         file_rows = [int(sum(dataset.partition_rows[p] for p in ps)) for ps in read.partitions]
-        return [_complete_columns(frame, how, file_rows, columns)], on_default
+        return [_complete_columns(frame, how, file_rows, columns, where)], on_default
 
     def _decode_on_host(
         self, dataset: Dataset, read: ChunkRead, columns: list[str], lists: set[str]
@@ -1223,6 +1130,17 @@ class GPUBackend:
             frames.append(frame)
             on_default = on_default or default
         return frames, on_default
+
+
+def _owned(array: Any) -> Any:
+    """A list column joined from one frame is that frame's own memory: copied on the
+    calling thread's stream (the reader's), so that the chunk holds no memory of the
+    default stream's (freed there, it would go back to that stream's pool while the
+    batcher still gathers from it)."""
+    if not isinstance(array, Ragged):
+        return array
+    rows = None if array.rows is None else array.rows.copy()
+    return Ragged(array.values.copy(), array.offsets.copy(), rows)
 
 
 def _segment_rows(segment: Segment) -> int:

@@ -7,9 +7,12 @@ and copied to the device. Once complete it is *placed* for the epochs after, onc
 loader:
 
 - **in GPU memory** when it fits in a share of the device's free memory
-  (`$TABLOADER_GPU_CACHE_FRACTION`, 0.5 by default) or ``cache_placement="device"``:
-  a chunk's order is drawn on the device and each window of it is one gather per block
-  there, the columns of a dtype side by side, column-major, as streamed batches are;
+  (`$TABLOADER_GPU_CACHE_FRACTION`, 0.5 by default) and leaves the reserve free
+  (`$TABLOADER_GPU_CACHE_RESERVE`, a tenth of the device's memory by default), or
+  ``cache_placement="device"``: a chunk's order is drawn on the device and each window
+  of it is one gather per block there, the columns of a dtype side by side,
+  column-major, as streamed batches are. Its memory comes from the driver, not from the
+  loader's pool, so that it goes back to the driver when the cache leaves the device;
 - **in pinned host memory** otherwise (``cache_placement="host"``): a shuffled chunk
   is copied to the device in stored order (an asynchronous copy per run of the cache
   and block, at the bus's speed, nothing gathered on the host) and permuted there; a
@@ -23,12 +26,21 @@ second copy of the cache on the device.
 
 A disk cache opened by a later loader is placed the same way. Batches are the same
 whatever the placement; `LoaderStats.cache_placement` says which was taken.
+
+**The cache gives way to the training step.** When the GPU's free memory falls below the
+reserve while a cache lives there (the framework took more), the cache moves to pinned
+host memory at the next chunk, with a [`CacheWarning`][tabloader.errors.CacheWarning],
+and its GPU memory goes back to the driver; the epoch goes on with the same batches.
+A cache that does not fit when it is placed (the driver refuses the memory) is placed in
+pinned host memory the same way, or raises
+[`GPUMemoryError`][tabloader.errors.GPUMemoryError] with ``cache_placement="device"``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections import deque
 from collections.abc import Generator, Iterator, Mapping
 from functools import partial
@@ -40,7 +52,7 @@ import numpy as np
 from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.batches import Ragged
 from tabloader.cache.serve import CacheBackend, CachedList, gather_list
-from tabloader.errors import InvalidArgumentError
+from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
 from tabloader.stages import GATHER_THREADS, SplitWork, drawn_ahead, usable_cores
 
@@ -53,10 +65,12 @@ if TYPE_CHECKING:
     from tabloader.stats import StatsRecorder
 
 __all__ = [
+    "FRACTION_ENV",
+    "RESERVE_ENV",
     "CachePlacement",
     "DeviceCacheBackend",
-    "FRACTION_ENV",
     "PinnedNumpy",
+    "device_reserve",
     "device_share",
 ]
 
@@ -66,8 +80,25 @@ FRACTION_ENV = "TABLOADER_GPU_CACHE_FRACTION"
 """Share of the device's free memory a decoded cache may take there (``auto``
 placement); 0.5 by default."""
 DEFAULT_FRACTION = 0.5
+RESERVE_ENV = "TABLOADER_GPU_CACHE_RESERVE"
+"""Share of the device's memory a decoded cache in GPU memory leaves free for the training
+step; below it, the cache moves to pinned host memory. 0.1 by default."""
+DEFAULT_RESERVE = 0.1
 _COPIES_IN_FLIGHT = 8
 """Pinned staging arrays kept alive, at most, while their copies to the device run."""
+
+
+def _share(name: str, default: float, meaning: str) -> float:
+    setting = os.environ.get(name, "").strip()
+    if not setting:
+        return default
+    try:
+        value = float(setting)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise InvalidArgumentError(f"{name}={setting!r} must be a number in [0, 1] ({meaning})")
+    return value
 
 
 def device_share() -> float:
@@ -77,19 +108,28 @@ def device_share() -> float:
         >>> device_share()
         0.5
     """
-    setting = os.environ.get(FRACTION_ENV, "").strip()
-    if not setting:
-        return DEFAULT_FRACTION
-    try:
-        value = float(setting)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise InvalidArgumentError(
-            f"{FRACTION_ENV}={setting!r} must be a number in [0, 1] (the share of the GPU's "
-            "free memory a decoded cache may take; 0 keeps caches in pinned host memory)"
-        )
-    return value
+    return _share(
+        FRACTION_ENV,
+        DEFAULT_FRACTION,
+        "the share of the GPU's free memory a decoded cache may take; 0 keeps caches in "
+        "pinned host memory",
+    )
+
+
+def device_reserve() -> float:
+    """The share of the device's memory a cache there leaves free
+    (``$TABLOADER_GPU_CACHE_RESERVE``).
+
+    Examples:
+        >>> device_reserve()
+        0.1
+    """
+    return _share(
+        RESERVE_ENV,
+        DEFAULT_RESERVE,
+        "the share of the GPU's memory a decoded cache there leaves free for the training "
+        "step; below it the cache moves to pinned host memory",
+    )
 
 
 class PinnedNumpy(PooledNumpy):
@@ -161,7 +201,7 @@ class DeviceCacheBackend(CacheBackend):
             self._work.close()
 
     def _read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        with self.backend.scope():
+        with self.xp.reading():
             if self.write:
                 host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
                 for parts in host.read_chunks(request):
@@ -194,6 +234,8 @@ class DeviceCacheBackend(CacheBackend):
             orders = plan.batch_orders(xp=cupy)  # several chunks' at once
             carried: Any = None  # the rows after a chunk's last whole window
             for chunk in range(plan.num_chunks):
+                if placed.on_device and self._short_of_memory():
+                    placed = self._give_way()  # the rest of the epoch from pinned memory
                 index = rows.delivery_rows(plan, chunk, xp=cupy, order=next(orders))
                 begins = plan.rows_before(chunk)
                 if carried is not None:
@@ -267,7 +309,7 @@ class DeviceCacheBackend(CacheBackend):
         """Chunk ``chunk``'s rows of the host-side cache ``placed``, in stored order, on
         the device, row-major as the cache stores them: an asynchronous copy on the
         loader's stream per run of the cache and block."""
-        base, stream = self.cache.rows.base, self.xp.stream
+        base, stream = self.cache.rows.base, self.xp.reader_stream
         runs = [(int(base[p]) + a, b - a) for p, a, b in plan.pieces(chunk) if b > a]
         n = sum(k for _, k in runs)
         staged: dict[str, Any] = {}
@@ -284,7 +326,7 @@ class DeviceCacheBackend(CacheBackend):
         """The cache's ``rows``, in that order, on the device: gathered there (one gather
         per block), or on the host by a few threads into pinned memory and copied in."""
         if placed.on_device:
-            index = self.xp.cupy.asarray(rows)  # one copy a window, on the loader's stream
+            index = self.xp.cupy.asarray(rows)  # one copy a window, on the reader's stream
             blocks = {b.name: b for b in self.cache.blocks}
             segment: Segment = {
                 name: gather_list(a, index)
@@ -293,6 +335,8 @@ class DeviceCacheBackend(CacheBackend):
                 for name, a in placed.arrays.items()
             }
             return segment, None
+        if not isinstance(rows, np.ndarray):  # drawn on the device before the cache gave way
+            rows = self.xp.cupy.asnumpy(rows)
         pinned = PinnedNumpy(self.xp.cupy)
         gathered: Segment = {}
         jobs = []
@@ -318,39 +362,103 @@ class DeviceCacheBackend(CacheBackend):
     # -- placing a complete cache ------------------------------------------------------
 
     def _placed(self) -> _Placed:
-        """The complete cache placed for this device, once per cache and device."""
+        """The complete cache placed for this device, once per cache and device (and
+        again in pinned memory if the device's memory grew short, see `_give_way`)."""
         cache = self.cache
         device = self.xp.device
         placed: _Placed | None = cache.placed.get(device)
+        if placed is not None and placed.on_device and self._short_of_memory():
+            placed = self._give_way()
         if placed is None:
             assert cache.arrays is not None
-            if self._fits_on_device():
-                placed = _Placed(self._to_device(cache.arrays), "device")
-            else:
+            arrays = self._to_device(cache.arrays) if self._fits_on_device() else None
+            if arrays is None:
                 placed = _Placed(self._to_pinned(cache.arrays), "pinned host")
+            else:
+                placed = _Placed(arrays, "device")
             cache.placed[device] = placed
         self.stats.cache_placement = placed.where
         return placed
 
+    def _memory(self) -> tuple[int, int]:
+        """The device's free and total memory, as the driver says."""
+        with self.xp.cupy.cuda.Device(self.xp.device):
+            free, total = self.xp.cupy.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
     def _fits_on_device(self) -> bool:
         if self.placement != "auto":
             return self.placement == "device"
-        from tabloader.backends.gpu import free_device_memory
+        free, total = self._memory()
+        nbytes = self.cache.nbytes
+        return nbytes <= device_share() * free and free - nbytes >= device_reserve() * total
 
-        return self.cache.nbytes <= device_share() * free_device_memory(self.xp.device)
+    def _short_of_memory(self) -> bool:
+        """Whether the device's free memory fell below the reserve a cache there leaves
+        for the training step (a forced ``cache_placement="device"`` stays)."""
+        if self.placement == "device":
+            return False
+        free, total = self._memory()
+        return free < device_reserve() * total
 
-    def _to_device(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    def _give_way(self) -> _Placed:
+        """Move the cache from GPU memory to pinned host memory, with a warning; its GPU
+        memory goes back to the driver once the windows gathered from it are done."""
+        cache = self.cache
+        assert cache.arrays is not None
+        free, total = self._memory()
+        warnings.warn(
+            f"the GPU's free memory fell to {free:,} bytes, below the {device_reserve():.0%} "
+            f"of its {total:,} bytes a decoded cache there leaves for the training step "
+            f"(${RESERVE_ENV}): the cache moves to pinned host memory, and each chunk is "
+            "copied to the GPU from there (same batches, a few times slower than from GPU "
+            'memory). Pass cache_placement="host" to keep it there from the start',
+            CacheWarning,
+            stacklevel=2,
+        )
+        placed = _Placed(self._to_pinned(cache.arrays), "pinned host")
+        cache.placed[self.xp.device] = placed
+        self.stats.cache_placement = placed.where
+        return placed
+
+    def _to_device(self, arrays: Mapping[str, Any]) -> dict[str, Any] | None:
         """The cache's arrays copied to the device, each block laid out as streamed
-        chunks are (column-major where the layout keeps a dtype's columns together)."""
+        chunks are (column-major where the layout keeps a dtype's columns together), in
+        memory from the driver (not the pool, so that it goes back to the driver when the
+        cache leaves the device), one column at a time: no block is on the device twice.
+        None, with a warning, when the driver refuses the memory (a ``"device"``
+        placement raises `GPUMemoryError` instead)."""
+        from tabloader.backends.gpu import is_out_of_memory, memory_error_message
+
+        cupy = self.xp.cupy
         blocks = {b.name: b for b in self.cache.blocks}
         out: dict[str, Any] = {}
-        for name, array in arrays.items():
-            if isinstance(array, CachedList):
-                cupy = self.xp.cupy
-                out[name] = CachedList(cupy.asarray(array.values), cupy.asarray(array.spans))
-                continue
-            out[name] = self._block_to_device(np.asarray(array), blocks[name])
-        self.xp.hand_over()  # complete for whoever reads it next, on any stream
+        try:
+            with cupy.cuda.using_allocator(None):  # cudaMalloc, cudaFree: the driver's
+                for name, array in arrays.items():
+                    if isinstance(array, CachedList):
+                        values, spans = self._copy_in(array.values), self._copy_in(array.spans)
+                        out[name] = CachedList(values, spans)
+                    else:
+                        out[name] = self._block_to_device(np.asarray(array), blocks[name])
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            out.clear()
+            doing = f"placing a decoded cache of {self.cache.nbytes:,} bytes in GPU memory"
+            if self.placement == "device":
+                raise GPUMemoryError(
+                    memory_error_message(err, device=self.xp.device, doing=doing)
+                    + '; or pass cache_placement="host" (or "auto") to keep the cache in '
+                    "pinned host memory"
+                ) from err
+            warnings.warn(
+                f"cuda:{self.xp.device} ran out of memory {doing} ({err}): the cache is "
+                "kept in pinned host memory instead",
+                CacheWarning,
+                stacklevel=4,
+            )
+            return None
         return out
 
     def _to_pinned(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
@@ -376,21 +484,23 @@ class DeviceCacheBackend(CacheBackend):
     def _block_to_device(self, host: NDArray[Any], block: Block | None) -> Any:
         cupy = self.xp.cupy
         if _by_column(host, block):
-            # gathered row by row on the host: made column-major on the device, as streamed
-            rows = self._copy_in(host)
+            # gathered row by row on the host: made column-major on the device, as
+            # streamed chunks are, one column copied at a time
             out = cupy.empty((host.shape[1], host.shape[0]), dtype=host.dtype)
-            out[...] = rows.T
+            for j in range(host.shape[1]):
+                self._copy_in(host[:, j], out=out[j])
             return out.T
         return self._copy_in(host)
 
-    def _copy_in(self, host: NDArray[Any]) -> Any:
-        """``host`` on the device: an asynchronous copy on the loader's stream (pinned
-        memory is kept alive until its copy is done)."""
-        cupy = self.xp.cupy
+    def _copy_in(self, host: NDArray[Any], out: Any = None) -> Any:
+        """``host`` on the device (in ``out``, or new memory): an asynchronous copy on the
+        reader's stream (pinned memory is kept alive until its copy is done)."""
+        cupy, stream = self.xp.cupy, self.xp.reader_stream
         host = np.ascontiguousarray(host)
-        out = cupy.empty(host.shape, dtype=host.dtype)
-        out.set(host, stream=self.xp.stream)
-        self._copies.append((self.xp.stream.record(), host))
+        if out is None:
+            out = cupy.empty(host.shape, dtype=host.dtype)
+        out.set(host, stream=stream)
+        self._copies.append((stream.record(), host))
         while self._copies:  # let go of the copies done; wait only when too many are not
             event = self._copies[0][0]
             if not event.done:

@@ -243,6 +243,12 @@ class DecodedCache:
 
     # -- finding, sizing ------------------------------------------------------------
 
+    def unplace(self) -> None:
+        """Let go of the copies placed for GPUs (in GPU or pinned host memory): a GPU
+        loader that closes gives their memory back; an epoch through the cache places it
+        again."""
+        self.placed = {}
+
     def discard(self) -> None:
         """Forget this cache, and delete its published directory (a disk cache): a
         refreshing dataset's loader replaces it when the files change."""

@@ -15,7 +15,7 @@ refresh.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -239,9 +239,14 @@ class Source(Protocol):
         return None
 
     def computed_partitions(
-        self, pieces: Sequence[Piece], columns: Sequence[str]
+        self,
+        pieces: Sequence[Piece],
+        columns: Sequence[str],
+        *,
+        scheduler: Mapping[str, Any] | None = None,
     ) -> list[Any] | None:
-        """For a Dask DataFrame: each piece's rows, computed; None for other sources."""
+        """For a Dask DataFrame: each piece's rows, computed (with ``scheduler``: dask's
+        ``compute`` keywords for these computations only); None for other sources."""
         return None
 
     def check_worker_processes(self, start_method: Any) -> None:

@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -107,13 +107,16 @@ class DaskSource(Source):
         self.__dict__.update(state)
         self._pid = os.getpid()
 
-    def compute_partition(self, index: int, columns: list[str]) -> Any:
+    def compute_partition(
+        self, index: int, columns: list[str], scheduler: Mapping[str, Any] | None = None
+    ) -> Any:
         if os.getpid() != self._pid and _distributed_client() is not None:
             # The client's connection lives in a thread of the parent process, which a
             # forked child does not have: compute() would wait forever.
             raise TabloaderError(forked_dask_message())
+        partition = self.frame[columns].get_partition(int(self.part_index[index]))
         with _quiet_dask():
-            return self.frame[columns].get_partition(int(self.part_index[index])).compute()
+            return partition.compute(**(scheduler or {}))
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
         frame = self.compute_partition(index, columns)
@@ -124,11 +127,18 @@ class DaskSource(Source):
         )
         return table
 
-    def computed_partitions(self, pieces: Sequence[Piece], columns: Sequence[str]) -> list[Any]:
+    def computed_partitions(
+        self,
+        pieces: Sequence[Piece],
+        columns: Sequence[str],
+        *,
+        scheduler: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
         frames = []
         for partition, first, last in pieces:
             try:
-                frames.append(self.compute_partition(partition, list(columns)).iloc[first:last])
+                computed = self.compute_partition(partition, list(columns), scheduler)
+                frames.append(computed.iloc[first:last])
             except Exception as err:
                 if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
                     raise

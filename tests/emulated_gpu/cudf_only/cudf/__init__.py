@@ -1,9 +1,12 @@
 """Emulated cudf: parquet decoded on the host by pyarrow, columns moved to the device.
 
 Columns are arrays of whichever ``cupy`` imports (the emulated one, or the real one on a
-GPU host without cudf), created with ``cupy.asarray`` from the decoded host arrays, so
-every column allocation goes through cupy's current allocator. Only the API subset
-tabloader uses is here; each rule that decides correctness cites the real library.
+GPU host without cudf), created with ``cupy.asarray`` from the decoded host arrays, in
+memory from rmm's current device resource on the legacy default stream, whatever
+allocator cupy's calling thread uses: libcudf allocates its columns from rmm
+(``rmm::mr::get_current_device_resource``), never through cupy. Reading a file waits on
+the host for its stream, as libcudf's reader does. Only the API subset tabloader uses
+is here; each rule that decides correctness cites the real library.
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _on_default_stream(func: F) -> F:
-    """Run ``func``'s device work on the legacy default stream, whatever cupy's current
-    stream is: cudf issues libcudf's kernels on ``cudf.get_default_stream()`` (the legacy
-    default stream unless libcudf was built for per-thread streams), never on cupy's."""
+    """Run ``func``'s device work on the legacy default stream, its memory from rmm's
+    current resource, whatever cupy's current stream and allocator are: cudf issues
+    libcudf's kernels on ``cudf.get_default_stream()`` (the legacy default stream unless
+    libcudf was built for per-thread streams), never on cupy's, and libcudf allocates
+    from rmm directly, not through cupy's allocator."""
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with cupy.cuda.Stream.null:
+        with cupy.cuda.Stream.null, cupy.cuda.using_allocator(rmm_cupy_allocator):
             return func(*args, **kwargs)
 
     return run  # type: ignore[return-value]
@@ -589,4 +594,16 @@ def read_parquet(
             offsets = np.arange(0, 2 * len(raw) + 1, 2, dtype=np.int32)
             as_bytes = pa.ListArray.from_arrays(pa.array(offsets), pa.array(data, pa.uint8()))
             table = table.set_column(i, field.name, as_bytes)
-    return DataFrame.from_arrow(table)
+    frame = DataFrame.from_arrow(table)
+    _reader_waits(cupy.cuda.Stream.null)
+    return frame
+
+
+def _reader_waits(stream: Any) -> None:
+    """libcudf's parquet reader waits on the host for its stream while it reads (it copies
+    page and row counts back to size its output): a host wait inside libcudf."""
+    order = getattr(cupy.cuda, "_order", None)
+    if order is None:
+        stream.synchronize()
+        return
+    order.host_wait(stream._key(), inside="libcudf")

@@ -226,7 +226,8 @@ class ndarray:
         if not (self._host.flags.c_contiguous or self._host.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
         key = cuda.current_key() if stream is None else stream._key()
-        _order.access(self._history(), key, _order.issue(key), write=True, what="a copy in")
+        n = _order.issue(key, _order.kernel_seconds(arr.nbytes))
+        _order.access(self._history(), key, n, write=True, what="a copy in")
         self._host[...] = arr
 
     # -- DLPack and the CUDA array interface ------------------------------------------
@@ -246,14 +247,15 @@ class ndarray:
             current = cuda.current_key()
             consumer = cuda.ExternalStream(1 if stream is None else int(stream))._key()
             if consumer != current:
-                count, covered = _order.snapshot(current)
-                _order.wait(consumer, current, count, covered)
+                count, covered, when = _order.snapshot(current)
+                _order.wait(consumer, current, count, covered, when)
             _order.access(
                 self._history(),
                 consumer,
                 _order.issued(consumer),
                 write=False,
                 what=f"a DLPack consumer (stream {stream!r}, device {device})",
+                record=False,
             )
         # The capsule holds the exported array itself until the consumer calls its deleter:
         # cupy's toDlpack sets the managed tensor's manager_ctx to the array and
@@ -417,7 +419,8 @@ def _launch(*arrays: Any, read: bool = True) -> None:
     (``read``) their last writes ordered before the current stream (see ``cuda._order``)."""
     current = _runtime.getDevice()
     key = cuda.current_key()  # refuses a current stream of another device
-    n = _order.issue(key)
+    nbytes = sum(int(a.nbytes) for a in arrays if isinstance(a, ndarray))
+    n = _order.issue(key, _order.kernel_seconds(nbytes))  # a kernel takes time
     for a in arrays:
         if isinstance(a, np.ndarray):
             # cupy's kernels refuse host arrays (cupy/_core/_kernel.pyx _preprocess_arg

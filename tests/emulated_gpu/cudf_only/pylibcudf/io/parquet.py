@@ -1,8 +1,12 @@
 """Emulated ``pylibcudf.io.parquet``: ``ParquetReaderOptions`` and ``read_parquet``.
 
-Decoded on the host by pyarrow; the device buffers are written on the stream given
-(else the legacy default stream). Requested columns a file lacks are left out, as
-libcudf does unless told otherwise (``ignore_missing_columns``).
+Decoded on the host by pyarrow; the device buffers come from ``mr`` (else rmm's current
+device resource) on the stream given (else the legacy default stream), and are written
+there: libcudf allocates the table it returns from the resource it is given
+(``read_parquet(options, stream, mr)`` in python/pylibcudf/pylibcudf/io/parquet.pyx),
+never through cupy's allocator, whatever the calling thread set. The read waits on the
+host for its stream before it returns, as libcudf's reader does. Requested columns a file
+lacks are left out, as libcudf does unless told otherwise (``ignore_missing_columns``).
 """
 
 from __future__ import annotations
@@ -60,7 +64,20 @@ class ParquetReaderOptions:
         self._row_groups = [list(g) for g in row_groups]
 
 
-def _device_column(array: pa.Array, cupy: Any) -> Any:
+def _device_bytes(host: np.ndarray, stream: Any, mr: Any, cupy: Any) -> Any:
+    """``host``'s bytes in a new rmm buffer from ``mr`` on ``stream``, copied there."""
+    import rmm
+
+    buffer = rmm.DeviceBuffer(size=host.nbytes, stream=stream, mr=mr)
+    if not host.nbytes:
+        return cupy.empty(0, dtype=np.uint8)
+    memory = cupy.cuda.UnownedMemory(buffer.ptr, buffer.size, buffer, -1)
+    out = cupy.ndarray((host.nbytes,), np.uint8, cupy.cuda.MemoryPointer(memory, 0))
+    out.set(host.view(np.uint8).reshape(-1), stream=stream)
+    return out
+
+
+def _device_column(array: pa.Array, cupy: Any, stream: Any, mr: Any) -> Any:
     from .. import Column, DataType, TypeId, gpumemoryview
 
     kind = array.type
@@ -68,14 +85,14 @@ def _device_column(array: pa.Array, cupy: Any) -> Any:
         raise NotImplementedError(f"the emulated pylibcudf reads fixed-width columns, not {kind}")
     zero = pa.scalar(False if pa.types.is_boolean(kind) else 0, kind)
     values = np.ascontiguousarray(array.fill_null(zero).to_numpy(zero_copy_only=False))
-    data = cupy.asarray(values.view(np.uint8))
+    data = _device_bytes(values, stream, mr, cupy)
     mask = None
     if array.null_count:
         valid = array.is_valid().to_numpy(zero_copy_only=False)
         bits = np.packbits(valid, bitorder="little")
         padded = np.zeros(-(-len(bits) // 64) * 64, dtype=np.uint8)  # libcudf pads to 64 bytes
         padded[: len(bits)] = bits
-        mask = gpumemoryview(cupy.asarray(padded))
+        mask = gpumemoryview(_device_bytes(padded, stream, mr, cupy))
     # libcudf's types (pylibcudf.TypeId) have no 16-bit float
     if values.dtype == np.float16:
         raise NotImplementedError("libcudf has no type for 16-bit floats (no TypeId)")
@@ -102,6 +119,10 @@ def read_parquet(options: ParquetReaderOptions, stream: Any = None, mr: Any = No
             tables.append(file.read_row_groups(groups, columns=names, use_pandas_metadata=False))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     on = cupy.cuda.Stream.null if stream is None else stream.obj
-    with on:
-        columns = [_device_column(c.combine_chunks(), cupy) for c in table.columns]
+    columns = [_device_column(c.combine_chunks(), cupy, on, mr) for c in table.columns]
+    order = getattr(cupy.cuda, "_order", None)
+    if order is None:
+        on.synchronize()
+    else:  # libcudf's reader waits for its stream on the host while it reads
+        order.host_wait(on._key(), inside="libcudf")
     return TableWithMetadata(columns, table.column_names)

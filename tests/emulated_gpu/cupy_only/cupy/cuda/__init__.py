@@ -1,10 +1,12 @@
-"""Emulated ``cupy.cuda``: devices, streams and events (work is synchronous on the host)."""
+"""Emulated ``cupy.cuda``: devices, streams and events, on the emulated device's clock
+(``_order``: a stream is a queue, a kernel takes time, a query never blocks)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import threading
+import time
 from typing import Any
 
 from . import _order, memory, runtime
@@ -95,34 +97,39 @@ _handles = itertools.count(0x1000, 0x10)
 
 
 class Event:
-    """A point in a stream: what the stream had issued when it was recorded.
+    """A point in a stream: what the stream had issued when it was recorded, and when, on
+    the emulated clock, that work ends (``time``).
 
-    The emulated work is already done when it is issued, but the order CUDA promises is
-    kept (see ``_order``): ``synchronize()`` tells the host that the work before the event
-    is complete, ``Stream.wait_event`` orders a stream after it.
+    ``synchronize()`` blocks the host until then and tells it that the work before the
+    event is complete; ``query()``/``done`` say whether it is, never blocking (True once
+    the clock has passed ``time``, and then the host may rely on it, as on CUDA);
+    ``Stream.wait_event`` orders a stream's later work after it (see ``_order``).
     """
 
     def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
-        self.stream: Stream | None = None
         self.key: _order.Key | None = None
         self.count = 0
         self.covered: dict[_order.Key, int] = {}
+        self.time = 0.0
 
     def record(self, stream: Stream | None = None) -> None:
-        self.stream = get_current_stream() if stream is None else stream
-        self.key = self.stream._key()
-        self.count, self.covered = _order.snapshot(self.key)
+        # (an event does not hold its stream alive, as in CUDA)
+        self.key = (get_current_stream() if stream is None else stream)._key()
+        self.count, self.covered, self.time = _order.snapshot(self.key)
 
     def synchronize(self) -> None:
         if self.key is not None:
-            _order.host_wait(self.key, self.count, self.covered)
+            _order.host_wait(self.key, self.count, self.covered, until=self.time)
 
     def query(self) -> bool:
-        # True means complete, and the host may rely on it (a query never blocks: not
-        # counted as a host wait)
-        if self.key is not None:
+        # cudaEventQuery: cudaSuccess once the work is done, and then the host may rely on
+        # it; never blocks (not counted as a host wait)
+        if self.key is None:
+            return True
+        if _order.is_complete(self.key, self.count) or time.monotonic() >= self.time:
             _order.complete(self.key, self.count, self.covered)
-        return True
+            return True
+        return False
 
     done = property(query)
 
@@ -180,12 +187,13 @@ class Stream:
         self.waited.append(event)
         del self.waited[:-8]  # kept for inspection only, bounded
         if event.key is not None:
-            _order.wait(self._key(), event.key, event.count, event.covered)
+            _order.wait(self._key(), event.key, event.count, event.covered, event.time)
 
     @property
     def done(self) -> bool:
-        _order.complete(self._key())  # cudaStreamQuery: complete, never blocking
-        return True
+        """cudaStreamQuery: whether the stream's work is complete, never blocking."""
+        event = self.record(Event())
+        return event.query()
 
     def __repr__(self) -> str:
         return f"<Stream {self.ptr:#x} (device {self.device_id})>"

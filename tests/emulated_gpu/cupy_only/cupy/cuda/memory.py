@@ -90,16 +90,19 @@ def _free(ptr: int, size: int) -> None:
 
 
 class _PooledMemory(BaseMemory):
-    def __init__(self, pool: MemoryPool, ptr: int, size: int, device: int) -> None:
+    def __init__(self, pool: MemoryPool, ptr: int, size: int, device: int, key: Any) -> None:
         self.ptr, self.size, self.device_id = ptr, size, device
         # cupy's pool keeps free blocks per stream: reused by the same stream, unordered
-        key = _current_key()
         _order.allocated(ptr, size, key)
         weakref.finalize(self, pool._give_back, ptr, size, device, key)
 
 
 class MemoryPool:
-    """cupy's default pool: freed blocks are cached and reused for the same rounded size.
+    """cupy's default pool: freed blocks are cached and reused for the same rounded size,
+    by the stream that freed them only: cupy keeps an arena per stream
+    (``SingleDeviceMemoryPool._arena(stream_ident)`` in cupy/cuda/memory.pyx; a block goes
+    back to the arena of the stream it was allocated on), so reuse is ordered by that
+    stream's order and by nothing else.
 
     ``used_bytes`` is what arrays hold, ``free_bytes`` what the cache holds, ``total_bytes``
     their sum (all for the current device), as in cupy's MemoryPool.
@@ -107,14 +110,15 @@ class MemoryPool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[int, dict[int, list[int]]] = {}
+        self._cache: dict[int, dict[Any, dict[int, list[int]]]] = {}
         self._used: dict[int, int] = {}
 
     def malloc(self, size: int) -> MemoryPointer:
         device = runtime.getDevice()
+        key = _current_key()
         rounded = -(-int(size) // _UNIT) * _UNIT
         with self._lock:
-            cached = self._cache.setdefault(device, {}).get(rounded)
+            cached = self._cache.setdefault(device, {}).setdefault(key, {}).get(rounded)
             ptr = cached.pop() if cached else None
         if ptr is None:
             try:
@@ -127,36 +131,40 @@ class MemoryPool:
                     raise OutOfMemoryError(rounded, runtime._allocated(device)) from None
         with self._lock:
             self._used[device] = self._used.get(device, 0) + rounded
-        return MemoryPointer(_PooledMemory(self, ptr, rounded, device), 0)
+        return MemoryPointer(_PooledMemory(self, ptr, rounded, device, key), 0)
 
     def _give_back(self, ptr: int, size: int, device: int, key: _order.Key) -> None:
         _order.freed(ptr, size, key)
         with self._lock:
             self._used[device] -= size
-            self._cache.setdefault(device, {}).setdefault(size, []).append(ptr)
+            arena = self._cache.setdefault(device, {}).setdefault(key, {})
+            arena.setdefault(size, []).append(ptr)
+
+    def _blocks(self) -> list[tuple[int, list[int]]]:
+        with self._lock:
+            arenas = self._cache.get(runtime.getDevice(), {}).values()
+            return [(size, list(ptrs)) for arena in arenas for size, ptrs in arena.items()]
 
     def used_bytes(self) -> int:
         with self._lock:
             return self._used.get(runtime.getDevice(), 0)
 
     def free_bytes(self) -> int:
-        with self._lock:
-            cache = self._cache.get(runtime.getDevice(), {})
-            return sum(size * len(ptrs) for size, ptrs in cache.items())
+        return sum(size * len(ptrs) for size, ptrs in self._blocks())
 
     def total_bytes(self) -> int:
         return self.used_bytes() + self.free_bytes()
 
     def n_free_blocks(self) -> int:
-        with self._lock:
-            return sum(len(p) for p in self._cache.get(runtime.getDevice(), {}).values())
+        return sum(len(ptrs) for _, ptrs in self._blocks())
 
     def free_all_blocks(self, stream: object = None) -> None:
         with self._lock:
-            cache = self._cache.pop(runtime.getDevice(), {})
-        for ptrs in cache.values():
-            for ptr in ptrs:
-                runtime.free(ptr)
+            arenas = self._cache.pop(runtime.getDevice(), {})
+        for arena in arenas.values():
+            for ptrs in arena.values():
+                for ptr in ptrs:
+                    runtime.free(ptr)  # cudaFree: nothing stays on record
 
 
 _default_pool = MemoryPool()

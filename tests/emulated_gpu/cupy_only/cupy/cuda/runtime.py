@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import _order
+
 __emulated__ = True
 
 _GIB = 2**30
@@ -105,11 +107,14 @@ def malloc(size: int) -> int:
 
 
 def free(ptr: int) -> None:
-    """Release an address returned by :func:`malloc` (cudaFree)."""
+    """Release an address returned by :func:`malloc` (cudaFree: it synchronises the
+    device, so nothing done to the memory stays on record)."""
     with _lock:
         _buffer, size, device = _buffers.pop(int(ptr))
         _starts.pop(bisect.bisect_left(_starts, int(ptr)))
         _used[device] -= size
+    _order.host_wait_device(device)
+    _order.forget(int(ptr), size)
 
 
 memoryTypeDevice = 2
