@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import tabloader
 from conftest import write_dataset
-from tabloader.plan import plan_epoch, resume_point
+from tabloader.plan import plan_epoch
 
 LAYOUT = [[37, 101, 5], [64], [1, 90, 33]]  # 331 rows, ragged row groups
 TOTAL = sum(map(sum, LAYOUT))
@@ -38,7 +38,7 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 def _stream(plan: Any, partition_begins: np.ndarray) -> np.ndarray:
     """Global row ids of a plan's stream, in delivery order."""
-    out = []
+    out = [np.arange(0)]
     for chunk in range(plan.num_chunks):
         ids = np.concatenate(
             [np.arange(p_lo, p_hi) + partition_begins[p] for p, p_lo, p_hi in plan.pieces(chunk)]
@@ -46,7 +46,7 @@ def _stream(plan: Any, partition_begins: np.ndarray) -> np.ndarray:
         )
         order = plan.batch_order(chunk)
         out.append(ids if order is None else ids[order])
-    return np.concatenate(out) if out else np.arange(0)
+    return np.concatenate(out)
 
 
 @given(
@@ -62,10 +62,20 @@ def _stream(plan: Any, partition_begins: np.ndarray) -> np.ndarray:
     ranks=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
     workers=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
     fraction=st.floats(0, 1),
+    extra=st.integers(0, 16),
 )
 @settings(max_examples=300, deadline=None)
 def test_a_resumed_plan_delivers_exactly_the_rest_of_the_stream(
-    rows, batch_size, chunking, shuffle, shuffle_within_batch, drop_last, ranks, workers, fraction
+    rows,
+    batch_size,
+    chunking,
+    shuffle,
+    shuffle_within_batch,
+    drop_last,
+    ranks,
+    workers,
+    fraction,
+    extra,
 ):
     partition_rows = np.array(rows, dtype=np.int64)
     begins = np.concatenate([[0], np.cumsum(partition_rows)[:-1]])
@@ -86,32 +96,20 @@ def test_a_resumed_plan_delivers_exactly_the_rest_of_the_stream(
     done = round(fraction * plan.num_batches)
     rest = plan.resume(done)
     full = _stream(plan, begins)
-    resumed = _stream(rest, begins)[rest.drop_rows :]
-    assert resumed.tolist() == full[done * batch_size :].tolist()
+    assert _stream(rest, begins).tolist() == full[done * batch_size :].tolist()
     assert rest.num_batches == plan.num_batches - done
-    # Chunks wholly before the resume point are not in the resumed plan.
-    if rest.num_chunks:
-        assert rest.drop_rows < rest.chunk_rows(0)
-    else:
-        assert rest.drop_rows == 0
-
-
-@given(
-    chunk_rows=st.lists(st.integers(1, 30), min_size=1, max_size=10),
-    batch_size=st.integers(1, 20),
-    data=st.data(),
-)
-@settings(deadline=None)
-def test_resume_point_is_the_chunk_holding_the_first_undelivered_row(chunk_rows, batch_size, data):
-    total = sum(chunk_rows)
-    done = data.draw(st.integers(0, -(-total // batch_size)))
-    chunk, rows = resume_point(np.array(chunk_rows), batches_done=done, batch_size=batch_size)
-    row = min(done * batch_size, total)
-    assert sum(chunk_rows[:chunk]) + rows == row
-    if chunk < len(chunk_rows):
-        assert 0 <= rows < chunk_rows[chunk]
-    else:
-        assert row == total and rows == 0
+    assert rest.rows_before(0) == min(done * batch_size, plan.num_rows)
+    # Chunks wholly before the resume point are not in the resumed plan: every chunk
+    # delivers rows, and an unshuffled chunk reads only the rows it delivers.
+    assert all(rest.chunk_rows(c) > 0 for c in range(rest.num_chunks))
+    if not shuffle:
+        assert all(rest.stored_rows(c) == rest.chunk_rows(c) for c in range(rest.num_chunks))
+    # Any row, not only a batch's first: the rest of the stream (a cache that failed
+    # mid-way streams the rest of its epoch so), twice over.
+    cut = min(done * batch_size + extra, plan.num_rows)
+    after = rest.after_rows(cut - min(done * batch_size, plan.num_rows))
+    assert _stream(after, begins).tolist() == full[cut:].tolist()
+    assert after.num_rows == plan.num_rows - cut
 
 
 # -- the core loader ---------------------------------------------------------------------
