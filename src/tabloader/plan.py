@@ -58,7 +58,6 @@ __all__ = [
     "EpochPlan",
     "Leg",
     "Planner",
-    "Run",
     "chunk_offsets",
     "chunk_permutation",
     "counter_permutation",
@@ -69,9 +68,7 @@ __all__ = [
     "partition_order",
     "plan_cached_epoch",
     "plan_epoch",
-    "plan_of_runs",
     "plan_rest",
-    "plan_runs",
     "rank_rows",
     "round_robin",
     "worker_row_range",
@@ -656,8 +653,8 @@ class EpochPlan:
             ([(1, 2, 5)], 2, 8, 7)
         """
         rows = min(max(int(rows), 0), self.num_rows)
-        rest = _skip_rows(plan_runs(self), rows)
-        return plan_of_runs(
+        rest = _skip_rows(_plan_runs(self), rows)
+        return _plan_of_runs(
             rest,
             self,
             num_rows=self.num_rows - rows,
@@ -667,7 +664,7 @@ class EpochPlan:
 
 
 @dataclass(frozen=True)
-class Run:
+class _Run:
     """Rows ``[lo, hi)`` of chunk ``chunk`` of ``plan``: positions in its full delivery
     order when shuffled, in its pieces' rows when not. A stream of a resumed epoch is a
     list of runs of the epoch's own plans."""
@@ -678,17 +675,17 @@ class Run:
     hi: int
 
 
-def plan_runs(plan: EpochPlan) -> list[Run]:
+def _plan_runs(plan: EpochPlan) -> list[_Run]:
     """The stream ``plan`` delivers, as runs of its chunks."""
     runs = []
     for chunk in range(plan.num_chunks):
         for lo, hi in plan.windows.get(chunk, ((0, plan.stored_rows(chunk)),)):
             if hi > lo:
-                runs.append(Run(plan, chunk, lo, hi))
+                runs.append(_Run(plan, chunk, lo, hi))
     return runs
 
 
-def _skip_rows(runs: Sequence[Run], rows: int) -> list[Run]:
+def _skip_rows(runs: Sequence[_Run], rows: int) -> list[_Run]:
     """``runs`` without their first ``rows`` rows."""
     out = []
     for run in runs:
@@ -700,7 +697,7 @@ def _skip_rows(runs: Sequence[Run], rows: int) -> list[Run]:
     return out
 
 
-def _first_rows(runs: Sequence[Run], rows: int) -> list[Run]:
+def _first_rows(runs: Sequence[_Run], rows: int) -> list[_Run]:
     """The first ``rows`` rows of ``runs``."""
     out = []
     for run in runs:
@@ -711,8 +708,8 @@ def _first_rows(runs: Sequence[Run], rows: int) -> list[Run]:
     return out
 
 
-def plan_of_runs(
-    runs: Sequence[Run], like: EpochPlan, *, num_rows: int, num_batches: int, rows_skipped: int
+def _plan_of_runs(
+    runs: Sequence[_Run], like: EpochPlan, *, num_rows: int, num_batches: int, rows_skipped: int
 ) -> EpochPlan:
     """The plan that delivers ``runs`` in turn, its options ``like``'s.
 
@@ -720,7 +717,7 @@ def plan_of_runs(
     with its pieces and permutation key, delivering the runs' ranges of its order (its
     `EpochPlan.windows`); an unshuffled one with its pieces cut to the runs' rows.
     """
-    groups: list[tuple[Run, list[tuple[int, int]]]] = []
+    groups: list[tuple[_Run, list[tuple[int, int]]]] = []
     for run in runs:
         if groups and groups[-1][0].plan is run.plan and groups[-1][0].chunk == run.chunk:
             ranges = groups[-1][1]
@@ -813,7 +810,7 @@ def plan_rest(
     of rows, at most ``global_size - 1`` of them sitting out, workers in runs of whole
     batches. So the rows delivered across all the legs are each delivered once. A worker
     reads only the chunks holding its rows, each with the permutation it had (see
-    `plan_of_runs`); its batches are cut from its own new stream.
+    `_plan_of_runs`); its batches are cut from its own new stream.
 
     Raises ``ValueError`` when a leg says a worker delivered more batches than it had.
 
@@ -860,19 +857,19 @@ def plan_rest(
         )  # fmt: skip
         shares.append([share(worker=w) for w in range(workers)])
 
-    streams: dict[tuple[int, int, int], list[Run]] = {}
+    streams: dict[tuple[int, int, int], list[_Run]] = {}
 
-    def stream(level: int, rank: int, w: int) -> list[Run]:
+    def stream(level: int, rank: int, w: int) -> list[_Run]:
         """Worker ``w`` of rank ``rank``'s stream in leg ``level``, as runs."""
         if level == 0:
-            return plan_runs(first_plan(rank, w))
+            return _plan_runs(first_plan(rank, w))
         if (level, rank, w) in streams:
             return streams[level, rank, w]
         # the sequence dealt: every old rank's streams, worker by worker, less the rows
         # they delivered
         gone, (lo, hi) = left[level - 1], shares[level][w]
         at, end = rank * rank_rows_of[level] + lo, rank * rank_rows_of[level] + hi
-        runs: list[Run] = []
+        runs: list[_Run] = []
         while at < end:
             old_rank, offset = divmod(at, sum(gone))
             old_worker = 0
@@ -890,7 +887,7 @@ def plan_rest(
         return runs
 
     lo, hi = shares[-1][worker]
-    return plan_of_runs(
+    return _plan_of_runs(
         stream(len(legs), global_rank, worker),
         first_plan(0, 0),
         num_rows=hi - lo,
