@@ -663,7 +663,7 @@ class EpochPlan:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Run:
     """Rows ``[lo, hi)`` of chunk ``chunk`` of ``plan``: positions in its full delivery
     order when shuffled, in its pieces' rows when not. A stream of a resumed epoch is a

@@ -441,7 +441,8 @@ def agreed_state(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         >>> state = Cursor(0, seed=1, batches=3).position(global_size=2).to_state(here)
         >>> agreed_state([state, dict(state)])["batches"]
         3
-        >>> agreed_state([state, {**state, "batches": 4}])
+        >>> ahead = Cursor(0, seed=1, batches=4).position(global_size=2).to_state(here)
+        >>> agreed_state([state, ahead])
         Traceback (most recent call last):
         ...
         tabloader.errors.InvalidArgumentError: the ranks' states differ: rank 1's batches \
