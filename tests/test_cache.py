@@ -169,9 +169,9 @@ def test_with_one_rank_the_cached_plan_is_the_streaming_plan(
             num_workers=workers,
         )
         a, b = plan_epoch(rows, **options), plan_cached_epoch(rows, **options)
-        for field in ("partitions", "starts", "stops", "chunk_bounds"):
+        for field in ("partitions", "starts", "stops", "chunk_bounds", "origins"):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-        assert (a.num_rows, a.num_batches, a.rank) == (b.num_rows, b.num_batches, b.rank)
+        assert (a.num_rows, a.num_batches) == (b.num_rows, b.num_batches)
         for c in range(a.num_chunks):
             order_a, order_b = a.batch_order(c), b.batch_order(c)
             assert (order_a is None) == (order_b is None)

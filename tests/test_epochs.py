@@ -94,7 +94,9 @@ def test_a_mid_epoch_state_belongs_to_its_worker():
     run = epochs.start(1, 2)
     next(run)
     resumed = make()
-    resumed.load_state_dict(run.state_dict(), 1, 2)
+    resumed.load_state_dict(run.state_dict())
+    assert resumed.start(1, 2) is not None  # its own share continues
+    resumed.load_state_dict(run.state_dict())
     with pytest.raises(
         tabloader.InvalidArgumentError,
         match="saved mid-epoch by worker 1 of 2 and cannot continue in worker 0 of 1",
@@ -109,9 +111,9 @@ def test_handing_an_epoch_to_workers_chooses_its_seed_first_and_advances_after()
 
     def start_workers():
         seen.append((epochs.epoch_seed, epochs.epoch, epochs.resume))
-        return "workers"
+        return iter("workers")
 
-    assert epochs.hand_to_workers(start_workers) == "workers"
+    assert list(epochs.hand_to_workers(start_workers, num_workers=2)) == list("workers")
     assert seen[0][:2] == (7, 0) and seen[0][2] is not None  # the copies take the resume
     assert (epochs.epoch, epochs.resume, epochs.managed) == (1, None, True)
 
@@ -143,7 +145,9 @@ def test_a_copy_in_a_worker_process_warns_that_it_would_repeat_one_epoch():
     with pytest.warns(UserWarning, match="every epoch repeats epoch 0"):
         ids(copy.start(0, 2, in_worker=True))
     managed, set_epoch = make(), make()
-    managed.hand_to_workers(lambda: None)  # the training process hands it each epoch
+    managed.hand_to_workers(
+        lambda: iter(()), num_workers=2
+    )  # the training process hands it each epoch
     set_epoch.set_epoch(0)
     for told in (managed, set_epoch):
         with warnings.catch_warnings():
@@ -153,10 +157,85 @@ def test_a_copy_in_a_worker_process_warns_that_it_would_repeat_one_epoch():
 
 def test_persistent_workers_cannot_follow_an_epoch_set_after_they_started():
     epochs = make()
-    assert epochs.hand_to_workers(lambda: "started") == "started"
+    assert list(epochs.hand_to_workers(lambda: iter("started"), num_workers=2)) == list("started")
     assert epochs.epoch == 1
-    assert epochs.hand_to_workers(lambda: "in step", started=True) == "in step"
+    assert list(epochs.hand_to_workers(lambda: iter("in step"), num_workers=2, started=True))
     epochs.set_epoch(5)
     with pytest.raises(tabloader.TabloaderError, match="persistent worker processes will run "
                        r"epoch 2, but the dataset was moved to epoch 5"):  # fmt: skip
-        epochs.hand_to_workers(lambda: "never", started=True)
+        epochs.hand_to_workers(lambda: iter("never"), num_workers=2, started=True)
+
+
+def _in_turn(runs) -> list[list[int]]:
+    """The batches of worker shares taken in turn, as a DataLoader takes them from its
+    worker processes (in order), passing over those that ended."""
+    runs, out = [iter(r) for r in runs], []
+    while runs:
+        for run in list(runs):
+            batch = next(run, None)
+            if batch is None:
+                runs.remove(run)
+            else:
+                out.append(batch["id"].tolist())
+    return out
+
+
+def _workers_epoch(epochs: Epochs, workers: int):
+    """The next epoch of ``epochs`` run by ``workers`` copies of it, as DLDataLoader's
+    worker processes run it, their batches taken in turn."""
+
+    def start_workers():
+        copies = [pickle.loads(pickle.dumps(epochs)) for _ in range(workers)]
+        for copy in copies:
+            copy.attach(epochs.loader)
+        runs = [copy.start(w, workers, in_worker=True) for w, copy in enumerate(copies)]
+        return iter(_in_turn(runs))
+
+    return epochs.hand_to_workers(start_workers, num_workers=workers)
+
+
+@settings(max_examples=25, deadline=None)
+@given(saved_workers=st.integers(1, 4), resumed_workers=st.integers(1, 4), data=st.data())
+def test_the_training_process_counts_the_batches_of_its_worker_processes(
+    saved_workers, resumed_workers, data
+):
+    """With worker processes, the training process's state says how many batches each
+    worker share handed out (taken in turn), so the job resumes on any number of workers
+    with every row of the epoch exactly once."""
+    epochs = make()
+    whole = sorted(r for b in ids(epochs.loader.iter_epoch(0)) for r in b)
+    batches = _workers_epoch(epochs, saved_workers)
+    stop = data.draw(st.integers(0, len(epochs.loader)))
+    head = [next(batches) for _ in range(stop)]
+    state = epochs.state_dict()
+    assert (state["epoch"], state["batches"], state["num_workers"]) == (0, stop, saved_workers)
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = list(_workers_epoch(resumed, resumed_workers))
+    assert sorted(r for b in head + rest for r in b) == whole  # every row exactly once
+    if resumed_workers == saved_workers:
+        # the batches of a run never pre-empted (the resumed DataLoader takes them from
+        # its first worker again, so they may come in another order)
+        assert sorted(head + rest) == sorted(_workers_epoch(make(), saved_workers))
+    assert resumed.epoch == 1 and resumed.state_dict()["batches"] == 0
+
+
+def test_set_epoch_continues_a_loaded_state_of_that_epoch_and_drops_another():
+    """StatefulDataLoader's pattern: load a state, then set_epoch() before each epoch."""
+    epochs = make()
+    run = epochs.start()
+    head = [next(run)["id"].tolist() for _ in range(3)]
+    state = epochs.state_dict()
+    whole = ids(make().start())
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(0)  # the saved epoch: it goes on where it stopped
+    assert head + ids(resumed.start()) == whole
+    moved = make()
+    moved.load_state_dict(state)
+    moved.set_epoch(1)  # another epoch: from its start
+    assert ids(moved.start()) == ids(make().loader.iter_epoch(1))
+    core = make().loader
+    core.load_state_dict(state)
+    core.set_epoch(2)
+    assert ids(iter(core)) == ids(make().loader.iter_epoch(2))

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import tabloader
 from conftest import make_table, write_dataset
 from tabloader.cache import MANIFEST
+from tabloader.state import STATE_FORMAT
 
 COLS = {"cats": ["id", "cat"], "conts": ["x"], "labels": ["label"]}
 LAYOUT = [[100, 60, 37], [80], [45, 90]]
@@ -172,7 +173,7 @@ def test_a_state_of_a_dataset_with_the_same_names_and_rows_but_other_content_is_
 def test_the_state_names_the_tabloader_version_and_refuses_an_old_format(files):
     loader = tabloader.Loader(files, **COLS, batch_size=50, seed=0)
     state = loader.state_dict()
-    assert state["tabloader"] == tabloader.__version__ and state["format"] == 3
+    assert state["tabloader"] == tabloader.__version__ and state["format"] == STATE_FORMAT
     old = {k: v for k, v in state.items() if k != "tabloader"} | {"format": 1}
     with pytest.raises(
         tabloader.InvalidArgumentError, match=r"state format 1\), whose dataset fingerprint"

@@ -316,6 +316,101 @@ def test_ranks_default_to_the_jax_processes(dataset_dir):
     assert len(first) == len(second) == 61 and not first & second
 
 
+def test_a_state_resumes_on_another_number_of_processes(dataset_dir):
+    """Three processes' loaders pre-empted mid-epoch keep one state (each agreeing), which
+    two resume: every row of the epoch once, the same number of batches each, pad_last's
+    shapes throughout."""
+    from tabloader.jax import JaxLoader
+
+    paths = dataset_dir([[50, 70], [81]])  # 201 rows: 67 a rank on 3, 100 (and 1 out) on 2
+    options = {**COLUMNS, "batch_size": 16, "shuffle": True, "seed": 3, "pad_last": True}
+
+    def rows(items) -> list[int]:
+        return [int(i) for f, _, mask in items for i in np.asarray(f["id"])[np.asarray(mask)]]
+
+    old = [JaxLoader(paths, **options, global_rank=r, global_size=3) for r in range(3)]
+    before, states = [], []
+    for loader in old:
+        run = iter(loader)
+        before += rows(next(run) for _ in range(2))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    state = tabloader.agreed_state(states)
+    after, counts = [], []
+    for rank in range(2):
+        loader = JaxLoader(paths, **options, global_rank=rank, global_size=2)
+        loader.load_state_dict(state)
+        items = list(loader)
+        assert all(f["id"].shape == (16,) for f, _, _ in items)
+        after += rows(items)
+        counts.append(len(items))
+    delivered = before + after
+    assert len(set(delivered)) == len(delivered)  # none twice
+    assert len(delivered) >= 201 - 2 - 1  # all but those that sat out (of 3 ranks, of 2)
+    assert counts[0] == counts[1]
+
+
+def test_processes_agree_on_one_state_or_are_refused(dataset_dir):
+    """Two processes under jax.distributed: tabloader.jax.agreed_state gathers both
+    states; in step they are one, out of step both processes are told so."""
+    import socket
+
+    paths = dataset_dir([[50, 50], [23]])
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    code = textwrap.dedent(
+        f"""
+        import json, sys, warnings, jax
+        rank = int(sys.argv[1])
+        jax.distributed.initialize("localhost:{port}", num_processes=2, process_id=rank)
+        warnings.simplefilter("ignore")
+        import tabloader
+        from tabloader.jax import JaxLoader, agreed_state
+        loader = JaxLoader({paths!r}, cats=["id"], batch_size=10, shuffle=True, seed=4,
+                           device="cpu")
+        run = iter(loader)
+        for _ in range(3):
+            next(run)
+        state = agreed_state(loader)
+        if rank == 1:
+            next(run)  # one batch ahead of process 0
+        try:
+            agreed_state(loader)
+            refused = ""
+        except tabloader.InvalidArgumentError as error:
+            refused = str(error)
+        print(json.dumps([state, refused]))
+        jax.distributed.shutdown()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": SRC, "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(rank)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(2)
+    ]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    results = []
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    (state, refused), (other, refused_too) = results
+    assert state == other and (state["global_size"], state["batches"]) == (2, 3)
+    assert "rank 1's batches is 4, rank 0's 3. The ranks were not in step" in refused
+    assert refused == refused_too
+    # the job goes on in one process, from the state either process kept
+    resumed = make(paths, cats=["id"], conts=[], labels=[], batch_size=10, seed=4)
+    resumed.load_state_dict(state)
+    assert (
+        sum(len(f["id"]) for f, _ in resumed) == 2 * 61 - 2 * 3 * 10
+    )  # the rows neither delivered
+
+
 # -- on a GPU ------------------------------------------------------------------------
 
 

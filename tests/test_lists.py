@@ -288,6 +288,49 @@ def test_resume_with_list_columns(paths):
     assert before + [b["genres"][0].tolist() for b in resumed] == reference
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "gpu"]
+)
+@pytest.mark.parametrize(("old_size", "new_size"), [(4, 2), (2, 3), (3, 1)])
+def test_list_columns_resume_on_another_number_of_ranks(paths, device, old_size, new_size):
+    """Every row's list comes once, whole, across the change of ranks (a chunk read for
+    a few of its rows gathers only their lists)."""
+    options: dict[str, Any] = {
+        "cats": ["id"],
+        "sparse_names": ["genres"],
+        "batch_size": 16,
+        "shuffle": True,
+        "seed": 2,
+        "chunk_rows": 100,
+        "device": device,
+    }
+    host = _host if device == "cuda" else (lambda value: value)
+    seen: list[tuple[int, list[int]]] = []
+
+    def deliver(loader: tabloader.Loader, stop: int | None = None) -> None:
+        iterator = iter(loader)
+        for batch in iterator if stop is None else (next(iterator) for _ in range(stop)):
+            ids, (values, offsets) = host(batch["id"]), host(batch["genres"])
+            seen.extend(zip(ids.tolist(), rows_of(values, offsets), strict=True))
+        iterator.close()
+
+    old = [
+        tabloader.Loader(paths, **options, global_rank=r, global_size=old_size)
+        for r in range(old_size)
+    ]
+    for loader in old:
+        deliver(loader, stop=2)
+    state = tabloader.agreed_state([loader.state_dict() for loader in old])
+    for rank in range(new_size):
+        loader = tabloader.Loader(paths, **options, global_rank=rank, global_size=new_size)
+        loader.load_state_dict(state)
+        deliver(loader)
+    ids = [i for i, _ in seen]
+    assert len(set(ids)) == len(ids)  # every row once ...
+    assert TOTAL - len(ids) < old_size + new_size - 1  # ... but those sitting out
+    assert all(values == expected(i) for i, values in seen)  # with its own list
+
+
 # -- torch ---------------------------------------------------------------------------------
 
 

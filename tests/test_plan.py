@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabloader.plan import (
+    Leg,
     chunk_offsets,
     chunk_permutation,
     count_batches,
@@ -17,8 +19,11 @@ from tabloader.plan import (
     deal_into_batches,
     inverse_permutation,
     partition_order,
+    plan_cached_epoch,
     plan_epoch,
+    plan_rest,
     rank_rows,
+    round_robin,
     worker_row_range,
 )
 
@@ -345,3 +350,189 @@ def test_chunk_permutations_differ_by_every_part_of_their_key():
         assert not np.array_equal(first, other), part
     # Not close to the identity: fewer than 1% of rows stay in place.
     assert np.count_nonzero(first == np.arange(1000)) < 10
+
+
+# -- resuming on another world: the rows no old worker delivered, each once ---------------
+
+
+def stream_ids(plan, begins: np.ndarray) -> np.ndarray:
+    """Global row ids (partition offset + row) a plan delivers, in delivery order."""
+    out = [np.arange(0, dtype=np.int64)]
+    for chunk in range(plan.num_chunks):
+        pieces = plan.pieces(chunk)
+        ids = np.concatenate(
+            [np.arange(a, b) + begins[p] for p, a, b in pieces] or [np.arange(0)]
+        ).astype(np.int64)
+        order = plan.batch_order(chunk)
+        out.append(ids if order is None else ids[order])
+    return np.concatenate(out)
+
+
+WORLDS = st.tuples(st.integers(1, 5), st.integers(1, 3))  # (ranks, workers per rank)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 60), min_size=1, max_size=10),
+    batch_size=st.integers(1, 13),
+    worlds=st.lists(WORLDS, min_size=2, max_size=4),
+    shuffle=st.booleans(),
+    within=st.booleans(),
+    drop_last=st.booleans(),
+    cached=st.sampled_from([False, True, "global"]),
+    chunking=st.one_of(
+        st.integers(1, 3).map(lambda n: {"parts_per_chunk": n}),
+        st.integers(1, 80).map(lambda n: {"chunk_rows": n}),
+    ),
+    data=st.data(),
+)
+def test_an_epoch_resumed_on_other_worlds_delivers_every_row_left_exactly_once(
+    rows, batch_size, worlds, shuffle, within, drop_last, cached, chunking, data
+):
+    """Pre-empted on one world, resumed on another (and again): every row the epoch's
+    first world would have delivered comes at most once; on each new world the ranks get
+    the same number of rows and batches, at most ``ranks - 1`` of the rows left sitting
+    out (and the short batches of ``drop_last``); each worker reads each chunk at most
+    once, and only chunks holding its rows."""
+    partition_rows = np.array(rows, dtype=np.int64)
+    begins = np.concatenate([[0], np.cumsum(partition_rows)[:-1]])
+    options = dict(batch_size=batch_size, seed=5, epoch=2, shuffle_within_batch=within)
+    options.update(drop_last=drop_last, **chunking)
+
+    def planner(rank, size, worker, workers):
+        how = (
+            plan_epoch
+            if cached is False
+            else partial(plan_cached_epoch, shuffle="global" if cached == "global" else shuffle)
+        )
+        keywords = {} if cached is not False else {"shuffle": shuffle}
+        return how(
+            partition_rows, global_rank=rank, global_size=size, worker=worker,
+            num_workers=workers, **keywords, **options,
+        )  # fmt: skip
+
+    first_size, first_workers = worlds[0]
+    epoch_rows = np.concatenate(
+        [
+            stream_ids(planner(r, first_size, w, first_workers), begins)
+            for r in range(first_size)
+            for w in range(first_workers)
+        ]
+    )
+    delivered: list[np.ndarray] = []
+    legs: list[Leg] = []
+    left = len(epoch_rows)  # rows of the epoch not delivered yet
+    for level, (size, workers) in enumerate(worlds):
+        rest = partial(plan_rest, planner, legs, batch_size=batch_size, drop_last=drop_last)
+        plans = {
+            (r, w): planner(r, size, w, workers)
+            if level == 0
+            else rest(global_rank=r, global_size=size, worker=w, num_workers=workers)
+            for r in range(size)
+            for w in range(workers)
+        }
+        per_rank = [sum(plans[r, w].num_rows for w in range(workers)) for r in range(size)]
+        batches = [sum(plans[r, w].num_batches for w in range(workers)) for r in range(size)]
+        assert len(set(per_rank)) == 1 and len(set(batches)) == 1  # ranks in step
+        if level:
+            sitting_out = left - size * per_rank[0]
+            assert 0 <= sitting_out <= size - 1 + (size * (batch_size - 1) if drop_last else 0)
+            if not drop_last:
+                assert sitting_out == left % size
+        last = level == len(worlds) - 1
+        done = tuple(
+            plans[0, w].num_batches if last else data.draw(st.integers(0, plans[0, w].num_batches))
+            for w in range(workers)
+        )  # in step: every rank's worker w delivered as many batches
+        for (_, w), plan in plans.items():
+            ids = stream_ids(plan, begins)
+            assert len(ids) == plan.num_rows
+            assert plan.num_batches == count_batches(plan.num_rows, batch_size, drop_last=drop_last)
+            delivered.append(ids[: done[w] * batch_size])
+            # only chunks holding its rows, each read once
+            assert all(plan.chunk_rows(c) > 0 for c in range(plan.num_chunks))
+            assert len({tuple(o) for o in plan.origins.tolist()}) == plan.num_chunks
+        legs.append(Leg(size, workers, done))
+        left = (
+            size * per_rank[0]
+            - sum(min(d * batch_size, plans[0, w].num_rows) for w, d in enumerate(done)) * size
+        )
+    union = np.concatenate(delivered)
+    assert len(np.unique(union)) == len(union)  # none twice
+    assert set(union.tolist()) <= set(epoch_rows.tolist())  # none from outside the epoch
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 60), min_size=1, max_size=10),
+    batch_size=st.integers(1, 13),
+    worlds=st.lists(WORLDS, min_size=1, max_size=3),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_rows_sit_out_only_where_a_world_cannot_share_them_evenly(
+    rows, batch_size, worlds, shuffle, data
+):
+    """Without drop_last the rows that never come are exactly the remainders of the
+    deals: the epoch's first ``N % W`` and, at each change of world, ``left % W``."""
+    partition_rows = np.array(rows, dtype=np.int64)
+    total = int(partition_rows.sum())
+
+    def planner(rank, size, worker, workers):
+        return plan_epoch(
+            partition_rows, batch_size=batch_size, shuffle=shuffle, seed=1, epoch=0,
+            global_rank=rank, global_size=size, worker=worker, num_workers=workers,
+            parts_per_chunk=2,
+        )  # fmt: skip
+
+    legs: list[Leg] = []
+    delivered = 0
+    expected_out = total % worlds[0][0]
+    left = total - expected_out
+    for level, (size, workers) in enumerate([*worlds, (data.draw(st.integers(1, 6)), 1)]):
+        rest = partial(plan_rest, planner, legs, batch_size=batch_size, drop_last=False)
+        plans = [
+            planner(0, size, w, workers)
+            if level == 0
+            else rest(global_rank=0, global_size=size, worker=w, num_workers=workers)
+            for w in range(workers)
+        ]
+        if level:
+            expected_out += left % size
+        if level == len(worlds):  # the last world finishes the epoch
+            delivered += size * sum(p.num_rows for p in plans)
+            break
+        done = tuple(data.draw(st.integers(0, p.num_batches)) for p in plans)
+        got = size * sum(min(d * batch_size, p.num_rows) for d, p in zip(done, plans, strict=True))
+        delivered += got
+        left = size * sum(p.num_rows for p in plans) - got
+        legs.append(Leg(size, workers, done))
+    assert delivered == total - expected_out
+
+
+def test_a_resumed_world_refuses_more_batches_than_a_worker_had():
+    def planner(rank, size, worker, workers):
+        return plan_epoch(
+            np.array([10, 10]), batch_size=4, shuffle=False, seed=0, epoch=0,
+            global_rank=rank, global_size=size, worker=worker, num_workers=workers,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match="worker 0 of 2 on 2 ranks delivered 2 batches, but had 1"):
+        plan_rest(
+            planner, [Leg(2, 2, (2, 1))], global_rank=0, global_size=1, worker=0,
+            num_workers=1, batch_size=4, drop_last=False,
+        )  # fmt: skip
+
+
+@given(batches=st.lists(st.integers(0, 9), min_size=1, max_size=5), data=st.data())
+def test_round_robin_counts_what_workers_taken_in_turn_delivered(batches, data):
+    taken = data.draw(st.integers(0, sum(batches)))
+    # the reference: one batch at a time from each worker that has one left, in turn
+    left, order = list(batches), []
+    while any(left):
+        for w in range(len(left)):
+            if left[w]:
+                order.append(w)
+                left[w] -= 1
+    expected = [order[:taken].count(w) for w in range(len(batches))]
+    assert round_robin(batches, taken) == expected

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import tabloader
 from conftest import write_dataset
-from tabloader.plan import plan_epoch, resume_point
+from tabloader.plan import plan_epoch
+from test_state import format_3
 
 LAYOUT = [[37, 101, 5], [64], [1, 90, 33]]  # 331 rows, ragged row groups
 TOTAL = sum(map(sum, LAYOUT))
@@ -38,7 +39,7 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 def _stream(plan: Any, partition_begins: np.ndarray) -> np.ndarray:
     """Global row ids of a plan's stream, in delivery order."""
-    out = []
+    out = [np.arange(0)]
     for chunk in range(plan.num_chunks):
         ids = np.concatenate(
             [np.arange(p_lo, p_hi) + partition_begins[p] for p, p_lo, p_hi in plan.pieces(chunk)]
@@ -46,7 +47,7 @@ def _stream(plan: Any, partition_begins: np.ndarray) -> np.ndarray:
         )
         order = plan.batch_order(chunk)
         out.append(ids if order is None else ids[order])
-    return np.concatenate(out) if out else np.arange(0)
+    return np.concatenate(out)
 
 
 @given(
@@ -62,10 +63,20 @@ def _stream(plan: Any, partition_begins: np.ndarray) -> np.ndarray:
     ranks=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
     workers=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
     fraction=st.floats(0, 1),
+    extra=st.integers(0, 16),
 )
 @settings(max_examples=300, deadline=None)
 def test_a_resumed_plan_delivers_exactly_the_rest_of_the_stream(
-    rows, batch_size, chunking, shuffle, shuffle_within_batch, drop_last, ranks, workers, fraction
+    rows,
+    batch_size,
+    chunking,
+    shuffle,
+    shuffle_within_batch,
+    drop_last,
+    ranks,
+    workers,
+    fraction,
+    extra,
 ):
     partition_rows = np.array(rows, dtype=np.int64)
     begins = np.concatenate([[0], np.cumsum(partition_rows)[:-1]])
@@ -86,32 +97,20 @@ def test_a_resumed_plan_delivers_exactly_the_rest_of_the_stream(
     done = round(fraction * plan.num_batches)
     rest = plan.resume(done)
     full = _stream(plan, begins)
-    resumed = _stream(rest, begins)[rest.drop_rows :]
-    assert resumed.tolist() == full[done * batch_size :].tolist()
+    assert _stream(rest, begins).tolist() == full[done * batch_size :].tolist()
     assert rest.num_batches == plan.num_batches - done
-    # Chunks wholly before the resume point are not in the resumed plan.
-    if rest.num_chunks:
-        assert rest.drop_rows < rest.chunk_rows(0)
-    else:
-        assert rest.drop_rows == 0
-
-
-@given(
-    chunk_rows=st.lists(st.integers(1, 30), min_size=1, max_size=10),
-    batch_size=st.integers(1, 20),
-    data=st.data(),
-)
-@settings(deadline=None)
-def test_resume_point_is_the_chunk_holding_the_first_undelivered_row(chunk_rows, batch_size, data):
-    total = sum(chunk_rows)
-    done = data.draw(st.integers(0, -(-total // batch_size)))
-    chunk, rows = resume_point(np.array(chunk_rows), batches_done=done, batch_size=batch_size)
-    row = min(done * batch_size, total)
-    assert sum(chunk_rows[:chunk]) + rows == row
-    if chunk < len(chunk_rows):
-        assert 0 <= rows < chunk_rows[chunk]
-    else:
-        assert row == total and rows == 0
+    assert rest.rows_before(0) == min(done * batch_size, plan.num_rows)
+    # Chunks wholly before the resume point are not in the resumed plan: every chunk
+    # delivers rows, and an unshuffled chunk reads only the rows it delivers.
+    assert all(rest.chunk_rows(c) > 0 for c in range(rest.num_chunks))
+    if not shuffle:
+        assert all(rest.stored_rows(c) == rest.chunk_rows(c) for c in range(rest.num_chunks))
+    # Any row, not only a batch's first: the rest of the stream (a cache that failed
+    # mid-way streams the rest of its epoch so), twice over.
+    cut = min(done * batch_size + extra, plan.num_rows)
+    after = rest.after_rows(cut - min(done * batch_size, plan.num_rows))
+    assert _stream(after, begins).tolist() == full[cut:].tolist()
+    assert after.num_rows == plan.num_rows - cut
 
 
 # -- the core loader ---------------------------------------------------------------------
@@ -132,7 +131,8 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 
 
 def _copy(batch: dict[str, Any]) -> dict[str, Any]:
-    return {k: np.array(v) for k, v in batch.items()}
+    """The batch's arrays, copied to the host (from a GPU, too)."""
+    return {k: v.get() if hasattr(v, "get") else np.array(v) for k, v in batch.items()}
 
 
 OPTIONS = st.fixed_dictionaries(
@@ -202,11 +202,15 @@ def test_state_is_small_json_and_says_where_the_epoch_stands(paths):
         "epoch",
         "seed",
         "batches",
-        "worker",
+        "global_size",
         "num_workers",
+        "worker_batches",
+        "earlier",
         "dataset",
         "options",
     }
+    assert (state["global_size"], state["num_workers"], state["worker_batches"]) == (1, 1, [3])
+    assert "global_rank" not in state["options"]  # every rank's state is the same
     assert len(json.dumps(state)) < 1000
     list(iterator)  # the epoch ends: the state points at the next one
     assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (1, 0)
@@ -239,7 +243,7 @@ def test_a_loader_without_seed_takes_the_saved_one(paths):
     [
         ({"batch_size": 16}, "batch_size (saved: 32; now: 16)"),
         ({"seed": 6}, "seed (saved: 5; now: 6)"),
-        ({"global_size": 2, "global_rank": 1}, "global_size (saved: 1; now: 2)"),
+        ({"drop_last": True}, "drop_last (saved: False; now: True)"),
         ({"cats": ["id"]}, "cats (saved: ['id', 'cat']; now: ['id'])"),
         ({"shuffle": False}, "shuffle (saved: True; now: False)"),
     ],
@@ -267,10 +271,175 @@ def test_something_else_than_a_state_is_refused(paths):
     with pytest.raises(tabloader.InvalidArgumentError, match="not a tabloader loader state"):
         loader.load_state_dict({"epoch": 1})
     state = loader.state_dict()
-    with pytest.raises(tabloader.InvalidArgumentError, match="reads format 3"):
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"reads format 4 \(and 3\)"):
         loader.load_state_dict({**state, "format": 99})
     with pytest.raises(tabloader.InvalidArgumentError, match="an epoch has 11 here"):
-        loader.load_state_dict({**state, "batches": 12})
+        loader.load_state_dict({**state, "batches": 12, "worker_batches": [12]})
+    with pytest.raises(tabloader.InvalidArgumentError, match="an epoch has 11 here"):
+        loader.load_state_dict(format_3({**state, "batches": 12, "worker_batches": [12]}))
+
+
+def test_a_state_of_the_previous_format_resumes_its_own_rank_exactly(paths):
+    """A state tabloader 0.1 saved (format 3: one rank's) resumes that rank bit-identically,
+    and is refused on another rank or number of ranks, naming what differs."""
+    options = {"shuffle": True, "global_rank": 1, "global_size": 2}
+    whole = [_copy(b) for b in _loader(paths, **options)]
+    first = _loader(paths, **options)
+    iterator = iter(first)
+    head = [_copy(next(iterator)) for _ in range(3)]
+    old = format_3(first.state_dict(), global_rank=1)
+    iterator.close()
+    resumed = _loader(paths, **options)
+    resumed.load_state_dict(old)
+    assert _same(head + [_copy(b) for b in resumed], whole)
+    for other, message in (
+        ({"global_rank": 0}, r"global_rank \(saved: 1; now: 0\)"),
+        ({"global_rank": 1, "global_size": 3}, r"global_size \(saved: 2; now: 3\)"),
+    ):
+        with pytest.raises(tabloader.InvalidArgumentError, match=message):
+            _loader(paths, **{**options, **other}).load_state_dict(old)
+
+
+# -- another number of ranks: the rows no old rank delivered, each once ---------------------
+
+
+def _rows_of(batches: list[dict[str, Any]]) -> np.ndarray:
+    return np.concatenate([b["id"] for b in batches] or [np.arange(0, dtype=np.int64)])
+
+
+def _elastic_run(
+    make: Any, old_size: int, new_size: int, stop: int
+) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]], dict[str, Any], list[Any]]:
+    """Epoch 0 on ``old_size`` ranks, each pre-empted after ``stop`` batches, rank 0's state
+    kept (checked against every rank's); the rest on ``new_size`` ranks loaded from it.
+    ``make(rank, size)`` builds a rank's loader. Returns each old rank's batches, each new
+    rank's, the state and the new ranks' loaders."""
+    old = [make(rank, old_size) for rank in range(old_size)]
+    before, states = [], []
+    for loader in old:
+        iterator = iter(loader)
+        before.append([_copy(next(iterator)) for _ in range(stop)])
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        iterator.close()
+    state = tabloader.agreed_state(states)
+    new = [make(rank, new_size) for rank in range(new_size)]
+    after = []
+    for loader in new:
+        loader.load_state_dict(state)
+        after.append([_copy(b) for b in loader])
+    return before, after, state, new
+
+
+ELASTIC = st.fixed_dictionaries(
+    {
+        "batch_size": st.integers(7, 70),
+        "shuffle": st.sampled_from([False, True, "global"]),
+        "shuffle_within_batch": st.booleans(),
+        "drop_last": st.booleans(),
+        "chunking": st.sampled_from(
+            [{"parts_per_chunk": 1}, {"parts_per_chunk": 3}, {"chunk_rows": 100}, {}]
+        ),
+        "sizes": st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    }
+)
+
+
+@given(drawn=ELASTIC, fraction=st.floats(0, 1))
+@FAST
+def test_an_epoch_resumed_on_another_number_of_ranks_delivers_every_row_left_once(
+    paths, drawn, fraction
+):
+    """4 ranks pre-empted mid-epoch go on on 2, 2 on 3, 3 on 1, ...: the rows delivered
+    before and after are the epoch's rows, each once (at most ``new_size - 1`` of those
+    left sitting out, besides drop_last's short batches); every new rank gets the same
+    number of batches; the next epoch is the new world's own."""
+    old_size, new_size = drawn["sizes"]
+    shuffle = drawn["shuffle"]
+    options = {
+        "batch_size": drawn["batch_size"],
+        "shuffle": shuffle,
+        "shuffle_within_batch": drawn["shuffle_within_batch"],
+        "drop_last": drawn["drop_last"],
+        "cache": "memory" if shuffle == "global" else None,
+        **drawn["chunking"],
+    }
+
+    def make(rank: int, size: int) -> tabloader.Loader:
+        return _loader(paths, **options, global_rank=rank, global_size=size)
+
+    epoch = [[_copy(b) for b in make(r, old_size)] for r in range(old_size)]
+    epoch_rows = np.concatenate([_rows_of(batches) for batches in epoch])
+    stop = round(fraction * len(epoch[0]))
+    before, after, state, new = _elastic_run(make, old_size, new_size, stop)
+    assert (state["global_size"], state["batches"]) == (old_size, stop)
+    for rank, batches in enumerate(before):  # the old run, as it would have been
+        assert _same(batches, epoch[rank][:stop])
+    assert len({len(batches) for batches in after}) == 1  # every new rank in step
+    delivered = np.concatenate([_rows_of(b) for b in before + after])
+    assert len(np.unique(delivered)) == len(delivered)  # none twice
+    if stop == 0:  # nothing of the epoch delivered: it starts afresh on the new ranks
+        fresh = [[_copy(b) for b in make(r, new_size)] for r in range(new_size)]
+        assert all(_same(a, b) for a, b in zip(after, fresh, strict=True))
+    else:  # the epoch's rows (those its first ranks were dealt), each once
+        assert set(delivered.tolist()) <= set(epoch_rows.tolist())
+    left = len(epoch_rows) - sum(len(_rows_of(b)) for b in before)
+    sitting_out = len(epoch_rows) - len(delivered)
+    if stop == len(epoch[0]):  # the epoch was over: nothing left
+        assert all(batches == [] for batches in after)
+    elif stop and not drawn["drop_last"]:
+        assert sitting_out == (left % new_size if new_size != old_size else 0)
+    elif stop:
+        assert sitting_out < new_size * drawn["batch_size"]
+    for batches in after:  # dtypes, and full batches but the last
+        assert all(len(b["id"]) == drawn["batch_size"] for b in batches[:-1])
+        assert all(b["id"].dtype == np.int64 and b["x"].dtype == np.float32 for b in batches)
+    # Later epochs: those of a fresh job on the new ranks.
+    fresh = [make(r, new_size) for r in range(new_size)]
+    for loader in fresh:
+        loader.set_epoch(1)
+    for loader, reference in zip(new, fresh, strict=True):
+        assert _same([_copy(b) for b in loader], [_copy(b) for b in reference])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("sizes", "shuffle", "cache", "within"),
+    [
+        ((4, 2), True, None, True),
+        ((2, 3), True, None, False),
+        ((3, 1), "global", "memory", True),
+        ((2, 3), True, "disk", True),
+        ((2, 3), False, None, True),
+    ],
+)
+def test_the_gpu_backend_resumes_on_another_number_of_ranks_as_the_cpu_does(
+    paths, tmp_path, sizes, shuffle, cache, within
+):
+    """The same batches on both backends, before the change of ranks and after, each row
+    once; a cached epoch dealt anew is streamed (it holds other ranks' rows)."""
+    options = {"shuffle": shuffle, "cache": cache, "shuffle_within_batch": within}
+    options.update(batch_size=24, chunk_rows=90)
+    runs = {}
+    for device in ("cpu", "cuda"):
+
+        def make(rank: int, size: int, device: str = device) -> tabloader.Loader:
+            return _loader(
+                paths, **options, global_rank=rank, global_size=size, device=device,
+                cache_dir=tmp_path / device,
+            )  # fmt: skip
+
+        if cache == "disk":  # the old ranks' epoch is served from their complete caches
+            for loader in [make(r, sizes[0]) for r in range(sizes[0])]:
+                list(loader)
+        runs[device] = _elastic_run(make, *sizes, stop=3)
+    (cpu_before, cpu_after, _, _), (gpu_before, gpu_after, state, new) = runs["cpu"], runs["cuda"]
+    assert state["epoch"] == 0 and state["batches"] == 3
+    for cpu, gpu in zip(cpu_before + cpu_after, gpu_before + gpu_after, strict=True):
+        assert _same(cpu, gpu)
+    delivered = np.concatenate([_rows_of(b) for b in gpu_before + gpu_after])
+    assert len(np.unique(delivered)) == len(delivered)
+    assert len({len(b) for b in gpu_after}) == 1
+    assert all(not loader.stats().from_cache for loader in new)
 
 
 # -- torch: TorchAsyncItr, DLDataLoader, torchdata's StatefulDataLoader ------------------
@@ -401,6 +570,79 @@ def test_torch_async_itr_state_dict_in_a_plain_loop(paths):
     assert _same_tensors([_as_numpy(b) for b in loader], epochs[1])
 
 
+def _torch_ids(batches: Any) -> list[np.ndarray]:
+    return [x_cat[:, 0].numpy().copy() for x_cat, _, _ in batches]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 0), (0, 2), (2, 3)])
+def test_dlloader_worker_processes_state_resumes_on_another_number_of_workers(
+    paths, saved, resumed
+):
+    """With worker processes, the dataset in the training process counts the batches
+    DLDataLoader handed out, so its mid-epoch state says how far every worker got: the
+    rest of the epoch, on any number of workers, is every row not delivered, once."""
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    options = {**COLS, "batch_size": 16, "shuffle": True, "seed": 3, "device": "cpu"}
+    whole = sorted(np.concatenate(_torch_ids(TorchAsyncItr(paths, **options))).tolist())
+    itr = TorchAsyncItr(paths, **options)
+    loader = DLDataLoader(itr, collate_fn=_identity, num_workers=saved)
+    head = []
+    for batch in loader:
+        head += _torch_ids([batch])
+        if len(head) == 7:
+            break
+    state = torch_roundtrip(itr.state_dict())
+    assert (state["epoch"], state["batches"], state["num_workers"]) == (0, 7, max(saved, 1))
+    again = TorchAsyncItr(paths, **options)
+    again.load_state_dict(state)
+    loader = DLDataLoader(again, collate_fn=_identity, num_workers=resumed)
+    rest = _torch_ids(loader)
+    assert sorted(np.concatenate(head + rest).tolist()) == whole  # every row once
+    assert len(head) + len(rest) == len(itr)
+    assert again.state_dict()["epoch"] == 1 and again.state_dict()["batches"] == 0
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("resumed", [0, 1])
+def test_a_stateful_dataloaders_worker_states_merge_into_the_jobs(paths, resumed):
+    """torchdata's StatefulDataLoader keeps a state per worker process:
+    tabloader.torch.agreed_state merges them, and the job goes on with other workers."""
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import tabloader.torch
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    options = {**COLS, "batch_size": 16, "shuffle": True, "seed": 3, "device": "cpu"}
+    whole = sorted(np.concatenate(_torch_ids(TorchAsyncItr(paths, **options))).tolist())
+    itr = TorchAsyncItr(paths, **options)
+    loader = StatefulDataLoader(itr, batch_size=None, num_workers=2, collate_fn=_identity)
+    itr.set_epoch(0)
+    head = []
+    for batch in loader:
+        head += _torch_ids([batch])
+        if len(head) == 5:
+            break
+    state = torch_roundtrip(tabloader.torch.agreed_state(loader))
+    assert (state["batches"], state["worker_batches"], state["num_workers"]) == (5, [3, 2], 2)
+    again = TorchAsyncItr(paths, **options)
+    again.load_state_dict(state)
+    rest = _torch_ids(DLDataLoader(again, collate_fn=_identity, num_workers=resumed))
+    assert sorted(np.concatenate(head + rest).tolist()) == whole
+    # a snapshot behind the batches delivered is refused, not taken for the position
+    lagging = StatefulDataLoader(
+        TorchAsyncItr(paths, **options), batch_size=None, num_workers=2,
+        collate_fn=_identity, snapshot_every_n_steps=4,
+    )  # fmt: skip
+    lagging.dataset.set_epoch(0)
+    for _, _ in zip(range(5), lagging, strict=False):
+        pass
+    with pytest.raises(tabloader.InvalidArgumentError, match="snapshot_every_n_steps=1"):
+        tabloader.torch.agreed_state(lagging)
+
+
 @pytest.mark.torch
 def test_torch_refuses_a_state_of_another_setup(paths):
     pytest.importorskip("torch")
@@ -511,6 +753,33 @@ def test_keras_fit_after_a_resume_trains_on_the_rest_of_the_epoch(paths):
     per_epoch = len(first)
     assert seen == list(range(per_epoch - 4)) + list(range(per_epoch))
     assert (resumed.state_dict()["epoch"], resumed.state_dict()["batches"]) == (2, 0)
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(("old_size", "new_size"), [(4, 2), (2, 3), (3, 1)])
+def test_keras_loaders_resume_on_another_number_of_ranks(paths, old_size, new_size):
+    """Keras serves the rest of the epoch by index on the new ranks: ``len()`` is the
+    batches still to come, the same on every rank, and every row comes once."""
+    pytest.importorskip("tensorflow")
+    old = [
+        _keras(paths, shuffle=True, global_rank=r, global_size=old_size) for r in range(old_size)
+    ]
+    before = [_keras_batch(loader[i])[1] for loader in old for i in range(2)]  # ids, mid-epoch
+    state = tabloader.agreed_state([loader.state_dict() for loader in old])
+    for loader in old:
+        loader.close()
+    after, lengths = [], []
+    for rank in range(new_size):
+        resumed = _keras(paths, shuffle=True, global_rank=rank, global_size=new_size)
+        resumed.load_state_dict(state)
+        lengths.append(len(resumed))
+        after += [_keras_batch(resumed[i])[1] for i in range(len(resumed))]
+        resumed.on_epoch_end()  # the next epoch is whole, on the new ranks
+        assert len(resumed) == len(_keras(paths, global_rank=rank, global_size=new_size))
+    ids = np.concatenate(before + after)
+    assert len(np.unique(ids)) == len(ids)  # every row at most once
+    assert TOTAL - len(ids) < old_size + new_size - 1  # all but those sitting out
+    assert len(set(lengths)) == 1
 
 
 @pytest.mark.tensorflow

@@ -42,7 +42,12 @@ def _free_port() -> int:
 
 
 def _entry(
-    rank: int, port: int, target: Callable[..., Any], args: tuple[Any, ...], results: Any
+    rank: int,
+    world: int,
+    port: int,
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
 ) -> None:
     try:
         torch.set_num_threads(1)
@@ -51,15 +56,16 @@ def _entry(
             MASTER_PORT=str(port),
             RANK=str(rank),
             LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(WORLD),
+            WORLD_SIZE=str(world),
         )
         results.put((rank, target(rank, *args), None))
     except BaseException:
         results.put((rank, None, traceback.format_exc()))
 
 
-def _run_ranks(target: Callable[..., Any], *args: Any) -> list[Any]:
-    """Run ``target(rank, *args)`` in WORLD fresh processes; return what each returned.
+def _run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD) -> list[Any]:
+    """Run ``target(rank, *args)`` in ``world`` fresh processes (``WORLD_SIZE`` and the
+    rest set for a process group); return what each returned.
 
     The ranks are spawned, not forked: a fork of the test process copies whatever locks
     its other threads (earlier tests' loaders, TensorFlow, torch's pools) hold at that
@@ -69,14 +75,14 @@ def _run_ranks(target: Callable[..., Any], *args: Any) -> list[Any]:
     results = context.Queue()
     port = _free_port()
     processes = [
-        context.Process(target=_entry, args=(rank, port, target, args, results))
-        for rank in range(WORLD)
+        context.Process(target=_entry, args=(rank, world, port, target, args, results))
+        for rank in range(world)
     ]
     for p in processes:
         p.start()
     try:
-        outcome = dict.fromkeys(range(WORLD))
-        for _ in range(WORLD):
+        outcome = dict.fromkeys(range(world))
+        for _ in range(world):
             rank, value, error = results.get(timeout=TIMEOUT)
             assert error is None, f"rank {rank} failed:\n{error}"
             outcome[rank] = value
@@ -85,7 +91,7 @@ def _run_ranks(target: Callable[..., Any], *args: Any) -> list[Any]:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return [outcome[rank] for rank in range(WORLD)]
+    return [outcome[rank] for rank in range(world)]
 
 
 def _shard_epochs(rank: int, paths: list[str], workers: int) -> dict[str, Any]:
@@ -191,3 +197,129 @@ def test_ddp_example_trains_in_step_on_two_ranks(tmp_path):
     assert histories[0] == histories[1]  # the loss is all-reduced: the ranks agree
     assert len(histories[0]) == 2
     assert histories[0][1] < histories[0][0]
+
+
+# -- pre-empted on one number of ranks, resumed on another -----------------------------------
+
+ELASTIC_OPTIONS: dict[str, Any] = {
+    "cats": ["id", "cat"],
+    "labels": ["label"],
+    "batch_size": 8,
+    "shuffle": True,
+    "seed": 11,
+    "chunk_rows": 60,
+    "device": "cpu",
+}
+
+
+def _loader_of(itr: TorchAsyncItr, workers: int, kind: str) -> Any:
+    if kind == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(itr, batch_size=None, num_workers=workers, collate_fn=_identity)
+    return DLDataLoader(itr, collate_fn=_identity, num_workers=workers)
+
+
+def _preempted(rank: int, paths: list[str], workers: int, kind: str, stop: int) -> dict[str, Any]:
+    """In one rank of the old job: ``stop`` batches of epoch 0, then the job's state, agreed
+    by every rank through the process group."""
+    dist.init_process_group("gloo")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            itr = TorchAsyncItr(tabloader.Dataset(paths), **ELASTIC_OPTIONS)
+            loader = _loader_of(itr, workers, kind)
+            if kind == "stateful":
+                itr.set_epoch(0)
+            ids = []
+            for x_cat, _, _ in loader:
+                ids.append(x_cat[:, 0].numpy().copy())
+                if len(ids) == stop:
+                    break
+            state = tabloader.torch.agreed_state(loader)
+        return {"ids": ids, "state": state, "rank": itr.global_rank, "size": itr.global_size}
+    finally:
+        dist.destroy_process_group()
+
+
+def _resumed(rank: int, paths: list[str], workers: int, kind: str, state: Any) -> dict[str, Any]:
+    """In one rank of the new job: the rest of epoch 0 from ``state``, then epoch 1."""
+    dist.init_process_group("gloo")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            itr = TorchAsyncItr(tabloader.Dataset(paths), **ELASTIC_OPTIONS)
+            itr.load_state_dict(state)
+            loader = _loader_of(itr, workers, kind)
+            epochs = []
+            for epoch in (0, 1):
+                if kind == "stateful":
+                    itr.set_epoch(epoch)
+                epochs.append([x_cat[:, 0].numpy().copy() for x_cat, _, _ in loader])
+        return {"epochs": epochs, "len": len(itr), "size": itr.global_size}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sizes", "workers", "kind"),
+    [
+        ((4, 2), (2, 0), "dl"),
+        ((2, 3), (0, 2), "dl"),
+        ((3, 1), (2, 0), "stateful"),
+        ((2, 3), (0, 2), "stateful"),
+    ],
+    ids=["4-ranks-to-2", "2-ranks-to-3", "3-ranks-to-1", "2-ranks-to-3-torchdata"],
+)
+def test_a_job_pre_empted_mid_epoch_resumes_on_another_number_of_ranks(
+    dataset_dir, sizes, workers, kind
+):
+    """Real gloo ranks: the old job is pre-empted mid-epoch and saves one state (agreed by
+    every rank), the new job, on another number of ranks and worker processes, loads it
+    on every rank. The rows delivered before and after are the epoch's rows, each once
+    (at most ``new - 1`` of those left sitting out), every new rank delivers the same
+    number of batches, and the next epoch is a fresh job's on the new ranks."""
+    if kind == "stateful":
+        pytest.importorskip("torchdata")
+    paths = dataset_dir(LAYOUT)
+    (old_size, new_size), (old_workers, new_workers) = sizes, workers
+    stop = 5  # batches per old rank before the pre-emption (an epoch has 10 on 4 ranks)
+    before = _run_ranks(_preempted, paths, old_workers, kind, stop, world=old_size)
+    assert [(r["rank"], r["size"]) for r in before] == [(r, old_size) for r in range(old_size)]
+    state = before[0]["state"]
+    assert all(r["state"] == state for r in before)  # one state, the same on every rank
+    assert (state["global_size"], state["num_workers"], state["batches"]) == (
+        old_size, max(old_workers, 1), stop,
+    )  # fmt: skip
+    after = _run_ranks(_resumed, paths, new_workers, kind, state, world=new_size)
+
+    # the epoch's rows: those its first ranks were dealt
+    options = {k: v for k, v in ELASTIC_OPTIONS.items() if k != "device"}
+    epoch_rows = np.concatenate(
+        [
+            np.concatenate([b["id"] for b in tabloader.Loader(paths, **options, global_rank=r,
+                                                               global_size=old_size)])
+            for r in range(old_size)
+        ]
+    )  # fmt: skip
+    old_ids = np.concatenate([i for r in before for i in r["ids"]])
+    assert len(old_ids) == old_size * stop * ELASTIC_OPTIONS["batch_size"]
+    new_ids = np.concatenate([i for r in after for i in r["epochs"][0]])
+    union = np.concatenate([old_ids, new_ids])
+    assert len(np.unique(union)) == len(union)  # none twice
+    assert set(union.tolist()) <= set(epoch_rows.tolist())  # none from outside the epoch
+    left = len(epoch_rows) - len(old_ids)
+    assert len(epoch_rows) - len(union) == left % new_size  # at most new_size - 1 sit out
+    assert len({len(r["epochs"][0]) for r in after}) == 1  # every new rank in step
+    # the next epoch: a fresh job's on the new ranks (every row once, equal batches)
+    fresh = [
+        np.concatenate(
+            [b["id"] for b in tabloader.Loader(paths, **options, global_rank=r,
+                                               global_size=new_size).iter_epoch(1)]
+        )
+        for r in range(new_size)
+    ]  # fmt: skip
+    for r, report in enumerate(after):
+        assert len(report["epochs"][1]) == report["len"]
+        assert sorted(np.concatenate(report["epochs"][1]).tolist()) == sorted(fresh[r].tolist())

@@ -5,6 +5,13 @@ Runs on CPUs (gloo) or GPUs (nccl, one per process)::
     torchrun --standalone --nproc_per_node=2 examples/criteo/train_torch_ddp.py --synthetic
     torchrun --standalone --nproc_per_node=2 examples/criteo/train_torch_ddp.py --data ~/criteo
 
+With ``--checkpoint PATH`` rank 0 saves the model, the optimizer and the loader's state
+(one for the whole job, agreed by every rank) every ``--checkpoint-every`` steps, and a
+job that finds the checkpoint continues from it, on any number of ranks: run it under
+``torchrun --nnodes=1:4`` and a job pre-empted on 8 GPUs goes on on 4, each remaining row
+of the interrupted epoch trained on once. ``--stop-after STEPS`` leaves after that many
+steps, checkpoint written, as a pre-empted job would.
+
 Every rank builds the same ``TorchAsyncItr`` with the same seed; ``global_rank`` and
 ``global_size`` come from the initialised process group. Each epoch every rank reads a
 disjoint shard of ``len(dataset) // world_size`` rows and gets the same number of
@@ -17,12 +24,14 @@ data while the other ranks wait.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import tabloader
+import tabloader.torch
 from tabloader.synthetic import CATS, CONTS, LABELS
 from tabloader.torch import DLDataLoader, TorchAsyncItr
 
@@ -47,10 +57,42 @@ def broadcast_seed(device: torch.device) -> int:
     return int(seed.item())
 
 
-def main(argv: Sequence[str] | None = None) -> list[float]:
-    """Train; return the mean train loss of every epoch, averaged over the ranks."""
+def build_ddp_parser() -> argparse.ArgumentParser:
     parser = build_parser()
     parser.description = __doc__.split("\n")[0]
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="save the model, optimizer and loader here (rank 0), and resume from it when "
+        "it exists, on any number of ranks",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=100, help="steps between checkpoints"
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="leave after this many steps of this run, checkpoint written, as if pre-empted",
+    )
+    return parser
+
+
+def save_checkpoint(path: Path, rank: int, **state: Any) -> None:
+    """Rank 0 writes ``state`` to ``path``, whole or not at all (a job pre-empted while
+    writing keeps the checkpoint before)."""
+    if rank == 0:
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        os.replace(partial, path)
+    dist.barrier()
+
+
+def main(argv: Sequence[str] | None = None) -> list[float]:
+    """Train; return the mean train loss of every epoch, averaged over the ranks (a
+    resumed epoch's over the steps after the resume)."""
+    parser = build_ddp_parser()
     args = parser.parse_args(argv)
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
@@ -103,8 +145,23 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 
-    history = []
-    for epoch in range(args.epochs):
+    history: list[float] = []
+    if args.checkpoint is not None and args.checkpoint.exists():
+        # saved by rank 0 of a job on any number of ranks: every rank loads the same
+        checkpoint = torch.load(args.checkpoint, weights_only=True)
+        model.module.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        train.load_state_dict(checkpoint["loader"])
+        history = list(checkpoint["history"])
+        if rank == 0:
+            saved = checkpoint["loader"]
+            print(
+                f"resumed from {args.checkpoint}: epoch {saved['epoch']}, saved by "
+                f"{saved['global_size']} ranks after {saved['batches']} batches each, "
+                f"now on {world}"
+            )
+    steps = 0
+    for epoch in range(train.epoch, args.epochs):
         started = time.perf_counter()
         total = torch.zeros(2, dtype=torch.float64, device=device)
         rows = len(train.loader.dataset) // world
@@ -117,8 +174,23 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
             total += torch.stack([loss.detach().double(), torch.ones((), device=device)])
             if progress is not None:
                 progress.update(len(y))
+            steps += 1
+            stopping = steps == args.stop_after
+            if args.checkpoint is not None and (stopping or steps % args.checkpoint_every == 0):
+                # every rank takes part: the ranks' loader states are checked to be one
+                loader_state = tabloader.torch.agreed_state(loader)
+                save_checkpoint(
+                    args.checkpoint, rank, model=model.module.state_dict(),
+                    optimizer=optimizer.state_dict(), loader=loader_state, history=history,
+                )  # fmt: skip
+            if stopping:
+                break
         if progress is not None:
             progress.close()
+        if steps == args.stop_after:
+            if rank == 0:
+                print(f"left after {steps} steps, as if pre-empted")
+            break
         dist.all_reduce(total)
         mean = float(total[0] / total[1])
         history.append(mean)

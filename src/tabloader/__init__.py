@@ -19,6 +19,7 @@ from tabloader.dataset import Dataset
 from tabloader.errors import *  # noqa: F403  (the exceptions and warnings: errors.__all__)
 from tabloader.loader import BatchIterator, Loader
 from tabloader.progress import Progress
+from tabloader.state import agreed_state
 from tabloader.stats import LoaderStats
 
 __all__ = [
@@ -29,5 +30,6 @@ __all__ = [
     "LoaderStats",
     "Progress",
     "__version__",
+    "agreed_state",
 ]
 __all__ += errors.__all__

@@ -40,7 +40,6 @@ __all__ = [
     "Segment",
     "cut_batches",
     "detached",
-    "drop_leading_rows",
     "empty_segment",
     "lists_as_output",
     "segment_rows",
@@ -363,37 +362,6 @@ def detached(batch: Mapping[str, Any]) -> dict[str, Any]:
         key: value.copy() if getattr(value, "base", None) is not None else value
         for key, value in batch.items()
     }
-
-
-def drop_leading_rows(parts: Iterable[Part], rows: int) -> Iterator[Part]:
-    """The stream of ``parts`` without its first ``rows`` rows (in delivery order).
-
-    Used on resume: the rows of a chunk that were delivered before are dropped before
-    batches are cut, so they are never gathered.
-
-    Examples:
-        >>> segment = {"a": np.arange(6).reshape(6, 1)}
-        >>> parts = [(segment, np.array([5, 4, 3])), (segment, None)]
-        >>> [(s["a"][:, 0].tolist(), None if i is None else i.tolist())
-        ...  for s, i in drop_leading_rows(parts, 4)]
-        [([1, 2, 3, 4, 5], None)]
-    """
-    source = iter(parts)
-    while rows > 0:
-        part = next(source, None)
-        if part is None:
-            return
-        n = _rows(part)
-        if n <= rows:
-            rows -= n
-            continue
-        segment, index = part
-        if index is None:
-            yield {name: array[rows:] for name, array in segment.items()}, None
-        else:
-            yield segment, index[rows:]
-        rows = 0
-    yield from source
 
 
 # -- list columns -----------------------------------------------------------------------

@@ -21,18 +21,27 @@ from __future__ import annotations
 
 import operator
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tabloader.errors import InvalidArgumentError, TabloaderError
 from tabloader.options import int_at_least
-from tabloader.state import Cursor
+from tabloader.plan import round_robin
+from tabloader.state import Cursor, Position
 
 if TYPE_CHECKING:
     from tabloader.loader import Loader
 
-__all__ = ["EpochRun", "Epochs", "IterableEpochs", "check_seed_fn", "seed_value"]
+__all__ = [
+    "CountedBatches",
+    "EpochRun",
+    "Epochs",
+    "HandedEpoch",
+    "IterableEpochs",
+    "check_seed_fn",
+    "seed_value",
+]
 
 T = TypeVar("T")
 
@@ -112,12 +121,16 @@ class EpochRun:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands (see
-        [`tabloader.Loader.state_dict`][tabloader.Loader.state_dict])."""
-        return self.cursor.to_state(self._epochs.loader.fingerprint())
+        [`tabloader.Loader.state_dict`][tabloader.Loader.state_dict]): in one of several
+        worker processes, this worker's share alone."""
+        return self._epochs.state_of(self.cursor.position(global_size=self._epochs.global_size))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the epoch saved in ``state`` instead of this one."""
-        saved = self._epochs.check_state(state, self.worker, self.num_workers)
+        position = self._epochs.check_state(state)
+        saved = self._epochs.loader.resume_at(
+            position, worker=self.worker, num_workers=self.num_workers
+        )
         if saved != self.cursor or self.finished:
             self._batches.close()
             self._batches = self._epochs.loader.iter_epoch(saved)
@@ -138,6 +151,59 @@ class EpochRun:
     def close(self) -> None:
         """Stop the background threads of this epoch."""
         self._batches.close()
+
+
+class HandedEpoch:
+    """An epoch handed to worker processes, seen from the training process: where each
+    worker share starts, and how many batches of theirs were handed out (written by its
+    `CountedBatches` only)."""
+
+    def __init__(self, starts: Sequence[Cursor], *, in_order: bool) -> None:
+        self.starts = list(starts)
+        self.in_order = in_order
+        self.served = 0
+        self.finished = False
+
+    def position(self, loader: Loader) -> Position:
+        """Where the job stands: taken from the workers in turn, each worker share has
+        handed out its share of the batches served (see
+        [`round_robin`][tabloader.plan.round_robin])."""
+        first = self.starts[0]
+        if not self.in_order and self.served:
+            raise InvalidArgumentError(
+                "the DataLoader takes batches from its worker processes as they come "
+                "(in_order=False), so which worker delivered which batch is not known "
+                "mid-epoch: save at the end of an epoch, or use in_order=True"
+            )
+        left = [loader.cursor_plan(start).num_batches for start in self.starts]
+        taken = round_robin(left, min(self.served, sum(left)))
+        done = [start.batches + n for start, n in zip(self.starts, taken, strict=True)]
+        size = loader.config.global_size
+        return Position(first.epoch, first.seed, size, len(self.starts), tuple(done), first.legs)
+
+
+class CountedBatches(Generic[T]):
+    """The batches of an epoch run by worker processes, counted in its `HandedEpoch` as
+    they are handed out."""
+
+    def __init__(self, batches: Iterator[T], handed: HandedEpoch) -> None:
+        self._batches = batches
+        self._handed = handed
+
+    def __iter__(self) -> CountedBatches[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            item = next(self._batches)
+        except StopIteration:
+            self._handed.finished = True
+            raise
+        self._handed.served += 1
+        return item
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
 
 
 class Epochs:
@@ -165,7 +231,8 @@ class Epochs:
         """The epoch the next `start` delivers, and the seed of epochs without ``seed_fn``
         (a saved state's, once adopted)."""
         self.live: EpochRun | None = None  # the epoch start() last started here
-        self.resume: Cursor | None = None  # where the next start() begins, in which share
+        self.resume: Position | None = None  # where the next start() begins
+        self.handed: HandedEpoch | None = None  # the epoch worker processes run (training process)
         self.epoch_seed: int | None = None
         self.managed = False  # epochs advanced for worker processes (see hand_to_workers)
         self.worker_epoch = 0  # the epoch persistent worker processes run next
@@ -177,6 +244,11 @@ class Epochs:
         return self.cursor.epoch
 
     @property
+    def global_size(self) -> int:
+        """The number of ranks."""
+        return self.loader.config.global_size
+
+    @property
     def base_seed(self) -> int:
         """The seed copies of the loader are built with (a saved state's, once adopted)."""
         return self.cursor.seed
@@ -186,9 +258,14 @@ class Epochs:
         self.loader = loader
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next `start` deliver epoch ``epoch``."""
-        self.cursor = replace(self.cursor, epoch=int_at_least(epoch, 0, "epoch"))
-        self.epoch_seed = None
+        """Make the next `start` deliver epoch ``epoch``: from its start, unless a loaded
+        state continues that epoch (a state of another epoch is dropped)."""
+        epoch = int_at_least(epoch, 0, "epoch")
+        if self.resume is not None and self.resume.epoch != epoch:
+            self.resume = None
+        if epoch != self.cursor.epoch or self.resume is None:
+            self.epoch_seed = None
+        self.cursor = replace(self.cursor, epoch=epoch)
         self.epoch_set = True
 
     def prepare(self) -> int:
@@ -228,23 +305,21 @@ class Epochs:
                 "tabloader.torch.DLDataLoader, or call set_epoch() before each epoch",
                 stacklevel=3,
             )
-        seed = self.prepare()
-        start = Cursor(self.epoch, seed, 0, worker, num_workers)
-        if self.resume is not None:
-            resume = self.resume
-            if resume.batches and resume.share != start.share:
-                raise InvalidArgumentError(
-                    f"this state was saved mid-epoch by worker {resume.worker} of "
-                    f"{resume.num_workers} and cannot continue in worker {worker} of "
-                    f"{num_workers}: resume with the same num_workers (with worker "
-                    "processes, save and load through torchdata's StatefulDataLoader)"
-                )
-            start = replace(start, epoch=resume.epoch, batches=resume.batches)
-            self.resume = None
+        start = self._start_of(worker, num_workers)
+        self.resume = self.handed = None
         self.live = EpochRun(self, start, receive=receive)
         self.cursor = replace(self.cursor, epoch=start.epoch)
         self.advance()
         return self.live
+
+    def _start_of(self, worker: int, num_workers: int) -> Cursor:
+        """Where worker share ``worker`` of ``num_workers`` starts the next epoch (a resumed
+        one where `load_state_dict` said), its seed chosen (`prepare`)."""
+        seed = self.prepare()
+        if self.resume is None:
+            return Cursor(self.epoch, seed, 0, worker, num_workers)
+        start = self.loader.resume_at(self.resume, worker=worker, num_workers=num_workers)
+        return replace(start, seed=seed)
 
     def continued(self, run: EpochRun, saved: Cursor) -> None:
         """``run`` now continues ``saved`` (`EpochRun.load_state_dict`): the epoch after
@@ -252,10 +327,20 @@ class Epochs:
         self.cursor = replace(self.cursor, epoch=saved.epoch + 1)
         self.live = run
 
-    def hand_to_workers(self, start_workers: Callable[[], T], *, started: bool = False) -> T:
-        """Run ``start_workers`` (which copies this state into worker processes, or with
-        persistent workers that ``started`` already, has each copy advance in step) with
-        the next epoch's seed chosen first, and advance past that epoch afterwards."""
+    def hand_to_workers(
+        self,
+        start_workers: Callable[[], Iterator[T]],
+        *,
+        num_workers: int,
+        started: bool = False,
+        in_order: bool = True,
+    ) -> CountedBatches[T]:
+        """Run ``start_workers`` (which copies this state into ``num_workers`` worker
+        processes, or with persistent workers that ``started`` already, has each copy
+        advance in step) with the next epoch's seed chosen first, and advance past that
+        epoch afterwards. Returns the workers' batches, counted as they are handed out
+        (taken from the workers in turn when ``in_order``), so that `state_dict` says
+        where the epoch stands."""
         if started and self.epoch != self.worker_epoch:
             raise TabloaderError(
                 f"the persistent worker processes will run epoch {self.worker_epoch}, but "
@@ -263,13 +348,16 @@ class Epochs:
                 "iteration) after they started, which they cannot see. Call set_epoch() "
                 "before the first epoch only, or use persistent_workers=False"
             )
-        self.prepare()
+        # where each worker starts, as each works it out in its copy (refused here first)
+        starts = [self._start_of(w, num_workers) for w in range(num_workers)]
         self.managed = True
         workers = start_workers()
         self.resume = None  # the worker processes took it with their copies
+        self.handed = HandedEpoch(starts, in_order=in_order)
+        self.live = None
         self.advance()
         self.worker_epoch = self.epoch
-        return workers
+        return CountedBatches(workers, self.handed)
 
     def check_workers(self, start_method: Any = None, *, persistent: bool = False) -> None:
         """Refuse worker processes (``persistent``: kept from epoch to epoch) that could
@@ -292,39 +380,45 @@ class Epochs:
 
     def state_dict(self, worker: int = 0, num_workers: int = 1) -> dict[str, Any]:
         """Where the epochs stand: mid-epoch (the epoch last started has not ended) the
-        next batch of that epoch, otherwise the start of the next epoch."""
-        live = self.live
+        next batch of that epoch, otherwise the start of the next epoch. In worker
+        process ``worker`` of ``num_workers``, that worker's share alone; in the training
+        process, the whole job's (worker processes' batches counted as handed out)."""
+        live, handed = self.live, self.handed
         if self.resume is not None:
             seed = self.base_seed if self.epoch_seed is None else self.epoch_seed
             position = replace(self.resume, seed=seed)
         elif live is not None and not live.finished:
-            position = live.cursor
+            position = live.cursor.position(global_size=self.global_size)
+        elif handed is not None and not handed.finished:
+            position = handed.position(self.loader)
         else:
-            position = replace(self.cursor, worker=worker, num_workers=num_workers)
+            at = replace(self.cursor, worker=worker, num_workers=num_workers)
+            position = at.position(global_size=self.global_size)
+        return self.state_of(position)
+
+    def state_of(self, position: Position) -> dict[str, Any]:
+        """``position`` as a state dict of this loader's."""
         return position.to_state(self.loader.fingerprint())
 
-    def load_state_dict(
-        self, state: Mapping[str, Any], worker: int = 0, num_workers: int = 1
-    ) -> None:
-        """Make the next `start` continue from ``state`` (from `state_dict`)."""
-        saved = self.check_state(state, worker, num_workers)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next `start` continue from ``state`` (from `state_dict`), in whichever
+        worker share it runs."""
+        saved = self.check_state(state)
         self.resume = saved
         self.cursor = replace(self.cursor, epoch=saved.epoch)
         self.epoch_set = True
 
-    def check_state(self, state: Mapping[str, Any], worker: int, num_workers: int) -> Cursor:
-        """The position ``state`` holds, checked against the loader; the saved seed becomes
+    def check_state(self, state: Mapping[str, Any]) -> Position:
+        """The position ``state`` holds, checked against the loader (see
+        [`Loader.saved_position`][tabloader.Loader.saved_position]); the saved seed becomes
         the seed of every epoch (without ``seed_fn``) or of the saved epoch (with it)."""
-        saved = self.loader.resume_cursor(
-            state,
-            seed=self.base_seed,
-            adopt_seed=not self.seed_given,
-            share=(worker, num_workers),
+        saved = self.loader.saved_position(
+            state, seed=self.base_seed, adopt_seed=not self.seed_given
         )
         if self.seed_fn is None:
             self.cursor = replace(self.cursor, seed=saved.seed)
             self.epoch_seed = None
-        elif saved.batches:
+        elif saved.started:
             self.epoch_seed = saved.seed  # the saved epoch's seed; seed_fn chooses later ones
         return saved
 
@@ -334,6 +428,7 @@ class Epochs:
         state = self.__dict__.copy()
         del state["loader"]  # the owner rebuilds it and sets it again
         state["live"] = None  # an epoch in progress stays with its process
+        state["handed"] = None
         return state
 
 
@@ -416,23 +511,30 @@ class IterableEpochs:
         return self._epochs.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
+        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``):
+        from its start, unless a loaded state continues that epoch."""
         self._epochs.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epochs stand, to continue exactly there after a restart: mid-epoch
         the next batch handed out (not those read ahead), otherwise the start of the
-        next epoch; in a worker process, that worker's share."""
+        next epoch. In the training process, the whole job's (with worker processes
+        started by ``DLDataLoader``, the batches it handed out of each), the same on
+        every rank: keep one (see ``agreed_state``). In a worker process, that worker's
+        share alone.
+        """
         return self._epochs.state_dict(*self._worker())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next ``iter()`` continue from ``state`` (from `state_dict`).
+        """Make the next ``iter()`` continue from ``state`` (from `state_dict`), on this
+        number of ranks and worker processes or another (see
+        [`Loader.load_state_dict`][tabloader.Loader.load_state_dict]).
 
         Raises [`tabloader.InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming what
         differs when the dataset or the options that decide the order are not those of the saved
         run.
         """
-        self._epochs.load_state_dict(state, *self._worker())
+        self._epochs.load_state_dict(state)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -33,6 +33,7 @@ from tabloader.state import Cursor
 
 if TYPE_CHECKING:
     from tabloader.loader import BatchIterator, Loader
+    from tabloader.plan import Leg
 
 __all__ = ["HEAD_BATCHES", "IndexedEpochs"]
 
@@ -59,7 +60,8 @@ class IndexedEpochs:
         """The core [`tabloader.Loader`][tabloader.Loader] (its ``stats()``, ``plan()``);
         this object keeps its own epoch and seed and never changes the loader's."""
         self._num_batches = len(loader)  # of the epoch being served
-        self._start = 0  # batches of that epoch delivered before a resume
+        self._start = 0  # batches of that epoch delivered before a resume (on this world)
+        self._legs: tuple[Leg, ...] = ()  # the worlds that served it before (a resume)
         self._lock = threading.RLock()
         self._epoch = loader.epoch
         self._seed = loader.seed  # a loaded state's, once adopted
@@ -145,7 +147,7 @@ class IndexedEpochs:
             self._close_iterator()
             self._epoch = epoch
             self._reset_pass()
-            self._start, self._num_batches = 0, len(self.loader)
+            self._start, self._legs, self._num_batches = 0, (), len(self.loader)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, to continue exactly there after a restart.
@@ -157,14 +159,18 @@ class IndexedEpochs:
         """
         with self._lock:
             served = len(self._used)
-            cursor = Cursor(self._epoch, self._seed, self._start + served)
+            cursor = Cursor(self._epoch, self._seed, self._start + served, legs=self._legs)
             if served >= self._num_batches:
                 cursor = cursor.next_epoch()
-            return cursor.to_state(self.loader.fingerprint())
+            position = cursor.position(global_size=self.loader.config.global_size)
+            return position.to_state(self.loader.fingerprint())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from `state_dict`): the rest of the saved epoch
-        comes next, bit-identical to the run that saved it, then the later epochs.
+        comes next, bit-identical to the run that saved it (on another number of ranks:
+        the rows no rank delivered, dealt evenly, see
+        [`Loader.load_state_dict`][tabloader.Loader.load_state_dict]), then the later
+        epochs.
 
         Until that epoch ends, ``len()`` is the number of its batches still to come.
         Keras fixes the steps per epoch when ``fit`` starts, so finish the resumed epoch
@@ -181,17 +187,15 @@ class IndexedEpochs:
         differs.
         """
         saved = self.loader.resume_cursor(state, seed=self._seed)
-        epoch, batches = saved.epoch, saved.batches
-        full = len(self.loader)
-        if batches >= full and full:
-            epoch, batches = epoch + 1, 0
+        rest = self.loader.cursor_plan(saved).num_batches
+        if rest == 0 and (saved.batches or saved.legs):  # it ended: Keras needs batches
+            saved, rest = saved.next_epoch(), len(self.loader)
         with self._lock:
             self._close_iterator()
             self._seed = saved.seed
-            self._epoch = epoch
+            self._epoch = saved.epoch
             self._reset_pass()
-            self._start = batches
-            self._num_batches = full - batches
+            self._start, self._legs, self._num_batches = saved.batches, saved.legs, rest
 
     def close(self) -> None:
         """Stop the background threads of an unfinished epoch and drop its kept batches."""
@@ -214,7 +218,7 @@ class IndexedEpochs:
         self._close_iterator()
         self._epoch += 1
         self._reset_pass()
-        self._start, self._num_batches = 0, len(self.loader)
+        self._start, self._legs, self._num_batches = 0, (), len(self.loader)
 
     def _is_replay(self, i: int) -> bool:
         """Whether index ``i`` asks again for a kept batch given out before the last hook.
@@ -245,7 +249,8 @@ class IndexedEpochs:
         return self._next
 
     def _start_iterator(self) -> None:
-        self._iterator = self.loader.iter_epoch(Cursor(self._epoch, self._seed, self._start))
+        start = Cursor(self._epoch, self._seed, self._start, legs=self._legs)
+        self._iterator = self.loader.iter_epoch(start)
         self._consumed = 0
 
     def _close_iterator(self) -> None:

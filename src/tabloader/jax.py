@@ -19,6 +19,7 @@ Examples:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +39,13 @@ from tabloader.epochs import EpochRun, IterableEpochs
 from tabloader.errors import InvalidArgumentError
 from tabloader.loader import Loader
 from tabloader.options import flag, keywords_of, ranks, reject_unknown
+from tabloader.state import agreed_state as agreed_states
 from tabloader.tensors import BatchConverter, JaxTensors, core_dtypes, delivered_dtypes
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["JaxLoader"]
+__all__ = ["JaxLoader", "agreed_state"]
 
 
 class JaxLoader(IterableEpochs):
@@ -82,7 +84,8 @@ class JaxLoader(IterableEpochs):
             raises ``TypeError`` naming the closest known one.
 
     ``len()`` is the exact number of batches per epoch on this process;
-    `set_epoch`, `state_dict` and `load_state_dict` resume exactly.
+    `set_epoch`, `state_dict` and `load_state_dict` resume exactly, also on another
+    number of processes (see `agreed_state`).
 
     Examples:
         >>> import pyarrow as pa
@@ -140,6 +143,47 @@ class JaxLoader(IterableEpochs):
 
     def __repr__(self) -> str:
         return f"JaxLoader({self._loader!r}, pad_last={self.pad_last})"
+
+
+def agreed_state(source: JaxLoader | Mapping[str, Any]) -> dict[str, Any]:
+    """The state of this job, the same in every process: keep one (process 0 writes it
+    to the checkpoint) and resume every process from it, on this number of processes or
+    another (see `JaxLoader.load_state_dict`).
+
+    Every process calls it at the same step: with several processes
+    (``jax.distributed``) it gathers their states (``jax.process_count()`` of them, in
+    ``jax.process_index()`` order) and checks that they are one (see
+    [`tabloader.agreed_state`][tabloader.agreed_state]), so processes that were not in
+    step, or that load other data, are refused rather than saved.
+
+    Args:
+        source: The ``JaxLoader``, or its ``state_dict()``.
+
+    Examples:
+        >>> import pyarrow as pa
+        >>> loader = JaxLoader(pa.table({"id": list(range(10))}), cats=["id"], batch_size=4,
+        ...                    device="cpu")
+        >>> first = next(iter(loader))
+        >>> state = agreed_state(loader)
+        >>> state["epoch"], state["batches"], state["global_size"]
+        (0, 1, 1)
+    """
+    state = source.state_dict() if isinstance(source, JaxLoader) else dict(source)
+    if jax.process_count() == 1:
+        return agreed_states([state])
+    from jax.experimental import multihost_utils
+
+    encoded = np.frombuffer(json.dumps(state, sort_keys=True).encode(), dtype=np.uint8)
+    sizes = multihost_utils.process_allgather(np.array([len(encoded)], dtype=np.int64))
+    padded = np.zeros(int(np.max(sizes)), dtype=np.uint8)
+    padded[: len(encoded)] = encoded
+    gathered = multihost_utils.process_allgather(padded)
+    return agreed_states(
+        [
+            json.loads(bytes(row[: int(n)]).decode())
+            for row, n in zip(np.asarray(gathered), np.asarray(sizes).ravel(), strict=True)
+        ]
+    )
 
 
 def _list_widths(options: dict[str, Any]) -> dict[str, int]:

@@ -32,9 +32,15 @@ from tabloader.device import Device, resolve_device
 from tabloader.errors import InvalidArgumentError, SchemaMismatchError
 from tabloader.memory import release_arrow_memory
 from tabloader.options import int_at_least, keywords_of, reject_unknown
-from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
+from tabloader.plan import (
+    EpochPlan,
+    Planner,
+    plan_cached_epoch,
+    plan_epoch,
+    plan_rest,
+)
 from tabloader.stages import Prefetcher, batch_stream, batches_ahead
-from tabloader.state import Cursor, Fingerprint, dataset_fingerprint
+from tabloader.state import WORLD_OPTIONS, Cursor, Fingerprint, Position, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
 
 if TYPE_CHECKING:
@@ -51,7 +57,7 @@ else:
 __all__ = ["LOADER_KEYWORDS", "BatchIterator", "Loader", "LoaderOptions"]
 
 
-class _Position(_Options):
+class _Standing(_Options):
     """Where a loader's epochs stand, its own: the epoch and seed the next ``iter()``
     delivers, the epoch in progress, a loaded state to continue; saving and checking
     states (see `tabloader.state`)."""
@@ -84,17 +90,27 @@ class _Position(_Options):
         return self._next.seed
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``)."""
+        """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``):
+        from its start, unless a loaded state continues that epoch (a state of another
+        epoch is dropped)."""
         self._next = Cursor(int_at_least(epoch, 0, "epoch"), self.seed)
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, to continue exactly there after a restart.
 
         A small JSON-serialisable dict: the epoch, the seed, the batches already handed
-        out in that epoch, and a fingerprint of the dataset and of the options that
-        decide the order of rows. Mid-epoch (an iterator that has not ended) it points
-        at the next batch of that epoch; otherwise at the start of the next epoch.
-        Batches read ahead in the background but not yet handed out do not count.
+        out in that epoch, the number of ranks (``global_size``), and a fingerprint of
+        the dataset and of the options that decide the order of rows. Mid-epoch (an
+        iterator that has not ended) it points at the next batch of that epoch;
+        otherwise at the start of the next epoch. Batches read ahead in the background
+        but not yet handed out do not count.
+
+        Every rank of a job delivers the same number of batches, so every rank's state
+        is the same (see `tabloader.agreed_state`): keep one, and resume every rank from
+        it, on this number of ranks or another (see
+        [`load_state_dict`][tabloader.Loader.load_state_dict]).
 
         Examples:
             >>> import pyarrow as pa, tabloader
@@ -103,8 +119,8 @@ class _Position(_Options):
             >>> epoch = iter(loader)
             >>> first = next(epoch)
             >>> state = loader.state_dict()
-            >>> state["epoch"], state["batches"]
-            (0, 1)
+            >>> state["epoch"], state["batches"], state["global_size"]
+            (0, 1, 1)
             >>> again = tabloader.Loader(table, cats=["x"], batch_size=3, shuffle=True, seed=1)
             >>> again.load_state_dict(state)
             >>> [b["x"].tolist() for b in again] == [b["x"].tolist() for b in epoch]
@@ -113,12 +129,21 @@ class _Position(_Options):
         position = self._resume
         if position is None and self._live is not None and not self._live.finished:
             position = self._live.cursor
-        return (position or self._next).to_state(self.fingerprint())
+        cursor = position or self._next
+        return cursor.position(global_size=self.config.global_size).to_state(self.fingerprint())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from [`state_dict`][tabloader.Loader.state_dict]): the next
-        ``iter()`` delivers the rest of the saved epoch, bit-identical to the run that saved it, and
-        later epochs follow as they would have.
+        ``iter()`` delivers the rest of the saved epoch, and later epochs follow as they would
+        have.
+
+        On the number of ranks (``global_size``) the state was saved on, the rest of the
+        epoch is bit-identical to the run that saved it. On another, it is exactly the
+        rows no rank of the saved run delivered, dealt to the new ranks as a fresh
+        epoch's rows are: every rank the same number of batches, at most
+        ``global_size - 1`` of those rows sitting out (see docs/torch.md, "Resume on
+        another number of ranks"); later epochs are those of a fresh run on the new
+        ranks.
 
         The dataset, columns and order-deciding options must be those of the saved run;
         otherwise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] names what
@@ -137,10 +162,11 @@ class _Position(_Options):
         worker: int = 0,
         num_workers: int = 1,
     ) -> dict[str, Any]:
-        """The state of ``batches`` batches delivered in ``epoch`` (see
-        [`state_dict`][tabloader.Loader.state_dict])."""
+        """The state of ``batches`` batches delivered in ``epoch`` by worker share
+        ``worker`` of ``num_workers`` (see [`state_dict`][tabloader.Loader.state_dict])."""
         seed = self.seed if seed is None else seed
-        return Cursor(epoch, seed, batches, worker, num_workers).to_state(self.fingerprint())
+        cursor = Cursor(epoch, seed, batches, worker, num_workers)
+        return cursor.position(global_size=self.config.global_size).to_state(self.fingerprint())
 
     def check_state(
         self,
@@ -150,8 +176,8 @@ class _Position(_Options):
         worker: int = 0,
         num_workers: int = 1,
     ) -> tuple[int, int, int]:
-        """``(epoch, batches, seed)`` of a saved state, checked against this loader (see
-        `resume_cursor`)."""
+        """``(epoch, batches, seed)`` where worker share ``worker`` of ``num_workers``
+        continues a saved state (see `resume_cursor`)."""
         cursor = self.resume_cursor(state, adopt_seed=adopt_seed, share=(worker, num_workers))
         return cursor.epoch, cursor.batches, cursor.seed
 
@@ -163,8 +189,17 @@ class _Position(_Options):
         adopt_seed: bool | None = None,
         share: tuple[int, int] = (0, 1),
     ) -> Cursor:
+        """Where worker share ``share`` of this rank continues a saved state (see
+        `saved_position` and `resume_at`)."""
+        position = self.saved_position(state, seed=seed, adopt_seed=adopt_seed)
+        return self.resume_at(position, worker=share[0], num_workers=share[1])
+
+    def saved_position(
+        self, state: Mapping[str, Any], *, seed: int | None = None, adopt_seed: bool | None = None
+    ) -> Position:
         """The position a saved state holds, checked against this loader: its data and
-        order-deciding options, ``seed`` (default: the loader's) and the worker share.
+        order-deciding options, ``seed`` (default: the loader's), and batch counts that
+        the saved epoch had.
 
         Raises [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming the saved and
         the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
@@ -174,13 +209,31 @@ class _Position(_Options):
             # Whether this loader's epochs are shuffled globally depends on whether its
             # cache is used: found out now, as the first epoch would.
             _ = self.cache.lookup() or self.cache.decide(stacklevel=4)
-        return Cursor.from_state(
+        position = Position.from_state(
             state,
             self.fingerprint(),
             seed=self.seed if seed is None else seed,
             adopt_seed=not self.config.seed_given if adopt_seed is None else adopt_seed,
-            share=share,
-            batches_in_epoch=self.num_batches(worker=share[0], num_workers=share[1]),
+        )
+        for w, done in enumerate(position.worker_batches):
+            if done is None:
+                continue
+            share = Cursor(position.epoch, position.seed, 0, w, position.num_workers, position.legs)
+            have = self.world_plan(share, global_size=position.global_size).num_batches
+            if done > have:
+                by = "" if position.num_workers == 1 else f" by worker {w}"
+                raise InvalidArgumentError(
+                    f"the state says {done} batches of epoch {position.epoch} were delivered"
+                    f"{by}, but an epoch has {have} here; was it saved by another version of "
+                    "the data?"
+                )
+        return position
+
+    def resume_at(self, position: Position, *, worker: int = 0, num_workers: int = 1) -> Cursor:
+        """Where worker share ``worker`` of ``num_workers`` of this rank continues
+        ``position`` (from `saved_position`)."""
+        return position.cursor(
+            global_size=self.config.global_size, worker=worker, num_workers=num_workers
         )
 
     def fingerprint(self) -> Fingerprint:
@@ -198,8 +251,54 @@ class _Position(_Options):
             )
         return Fingerprint(dataset_fingerprint(self.dataset), options, notes)
 
+    def cursor_plan(self, cursor: Cursor) -> EpochPlan:
+        """What this rank's worker share of ``cursor`` reads for the rest of its epoch."""
+        config = self.config
+        if not 0 <= cursor.worker < cursor.num_workers:
+            raise InvalidArgumentError(
+                f"worker must be in [0, {cursor.num_workers}), got {cursor.worker}"
+            )
+        plan = self.world_plan(
+            cursor, global_size=config.global_size, global_rank=config.global_rank
+        )
+        if not 0 <= cursor.batches <= plan.num_batches:
+            raise InvalidArgumentError(
+                f"start_batch must be in [0, {plan.num_batches}] (the batches of epoch "
+                f"{cursor.epoch} for worker {cursor.worker} of {cursor.num_workers}), got "
+                f"{cursor.batches!r}"
+            )
+        return plan.resume(cursor.batches)
 
-class Loader(_Position):
+    def world_plan(self, cursor: Cursor, *, global_size: int, global_rank: int = 0) -> EpochPlan:
+        """The plan of ``cursor``'s worker share of rank ``global_rank`` of ``global_size``
+        ranks in ``cursor``'s epoch (the rest of it, after the worlds of ``cursor.legs``),
+        from its start."""
+        planner = self.planner(cursor.epoch, cursor.seed)
+        if not cursor.legs:
+            return planner(global_rank, global_size, cursor.worker, cursor.num_workers)
+        try:
+            return plan_rest(
+                planner,
+                cursor.legs,
+                global_rank=global_rank,
+                global_size=global_size,
+                worker=cursor.worker,
+                num_workers=cursor.num_workers,
+                batch_size=self.config.batch_size,
+                drop_last=self.config.drop_last,
+            )
+        except ValueError as error:
+            raise InvalidArgumentError(
+                f"the state's earlier worlds do not fit epoch {cursor.epoch} here ({error}); "
+                "was it saved by another version of the data?"
+            ) from None
+
+    def planner(self, epoch: int, seed: int) -> Planner:
+        """Plans of ``epoch``, shuffled with ``seed``, for any rank and worker share."""
+        raise NotImplementedError
+
+
+class Loader(_Standing):
     """Shuffled batches of whole-column arrays from a parquet dataset, one epoch per ``iter()``.
 
     Every epoch delivers every row exactly once (per rank when sharded), in batches of
@@ -405,21 +504,21 @@ class Loader(_Position):
         ``seed`` defaults to the loader's."""
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
+        planner = self.planner(epoch, self.seed if seed is None else seed)
+        return planner(self.config.global_rank, self.config.global_size, worker, num_workers)
+
+    def planner(self, epoch: int, seed: int) -> Planner:
         plan_for: Callable[..., EpochPlan] = plan_epoch
         shuffle: bool | Literal["global"] = self.config.shuffle
         if self.cache is not None:
             # Without a usable cache, "global" streams with shuffle=True's chunks.
             global_shuffle = self.config.global_shuffle and self.cache.usable
             plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else shuffle
-        return plan_for(
-            self.dataset.partition_rows,
-            shuffle=shuffle,
-            seed=self.seed if seed is None else seed,
-            epoch=epoch,
-            worker=worker,
-            num_workers=num_workers,
-            **self.config.plan_options(),
-        )
+        options = {k: v for k, v in self.config.plan_options().items() if k not in WORLD_OPTIONS}
+        return partial(
+            _plan_of_share, plan_for, self.dataset.partition_rows,
+            shuffle=shuffle, seed=seed, epoch=epoch, **options,
+        )  # fmt: skip
 
     def __iter__(self) -> BatchIterator:
         """Start the next epoch: each ``iter()`` advances ``loader.epoch`` by one.
@@ -456,18 +555,13 @@ class Loader(_Position):
             if isinstance(epoch, Cursor)
             else Cursor(epoch, self.seed, start_batch, worker, num_workers)
         )
-        epoch, (worker, num_workers), start_batch = cursor.epoch, cursor.share, cursor.batches
-        self.refresh(epoch)
+        self.refresh(cursor.epoch)
         backend = self.backend
-        if self.cache is not None:  # from the cache, into the cache, or (too big) streamed
+        if self.cache is not None and not cursor.legs:
+            # from the cache, into the cache, or (too big) streamed; an epoch dealt anew to
+            # this number of ranks holds other ranks' rows, so it is streamed
             backend = self.cache.epoch_backend(self.backend, self._stats)
-        plan = self.plan(epoch, worker=worker, num_workers=num_workers, seed=cursor.seed)
-        if not 0 <= start_batch <= plan.num_batches:
-            raise InvalidArgumentError(
-                f"start_batch must be in [0, {plan.num_batches}] (the batches of epoch "
-                f"{epoch} for worker {worker} of {num_workers}), got {start_batch!r}"
-            )
-        plan = plan.resume(start_batch)
+        plan = self.cursor_plan(cursor)
         make_batches = partial(
             batch_stream,
             dataset=self.dataset,
@@ -651,3 +745,19 @@ class BatchIterator:
     def threads(self) -> list[threading.Thread]:
         """The background thread serving this iterator (for tests and debugging)."""
         return [self._stage.thread]
+
+
+def _plan_of_share(
+    plan_for: Callable[..., EpochPlan],
+    partition_rows: Any,
+    global_rank: int,
+    global_size: int,
+    worker: int,
+    num_workers: int,
+    **options: Any,
+) -> EpochPlan:
+    """``plan_for``'s plan for a rank's worker share (a `tabloader.plan.Planner`)."""
+    return plan_for(
+        partition_rows, global_rank=global_rank, global_size=global_size, worker=worker,
+        num_workers=num_workers, **options,
+    )  # fmt: skip

@@ -32,14 +32,19 @@ How an epoch is laid out:
 7. **Resume.** A worker that already delivered ``k`` batches of an epoch continues at
    row ``k * batch_size`` of its stream (every delivered batch but the epoch's last is
    full). [`EpochPlan.resume`][tabloader.plan.EpochPlan.resume] keeps the chunks from the one
-   holding that row on, each with its original permutation key, and names the rows of that chunk's
-   delivery order to drop; earlier chunks are never read.
+   holding that row on, each with its original permutation key; that chunk delivers the
+   rest of its order (its window); earlier chunks are never read.
+8. **Another world.** An epoch interrupted on one number of ranks or workers goes on
+   on another: [`plan_rest`][tabloader.plan.plan_rest] deals the rows no old worker
+   delivered to the new ranks and workers as a fresh epoch's rows are dealt, each chunk
+   keeping its permutation, and each new worker reading only the chunks holding its rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property, partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -51,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "EpochPlan",
+    "Leg",
+    "Planner",
     "chunk_offsets",
     "chunk_permutation",
     "counter_permutation",
@@ -61,8 +68,9 @@ __all__ = [
     "partition_order",
     "plan_cached_epoch",
     "plan_epoch",
+    "plan_rest",
     "rank_rows",
-    "resume_point",
+    "round_robin",
     "worker_row_range",
 ]
 
@@ -473,27 +481,8 @@ def deal_into_batches(
     return np.argsort(batch, kind="stable").astype(np.int64)
 
 
-def resume_point(
-    chunk_rows: NDArray[np.int64], *, batches_done: int, batch_size: int
-) -> tuple[int, int]:
-    """Where a stream of chunks continues after ``batches_done`` whole batches.
-
-    Returns ``(chunk, rows)``: the chunk holding the first row not yet delivered, and
-    how many rows of that chunk's delivery order were delivered already. When every
-    row was delivered, ``chunk`` is the number of chunks and ``rows`` is 0.
-
-    Examples:
-        >>> rows = np.array([5, 5, 5])  # three chunks of 5 rows, batches of 4
-        >>> [resume_point(rows, batches_done=k, batch_size=4) for k in range(5)]
-        [(0, 0), (0, 4), (1, 3), (2, 2), (3, 0)]
-    """
-    ends = np.cumsum(np.asarray(chunk_rows, dtype=np.int64))
-    total = int(ends[-1]) if len(ends) else 0
-    row = min(batches_done * batch_size, total)
-    chunk = int(np.searchsorted(ends, row, side="right"))
-    if chunk == len(ends):
-        return chunk, 0
-    return chunk, row - (int(ends[chunk - 1]) if chunk else 0)
+Window = tuple[tuple[int, int], ...]
+"""Ranges ``[lo, hi)`` of a chunk's delivery order (see `EpochPlan.windows`)."""
 
 
 @dataclass(frozen=True)
@@ -510,13 +499,18 @@ class EpochPlan:
         batch_size: Rows per batch.
         shuffle_within_batch: Whether a shuffled batch's rows come in random order
             (otherwise in stored order).
-        shuffle, seed, epoch, rank, worker: The key of the chunk permutations.
-        first_chunk: Index in the whole epoch of this plan's first chunk (non-zero
-            for a resumed plan, see [`resume`][tabloader.plan.EpochPlan.resume]); part of the
-            permutation key.
-        rows_skipped: Rows of the worker's stream before this plan's first chunk.
-        drop_rows: Rows at the start of the first chunk's delivery order that were
-            delivered before a resume: the loader drops them before cutting batches.
+        shuffle, seed, epoch: Whether chunks are permuted, and the epoch's part of their
+            permutations' keys.
+        origins: ``[num_chunks, 4]``: where each chunk comes from: the ``(rank, worker,
+            chunk)`` of the worker stream it belongs to, which key its permutation, and
+            the rows of that stream before it, where its batches were cut for
+            ``shuffle_within_batch=False``. A resumed plan's chunks keep their own.
+        windows: For a shuffled chunk whose rows this plan delivers only some of (a
+            resume), the ranges of its full delivery order it delivers, by chunk; every
+            other chunk is delivered whole. An unshuffled chunk's pieces are cut to its
+            rows instead.
+        rows_skipped: Rows of the worker's stream delivered before this plan's first row
+            (a resumed plan's): batches are cut where the whole stream is cut.
     """
 
     partitions: NDArray[np.int64]
@@ -530,11 +524,9 @@ class EpochPlan:
     shuffle: bool
     seed: int
     epoch: int
-    rank: int
-    worker: int
-    first_chunk: int = 0
+    origins: NDArray[np.int64]
+    windows: Mapping[int, Window] = field(default_factory=dict)
     rows_skipped: int = 0
-    drop_rows: int = 0
 
     @property
     def num_chunks(self) -> int:
@@ -556,17 +548,30 @@ class EpochPlan:
             )
         )
 
-    def chunk_rows(self, chunk: int) -> int:
+    def stored_rows(self, chunk: int) -> int:
+        """Rows of chunk ``chunk``'s pieces: what is read for it."""
         s = self.chunk_pieces(chunk)
         return int((self.stops[s] - self.starts[s]).sum())
 
+    def chunk_rows(self, chunk: int) -> int:
+        """Rows chunk ``chunk`` delivers (its `stored_rows`, or those of its window)."""
+        window = self.windows.get(chunk)
+        if window is None:
+            return self.stored_rows(chunk)
+        return sum(hi - lo for lo, hi in window)
+
     def rows_before(self, chunk: int) -> int:
-        """Rows this worker delivers before chunk ``chunk``."""
-        first = int(self.chunk_bounds[chunk])
-        return self.rows_skipped + int((self.stops[:first] - self.starts[:first]).sum())
+        """Rows of this worker's stream delivered before chunk ``chunk``'s first."""
+        return self.rows_skipped + int(self._delivered_ends[chunk])
+
+    @cached_property
+    def _delivered_ends(self) -> NDArray[np.int64]:
+        """Rows delivered before each chunk, and in all (``num_chunks + 1`` values)."""
+        rows = [self.chunk_rows(c) for c in range(self.num_chunks)]
+        return np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
 
     def batch_bounds(self, chunk: int) -> NDArray[np.int64]:
-        """Where batches start and end within chunk ``chunk``'s rows.
+        """Where batches start and end within the rows chunk ``chunk`` delivers.
 
         The first and last windows may be parts of batches shared with the chunks around.
         """
@@ -575,26 +580,33 @@ class EpochPlan:
         inner = np.arange(first, rows, self.batch_size, dtype=np.int64)
         return np.unique(np.concatenate([[0], inner, [rows]]))
 
+    def chunk_key(self, chunk: int) -> list[int]:
+        """The round keys of chunk ``chunk``'s permutation."""
+        rank, worker, index, _ = (int(k) for k in self.origins[chunk])
+        return chunk_keys(seed=self.seed, epoch=self.epoch, rank=rank, worker=worker, chunk=index)
+
     def batch_order(self, chunk: int, *, xp: Any = np) -> Any:
-        """Order to deliver chunk ``chunk``'s rows in, or None without shuffling.
+        """The rows of chunk ``chunk`` in the order it delivers them (indices into its
+        `stored_rows`), or None without shuffling.
 
         A random permutation, computed with ``xp`` (numpy, or cupy on a GPU: the same
-        order); with ``shuffle_within_batch=False``, rows dealt into batches at random
-        but kept in stored order within each (see
+        order); with ``shuffle_within_batch=False``, the rows dealt into the batches of
+        the chunk's stream (see `origins`) and kept in stored order within each (see
         [`deal_into_batches`][tabloader.plan.deal_into_batches]), computed on the host.
+        A plan that delivers part of the chunk delivers that part of this order (its
+        `windows`).
         """
         if not self.shuffle:
             return None
-        key = {
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "worker": self.worker,
-            "chunk": self.first_chunk + chunk,
-        }
+        rows, key = self.stored_rows(chunk), self.chunk_key(chunk)
         if self.shuffle_within_batch:
-            return chunk_permutation(self.chunk_rows(chunk), **key, xp=xp)
-        dealt = self.deal(chunk, chunk_permutation(self.chunk_rows(chunk), **key))
+            return self._window(chunk, counter_permutation(rows, key, xp=xp), xp)
+        dealt = deal_into_batches(
+            inverse_permutation(counter_permutation(rows, key)),
+            batch_size=self.batch_size,
+            rows_before=int(self.origins[chunk, 3]),
+        )
+        dealt = self._window(chunk, dealt, np)
         return dealt if xp is np else xp.asarray(dealt)
 
     def batch_orders(self, *, xp: Any = np) -> Iterator[Any]:
@@ -606,61 +618,320 @@ class EpochPlan:
                 yield self.batch_order(chunk, xp=xp)
             return
         chunks = range(self.num_chunks)
-        keys = [
-            chunk_keys(seed=self.seed, epoch=self.epoch, rank=self.rank, worker=self.worker,
-                       chunk=self.first_chunk + c)
-            for c in chunks
-        ]  # fmt: skip
-        yield from counter_permutations([self.chunk_rows(c) for c in chunks], keys, xp=xp)
+        sizes, keys = [self.stored_rows(c) for c in chunks], [self.chunk_key(c) for c in chunks]
+        for chunk, order in zip(chunks, counter_permutations(sizes, keys, xp=xp), strict=True):
+            yield self._window(chunk, order, xp)
 
-    def deal(self, chunk: int, order: NDArray[np.int64]) -> NDArray[np.int64]:
-        """Chunk ``chunk``'s delivery ``order`` with each batch's rows in stored order.
-
-        Every batch holds the same rows as in ``order`` (see
-        [`deal_into_batches`][tabloader.plan.deal_into_batches]).
-        """
-        return deal_into_batches(
-            inverse_permutation(order),
-            batch_size=self.batch_size,
-            rows_before=self.rows_before(chunk),
-        )
+    def _window(self, chunk: int, order: Any, xp: Any) -> Any:
+        """The part of chunk ``chunk``'s full delivery ``order`` this plan delivers."""
+        window = self.windows.get(chunk)
+        if window is None:
+            return order
+        if len(window) == 1:
+            return order[window[0][0] : window[0][1]]
+        return xp.concatenate([order[lo:hi] for lo, hi in window])
 
     def resume(self, batches_done: int) -> EpochPlan:
         """The rest of this plan once ``batches_done`` of its batches were delivered.
 
         Chunks wholly before the resume point are left out (never read); the chunk
-        holding it keeps its permutation, and `drop_rows` says how many rows of
-        its delivery order to drop. The batches the resumed plan yields are exactly
-        this plan's batches from ``batches_done`` on.
+        holding it keeps its permutation and delivers the rest of its order (its
+        `windows`, or its pieces cut when unshuffled). The batches the resumed plan
+        yields are exactly this plan's batches from ``batches_done`` on.
 
         Examples:
             >>> plan = plan_epoch(np.array([5, 5, 5]), batch_size=4, shuffle=True, seed=0,
             ...                   epoch=0, parts_per_chunk=1)
             >>> rest = plan.resume(2)
-            >>> rest.num_chunks, rest.first_chunk, rest.drop_rows, rest.num_batches
-            (2, 1, 3, 2)
+            >>> rest.num_chunks, rest.origins[:, 2].tolist(), dict(rest.windows), rest.num_batches
+            (2, [1, 2], {0: ((3, 5),)}, 2)
         """
         if not 0 <= batches_done <= self.num_batches:
             raise ValueError(f"batches_done must be in [0, {self.num_batches}], got {batches_done}")
         if batches_done == 0:
             return self
-        chunk_rows = np.array([self.chunk_rows(c) for c in range(self.num_chunks)], np.int64)
-        chunk, drop = resume_point(
-            chunk_rows, batches_done=batches_done, batch_size=self.batch_size
-        )
-        first_piece = int(self.chunk_bounds[chunk])
-        return replace(
+        rest = self.after_rows(batches_done * self.batch_size)
+        return replace(rest, num_batches=self.num_batches - batches_done)
+
+    def after_rows(self, rows: int) -> EpochPlan:
+        """The rest of this plan after the first ``rows`` rows it delivers (all of them
+        when ``rows`` is larger): the chunks from the one holding the next row on, that
+        one cut to the rest of its rows.
+
+        Examples:
+            >>> plan = plan_epoch(np.array([5, 5, 5]), batch_size=4, shuffle=False, seed=0,
+            ...                   epoch=0, parts_per_chunk=1)
+            >>> rest = plan.after_rows(7)
+            >>> rest.pieces(0), rest.num_chunks, rest.num_rows, rest.rows_before(0)
+            ([(1, 2, 5)], 2, 8, 7)
+        """
+        rows = min(max(int(rows), 0), self.num_rows)
+        rest = _skip_rows(_plan_runs(self), rows)
+        return _plan_of_runs(
+            rest,
             self,
-            partitions=self.partitions[first_piece:],
-            starts=self.starts[first_piece:],
-            stops=self.stops[first_piece:],
-            chunk_bounds=self.chunk_bounds[chunk:] - first_piece,
-            num_rows=max(self.num_rows - batches_done * self.batch_size, 0),
-            num_batches=self.num_batches - batches_done,
-            first_chunk=self.first_chunk + chunk,
-            rows_skipped=self.rows_before(chunk),
-            drop_rows=drop,
+            num_rows=self.num_rows - rows,
+            num_batches=self.num_batches - rows // self.batch_size,
+            rows_skipped=self.rows_skipped + rows,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class _Run:
+    """Rows ``[lo, hi)`` of chunk ``chunk`` of ``plan``: positions in its full delivery
+    order when shuffled, in its pieces' rows when not. A stream of a resumed epoch is a
+    list of runs of the epoch's own plans."""
+
+    plan: EpochPlan
+    chunk: int
+    lo: int
+    hi: int
+
+
+def _plan_runs(plan: EpochPlan) -> list[_Run]:
+    """The stream ``plan`` delivers, as runs of its chunks."""
+    runs = []
+    for chunk in range(plan.num_chunks):
+        for lo, hi in plan.windows.get(chunk, ((0, plan.stored_rows(chunk)),)):
+            if hi > lo:
+                runs.append(_Run(plan, chunk, lo, hi))
+    return runs
+
+
+def _skip_rows(runs: Sequence[_Run], rows: int) -> list[_Run]:
+    """``runs`` without their first ``rows`` rows."""
+    out = []
+    for run in runs:
+        if rows >= run.hi - run.lo:
+            rows -= run.hi - run.lo
+            continue
+        out.append(replace(run, lo=run.lo + rows) if rows else run)
+        rows = 0
+    return out
+
+
+def _first_rows(runs: Sequence[_Run], rows: int) -> list[_Run]:
+    """The first ``rows`` rows of ``runs``."""
+    out = []
+    for run in runs:
+        if rows <= 0:
+            break
+        out.append(run if run.hi - run.lo <= rows else replace(run, hi=run.lo + rows))
+        rows -= run.hi - run.lo
+    return out
+
+
+def _plan_of_runs(
+    runs: Sequence[_Run], like: EpochPlan, *, num_rows: int, num_batches: int, rows_skipped: int
+) -> EpochPlan:
+    """The plan that delivers ``runs`` in turn, its options ``like``'s.
+
+    Consecutive runs of one chunk make one chunk of the plan, read once: a shuffled one
+    with its pieces and permutation key, delivering the runs' ranges of its order (its
+    `EpochPlan.windows`); an unshuffled one with its pieces cut to the runs' rows.
+    """
+    groups: list[tuple[_Run, list[tuple[int, int]]]] = []
+    for run in runs:
+        if groups and groups[-1][0].plan is run.plan and groups[-1][0].chunk == run.chunk:
+            ranges = groups[-1][1]
+            if ranges[-1][1] == run.lo:
+                ranges[-1] = (ranges[-1][0], run.hi)
+            else:
+                ranges.append((run.lo, run.hi))
+        else:
+            groups.append((run, [(run.lo, run.hi)]))
+    pieces: list[tuple[int, int, int]] = []
+    bounds, origins, windows = [0], [], {}
+    for index, (run, ranges) in enumerate(groups):
+        chunk_pieces = run.plan.pieces(run.chunk)
+        if not like.shuffle:
+            chunk_pieces = _cut_pieces(chunk_pieces, ranges)
+        elif ranges != [(0, run.plan.stored_rows(run.chunk))]:
+            windows[index] = tuple(ranges)
+        pieces += chunk_pieces
+        bounds.append(len(pieces))
+        origins.append(run.plan.origins[run.chunk])
+    columns = np.array(pieces, dtype=np.int64).reshape(-1, 3).T
+    return replace(
+        like,
+        partitions=columns[0].copy(),
+        starts=columns[1].copy(),
+        stops=columns[2].copy(),
+        chunk_bounds=np.array(bounds, dtype=np.int64),
+        origins=np.array(origins, dtype=np.int64).reshape(-1, 4),
+        windows=windows,
+        num_rows=num_rows,
+        num_batches=num_batches,
+        rows_skipped=rows_skipped,
+    )
+
+
+def _cut_pieces(
+    pieces: Sequence[tuple[int, int, int]], ranges: Sequence[tuple[int, int]]
+) -> list[tuple[int, int, int]]:
+    """The parts of ``pieces`` (rows laid end to end) holding rows ``ranges``, in order.
+
+    Examples:
+        >>> _cut_pieces([(4, 0, 5), (2, 10, 13)], [(3, 6), (7, 8)])
+        [(4, 3, 5), (2, 10, 11), (2, 12, 13)]
+    """
+    out = []
+    for lo, hi in ranges:
+        begin = 0
+        for partition, start, stop in pieces:
+            a, b = max(lo - begin, 0), min(hi - begin, stop - start)
+            if b > a:
+                out.append((partition, start + a, start + b))
+            begin += stop - start
+    return out
+
+
+@dataclass(frozen=True)
+class Leg:
+    """The part of an epoch one world served before it changed: ``global_size`` ranks,
+    each with ``num_workers`` worker shares, worker share ``w`` of every rank having
+    delivered ``batches[w]`` batches (ranks of one job are in step)."""
+
+    global_size: int
+    num_workers: int
+    batches: tuple[int, ...]
+
+
+Planner = Callable[[int, int, int, int], EpochPlan]
+"""``(global_rank, global_size, worker, num_workers)`` -> that worker's plan of the epoch."""
+
+
+def plan_rest(
+    planner: Planner,
+    legs: Sequence[Leg],
+    *,
+    global_rank: int,
+    global_size: int,
+    worker: int,
+    num_workers: int,
+    batch_size: int,
+    drop_last: bool,
+) -> EpochPlan:
+    """One worker's plan of the rest of an epoch that ``legs`` served on other worlds.
+
+    ``planner`` plans the epoch for a worker of any world (the first leg's plans). After
+    each leg, the rows its ranks had not delivered (every worker stream from its
+    ``batches[w] * batch_size``-th row on, in the order of ranks, then workers, then
+    their streams) form one sequence, dealt to the next world exactly as a fresh epoch's
+    rows are (see [`rank_rows`][tabloader.plan.rank_rows] and
+    [`worker_row_range`][tabloader.plan.worker_row_range]): every rank the same number
+    of rows, at most ``global_size - 1`` of them sitting out, workers in runs of whole
+    batches. So the rows delivered across all the legs are each delivered once. A worker
+    reads only the chunks holding its rows, each with the permutation it had (see
+    `_plan_of_runs`); its batches are cut from its own new stream.
+
+    Raises ``ValueError`` when a leg says a worker delivered more batches than it had.
+
+    Examples:
+        >>> planner = lambda rank, size, worker, workers: plan_epoch(
+        ...     np.array([10, 10]), batch_size=3, shuffle=False, seed=0, epoch=0,
+        ...     global_rank=rank, global_size=size, worker=worker, num_workers=workers)
+        >>> gone = [Leg(global_size=2, num_workers=1, batches=(2,))]  # rows 0-5, 10-15
+        >>> [plan_rest(planner, gone, global_rank=0, global_size=1, worker=0, num_workers=1,
+        ...            batch_size=3, drop_last=False).pieces(c) for c in range(2)]
+        [[(0, 6, 10)], [(1, 6, 10)]]
+    """
+    worlds = [(leg.global_size, leg.num_workers) for leg in legs] + [(global_size, num_workers)]
+    plans: dict[tuple[int, int], EpochPlan] = {}
+
+    def first_plan(rank: int, w: int) -> EpochPlan:
+        if (rank, w) not in plans:
+            plans[rank, w] = planner(rank, worlds[0][0], w, worlds[0][1])
+        return plans[rank, w]
+
+    # shares[level][w]: rows [lo, hi) of a rank's rows (the same on every rank) worker w
+    # streams in that leg; left[level][w]: how many of them it did not deliver
+    shares = [[(0, first_plan(0, w).num_rows) for w in range(worlds[0][1])]]
+    rank_rows_of = [0]  # rows of a rank in each leg but the first (where the plans tell)
+    left: list[list[int]] = []
+    for level, leg in enumerate(legs):
+        if len(leg.batches) != leg.num_workers:
+            raise ValueError(f"{len(leg.batches)} batch counts for {leg.num_workers} workers")
+        left.append([])
+        for w, ((lo, hi), done) in enumerate(zip(shares[level], leg.batches, strict=True)):
+            have = count_batches(hi - lo, batch_size, drop_last=drop_last)
+            if not 0 <= done <= have:
+                raise ValueError(
+                    f"worker {w} of {leg.num_workers} on {leg.global_size} ranks delivered "
+                    f"{done} batches, but had {have}"
+                )
+            left[level].append(hi - lo - min(done * batch_size, hi - lo))
+        size, workers = worlds[level + 1]
+        per_rank = leg.global_size * sum(left[level]) // size
+        rank_rows_of.append(per_rank)
+        share = partial(
+            worker_row_range, per_rank, batch_size=batch_size, drop_last=drop_last,
+            num_workers=workers,
+        )  # fmt: skip
+        shares.append([share(worker=w) for w in range(workers)])
+
+    streams: dict[tuple[int, int, int], list[_Run]] = {}
+
+    def stream(level: int, rank: int, w: int) -> list[_Run]:
+        """Worker ``w`` of rank ``rank``'s stream in leg ``level``, as runs."""
+        if level == 0:
+            return _plan_runs(first_plan(rank, w))
+        if (level, rank, w) in streams:
+            return streams[level, rank, w]
+        # the sequence dealt: every old rank's streams, worker by worker, less the rows
+        # they delivered
+        gone, (lo, hi) = left[level - 1], shares[level][w]
+        at, end = rank * rank_rows_of[level] + lo, rank * rank_rows_of[level] + hi
+        runs: list[_Run] = []
+        while at < end:
+            old_rank, offset = divmod(at, sum(gone))
+            old_worker = 0
+            while offset >= gone[old_worker]:
+                offset -= gone[old_worker]
+                old_worker += 1
+            take = min(end - at, gone[old_worker] - offset)
+            old_lo, old_hi = shares[level - 1][old_worker]
+            done = old_hi - old_lo - gone[old_worker]
+            runs += _first_rows(
+                _skip_rows(stream(level - 1, old_rank, old_worker), done + offset), take
+            )
+            at += take
+        streams[level, rank, w] = runs
+        return runs
+
+    lo, hi = shares[-1][worker]
+    return _plan_of_runs(
+        stream(len(legs), global_rank, worker),
+        first_plan(0, 0),
+        num_rows=hi - lo,
+        num_batches=count_batches(hi - lo, batch_size, drop_last=drop_last),
+        rows_skipped=0,
+    )
+
+
+def round_robin(batches: Sequence[int], taken: int) -> list[int]:
+    """How many of each worker's ``batches`` are among the first ``taken`` of a loader
+    that takes them from the workers in turn, passing over those with none left (as
+    PyTorch's ``DataLoader`` does with worker processes, in order).
+
+    Examples:
+        >>> round_robin([3, 1, 2], 5)  # workers 0, 1, 2, 0, 2
+        [2, 1, 2]
+    """
+    if not 0 <= taken <= sum(batches):
+        raise ValueError(f"taken must be in [0, {sum(batches)}], got {taken}")
+    got = [0] * len(batches)
+    while taken:
+        active = [w for w, n in enumerate(batches) if n > got[w]]
+        rounds = min(min(batches[w] - got[w] for w in active), taken // len(active))
+        if rounds == 0:  # a last, partial round, in the workers' order
+            for w in active[:taken]:
+                got[w] += 1
+            break
+        for w in active:
+            got[w] += rounds
+        taken -= rounds * len(active)
+    return got
 
 
 def plan_epoch(
@@ -732,9 +1003,19 @@ def plan_epoch(
         shuffle=shuffle,
         seed=seed,
         epoch=epoch,
-        rank=global_rank,
-        worker=worker,
+        origins=_stream_origins(global_rank, worker, piece_rows, bounds),
     )
+
+
+def _stream_origins(
+    rank: int, worker: int, piece_rows: NDArray[np.int64], bounds: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """The `EpochPlan.origins` of a worker stream's chunks (``bounds`` into its pieces)."""
+    chunks = len(bounds) - 1
+    origins = np.empty((chunks, 4), dtype=np.int64)
+    origins[:, 0], origins[:, 1], origins[:, 2] = rank, worker, np.arange(chunks)
+    origins[:, 3] = np.concatenate([[0], np.cumsum(piece_rows)])[bounds[:-1]]
+    return origins
 
 
 def fixed_share(
@@ -827,10 +1108,12 @@ def plan_cached_epoch(
         **options,
     )
     pieces = sub.partitions
+    origins = sub.origins.copy()
+    origins[:, 0] = global_rank  # each rank's permutations its own, as when streaming
     return replace(
         sub,
         partitions=parts[pieces],
         starts=starts[pieces] + sub.starts,
         stops=starts[pieces] + sub.stops,
-        rank=global_rank,
+        origins=origins,
     )

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from tabloader.batches import cut_batches, detached, drop_leading_rows
+from tabloader.batches import cut_batches, detached
 from tabloader.errors import TabloaderError
 
 if TYPE_CHECKING:
@@ -487,7 +487,7 @@ def batch_stream(
 
     delivered = 0
     batches = cut_batches(
-        drop_leading_rows(parts(), plan.drop_rows),
+        parts(),
         batch_size=batch_size,
         drop_last=drop_last,
         layout=layout,

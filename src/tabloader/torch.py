@@ -18,7 +18,7 @@ Examples:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -41,11 +41,13 @@ from tabloader.errors import InvalidArgumentError, PerformanceWarning, Tabloader
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
 from tabloader.stages import thread_advice, usable_cores
+from tabloader.state import STATE_FORMAT_KEY, merge_worker_states
+from tabloader.state import agreed_state as agreed_states
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["DLDataLoader", "TorchAsyncItr"]
+__all__ = ["DLDataLoader", "TorchAsyncItr", "agreed_state"]
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(x_cat, x_cont, y)``."""
@@ -302,7 +304,9 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
     together deliver every row once and reshuffle every epoch (this loader advances the
     epoch for them; with ``persistent_workers=True`` each copy advances in step, and
     ``set_epoch()`` after they started raises); they need ``device="cpu"`` (use
-    ``pin_memory=True``). See docs/torch.md, "Worker processes", and the module's example.
+    ``pin_memory=True``). It counts the batches it hands out, so the dataset's
+    ``state_dict()`` says mid-epoch how far every worker got. See docs/torch.md, "Worker
+    processes", and the module's example.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> None:
@@ -338,5 +342,100 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
         if not isinstance(dataset, TorchAsyncItr) or self.num_workers == 0:
             return super().__iter__()
         # Worker processes copy the dataset when they start (inside super().__iter__(),
-        # or at the first epoch only with persistent workers): the epochs keep them in step.
-        return dataset._epochs.hand_to_workers(super().__iter__, started=self._iterator is not None)
+        # or at the first epoch only with persistent workers): the epochs keep them in step,
+        # and count the batches handed out, for the dataset's state_dict().
+        return dataset._epochs.hand_to_workers(
+            super().__iter__,
+            num_workers=self.num_workers,
+            started=self._iterator is not None,
+            in_order=getattr(self, "in_order", True),
+        )
+
+
+def agreed_state(source: Any, *, group: Any = None) -> dict[str, Any]:
+    """The state of this job, the same on every rank: keep one (rank 0 writes it to the
+    checkpoint) and resume every rank from it, on this number of ranks and worker
+    processes or another (see ``TorchAsyncItr.load_state_dict``).
+
+    Every rank calls it at the same step: it gathers each rank's state through
+    ``torch.distributed`` (``group``: the default process group) and checks that they
+    are one, so ranks that were not in step, or that load other data, are refused
+    rather than saved (see [`tabloader.agreed_state`][tabloader.agreed_state]). Without
+    a process group the job must have one rank.
+
+    Args:
+        source: The ``TorchAsyncItr``, a ``DLDataLoader`` over it (its worker processes'
+            batches are counted as the loader hands them out), torchdata's
+            ``StatefulDataLoader`` over it (its worker processes' states are merged into
+            the job's; save with ``snapshot_every_n_steps=1``, the default), or a state
+            dict of either.
+
+    Raises:
+        InvalidArgumentError: the ranks' states differ (the message names what and the
+            ranks), or ``source`` is none of the above.
+
+    Examples:
+        >>> import pyarrow as pa
+        >>> itr = TorchAsyncItr(pa.table({"id": list(range(10))}), cats=["id"], batch_size=4,
+        ...                     device="cpu")
+        >>> first = next(iter(itr))
+        >>> state = agreed_state(itr)  # one rank, no process group
+        >>> state["epoch"], state["batches"], state["global_size"]
+        (0, 1, 1)
+    """
+    state = _job_state(source)
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        if state.get("global_size", 1) != 1:
+            raise InvalidArgumentError(
+                f"this job has {state['global_size']} ranks but no torch.distributed process "
+                "group to gather their states: initialise one, or gather every rank's "
+                "state_dict() yourself and pass the list to tabloader.agreed_state"
+            )
+        return agreed_states([state])
+    states: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(states, state, group=group)
+    return agreed_states(states)
+
+
+def _job_state(source: Any) -> dict[str, Any]:
+    """The state of this rank that ``source`` holds (see `agreed_state`)."""
+    if isinstance(source, TorchAsyncItr):
+        return source.state_dict()
+    if isinstance(source, Mapping):
+        return dict(source) if STATE_FORMAT_KEY in source else _stateful_state(source)
+    dataset = getattr(source, "dataset", None)
+    if isinstance(source, torch.utils.data.DataLoader) and isinstance(dataset, TorchAsyncItr):
+        saved = getattr(source, "state_dict", None)
+        return _stateful_state(saved()) if callable(saved) else dataset.state_dict()
+    raise InvalidArgumentError(
+        "agreed_state takes a TorchAsyncItr, a DLDataLoader or StatefulDataLoader over "
+        f"one, or a state dict, got {type(source).__name__}"
+    )
+
+
+def _stateful_state(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's state in a torchdata ``StatefulDataLoader``'s state dict: its worker
+    processes' states (the iterator's, else the dataset's) merged, or its own."""
+
+    def of(holder: Any) -> Any:
+        fetcher = holder.get("fetcher_state") or {}
+        found = fetcher.get("dataset_iter_state") or holder.get("dataset_state")
+        if not isinstance(found, Mapping) or STATE_FORMAT_KEY not in found:
+            raise InvalidArgumentError(
+                "no TorchAsyncItr state in this StatefulDataLoader state dict: pass the "
+                "state_dict() of a StatefulDataLoader over a TorchAsyncItr"
+            )
+        return found
+
+    snapshot = saved.get("_snapshot")
+    if snapshot is None:  # no worker processes
+        return dict(of(saved))
+    if saved.get("_steps_since_snapshot"):
+        raise InvalidArgumentError(
+            f"this StatefulDataLoader state is {saved['_steps_since_snapshot']} batch(es) "
+            "past its workers' last snapshot, so their states are behind the batches "
+            "delivered: save with snapshot_every_n_steps=1 (the default)"
+        )
+    workers = snapshot.get("_worker_snapshots") or {}
+    return merge_worker_states([of(worker) for worker in workers.values()])

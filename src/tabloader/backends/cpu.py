@@ -490,7 +490,7 @@ class CPUBackend:
                     yield [(self._piece_segment(a, blocks, stats, work), None) for a in arrays]
                     continue
                 _wait_for_room(held, request)
-                segment = self._ordered_segment(arrays, chunk_places, blocks, stats, work)
+                segment = self._ordered_segment(arrays, *chunk_places, blocks, stats, work)
                 held.append(weakref.ref(_owner(next(iter(segment.values())))))
                 yield [(segment, None)]
                 del segment
@@ -502,13 +502,15 @@ class CPUBackend:
     def _ordered_segment(
         self,
         pieces: Iterable[dict[str, NDArray[Any]]],
+        order: NDArray[np.int64],
         places: NDArray[np.int64],
         blocks: Sequence[Block],
         stats: StatsRecorder,
         work: SplitWork,
     ) -> Segment:
-        """A chunk with row ``i`` written at ``places[i]``: its rows in delivery order,
-        so that every batch is a slice of it.
+        """A chunk with row ``i`` written at ``places[i]``: the rows of ``order`` (all of
+        the chunk's, or those a resumed plan delivers) in that order, so that every batch
+        is a slice of it; a row left out is written to a spare row after them.
 
         Every decoded value is written once, straight to its place: one scatter per
         column, into a column of a few MiB that stays in the CPU's cache (rows dealt
@@ -517,8 +519,11 @@ class CPUBackend:
         thousand rows at a time and written out a whole row at a time. List columns
         stay where they are and are reordered lazily, as each batch is cut.
         """
+        spare = int(len(order) < len(places))
         segment = empty_segment(
-            len(places), [(b.name, b.width, b.dtype) for b in blocks if not b.ragged], self.xp
+            len(order) + spare,
+            [(b.name, b.width, b.dtype) for b in blocks if not b.ragged],
+            self.xp,
         )
         lists: dict[str, list[Ragged]] = {b.name: [] for b in blocks if b.ragged}
         offset = 0
@@ -544,11 +549,12 @@ class CPUBackend:
             work.run(jobs)
             offset += n
             stats.assemble_seconds += time.perf_counter() - started
+        if spare:
+            segment = {name: array[: len(order)] for name, array in segment.items()}
         if lists:
             # Lists stay where they are, reordered lazily: each batch gathers its rows'
             # values once, when it is cut.
             started = time.perf_counter()
-            order = inverse_permutation(places)
             for b in blocks:
                 if b.ragged:
                     whole = Ragged.concatenate(lists[b.name])
@@ -636,10 +642,20 @@ def _wait_for_room(held: deque[weakref.ref[Any]], request: ReadRequest) -> None:
             return  # room, or the consumer keeps batches: lay out the next chunk anyway
 
 
-def _chunk_places(plan: EpochPlan, chunk: int) -> NDArray[np.int64] | None:
-    """Each of the chunk's rows' place in its delivery order; None without shuffling."""
+def _chunk_places(
+    plan: EpochPlan, chunk: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    """The chunk's delivery order and each of its rows' place in it (a row the plan does
+    not deliver: the place after the last); None without shuffling."""
     order = plan.batch_order(chunk)
-    return None if order is None else inverse_permutation(order)
+    if order is None:
+        return None
+    rows = plan.stored_rows(chunk)
+    if len(order) == rows:
+        return order, inverse_permutation(order)
+    places = np.full(rows, len(order), dtype=np.int64)
+    places[order] = np.arange(len(order), dtype=np.int64)
+    return order, places
 
 
 def decode_pieces(

@@ -302,7 +302,7 @@ class DeviceCacheBackend(CacheBackend):
             not placed.on_device
             and plan.shuffle
             and not any(isinstance(a, CachedList) for a in placed.arrays.values())
-            and all(plan.chunk_rows(c) <= 2 * window for c in range(plan.num_chunks))
+            and all(plan.stored_rows(c) <= 2 * window for c in range(plan.num_chunks))
         )
 
     def _staged(self, placed: _Placed, plan: EpochPlan, chunk: int) -> dict[str, Any]:

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabloader.backends.cpu import decode_pieces
-from tabloader.batches import Ragged, drop_leading_rows, empty_segment, host_int, segment_rows
-from tabloader.plan import resume_point
+from tabloader.batches import Ragged, empty_segment, host_int, segment_rows
 from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead, usable_cores
 
 if TYPE_CHECKING:
@@ -43,7 +42,6 @@ __all__ = [
     "CachedRows",
     "FillFailed",
     "gather_list",
-    "rest_of_plan",
     "take_transposed",
 ]
 
@@ -251,37 +249,6 @@ def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[
         out[lo : lo + len(part)] = tile[: len(part)]
 
 
-def rest_of_plan(plan: EpochPlan, rows: int) -> tuple[EpochPlan, int]:
-    """The part of ``plan`` after the first ``rows`` rows of its delivery order: the
-    chunks from the one holding row ``rows`` on (same permutations), and how many rows
-    of that chunk's delivery order to drop.
-
-    Examples:
-        >>> from tabloader.plan import plan_epoch
-        >>> plan = plan_epoch(np.array([5, 5, 5]), batch_size=4, shuffle=True, seed=0,
-        ...                   epoch=0, parts_per_chunk=1)
-        >>> rest, drop = rest_of_plan(plan, 7)
-        >>> rest.num_chunks, rest.first_chunk, drop
-        (2, 1, 2)
-    """
-    chunk_rows = np.array([plan.chunk_rows(c) for c in range(plan.num_chunks)], np.int64)
-    chunk, drop = resume_point(chunk_rows, batches_done=rows, batch_size=1)
-    first = int(plan.chunk_bounds[chunk]) if chunk < plan.num_chunks else len(plan.partitions)
-    rest = replace(
-        plan,
-        partitions=plan.partitions[first:],
-        starts=plan.starts[first:],
-        stops=plan.stops[first:],
-        chunk_bounds=plan.chunk_bounds[chunk:] - first,
-        first_chunk=plan.first_chunk + chunk,
-        rows_skipped=(
-            plan.rows_before(chunk) if chunk < plan.num_chunks else plan.rows_skipped + rows
-        ),
-        drop_rows=0,
-    )
-    return rest, drop
-
-
 def read_only(arrays: Mapping[str, Any]) -> dict[str, Any]:
     """Read-only views: a batch that is a view of the cache cannot change it."""
     views: dict[str, Any] = {}
@@ -388,13 +355,5 @@ class CacheBackend:
 def stream_rest(backend: Backend, request: ReadRequest, rows: int) -> Iterator[list[Part]]:
     """The chunks of ``request``'s plan from row ``rows`` of its delivery order on, read
     from the files by ``backend``: exactly what the cache would have delivered."""
-    plan = request.plan
-    if rows >= sum(plan.chunk_rows(c) for c in range(plan.num_chunks)):
-        return
-    rest, drop = rest_of_plan(plan, rows)
-    chunks = backend.read_chunks(replace(request, plan=rest))
-    first = next(chunks, None)
-    if first is None:
-        return
-    yield list(drop_leading_rows(first, drop))
-    yield from chunks
+    rest = request.plan.after_rows(rows)
+    yield from backend.read_chunks(replace(request, plan=rest))
