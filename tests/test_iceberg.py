@@ -305,7 +305,7 @@ def test_a_name_mapped_to_a_dropped_field_reads_as_null(catalog, tmp_path, devic
         transaction.set_properties({"schema.name-mapping.default": mapping})
     assert _reference(table, "x") == [None] * 100  # pyiceberg's read
     ds = tabloader.Dataset.from_iceberg(table)
-    with pytest.raises(tabloader.NullValuesError, match="'x' has null values"):
+    with pytest.raises(tabloader.NullValuesError, match="null values and no fill value: 'x'"):
         tabloader.Loader(ds, conts=["x"], batch_size=8, device=device)
     batches = list(loader(ds, device, conts=["x"], fill_null={"x": -1}))
     np.testing.assert_array_equal(np.concatenate([host(b["x"]) for b in batches]), -1)

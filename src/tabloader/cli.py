@@ -639,6 +639,8 @@ def _refuse_text_files(paths: str | list[str]) -> None:
         if suffix in COMPRESSION:
             suffix = os.path.splitext(stem)[1]
         kind = SUFFIXES.get(suffix)
+        if path.lower().endswith(".metadata.json"):
+            continue  # an Iceberg table's metadata, which inspect reads
         if kind is not None and kind != "parquet" and os.path.isfile(path):
             raise InvalidArgumentError(
                 f"{path} is a {kind.upper()} file; the loader reads parquet. Convert it first: "
