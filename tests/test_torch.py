@@ -528,3 +528,26 @@ def test_example_auc_matches_the_pairwise_definition():
     pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
     assert example.roc_auc(labels, scores) == pytest.approx(pairs)
     assert example.roc_auc(labels, np.zeros(300)) == 0.5
+
+
+def test_batches_are_staged_into_pinned_memory_by_numpy_not_torch(monkeypatch):
+    """PyTorch's own copy (``pin_memory()``, ``copy_``) runs on its OpenMP threads, which
+    spin between batches when woken from the loader's thread: the staging copy is numpy's."""
+    from tabloader.torch import _copy_to_pinned
+
+    def refused(*args, **kwargs):
+        raise AssertionError("staged with PyTorch's copy")
+
+    batch = torch.arange(65536 * 3, dtype=torch.int64).reshape(-1, 3)
+    monkeypatch.setattr(torch.Tensor, "copy_", refused)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", refused)
+    made = []
+
+    def empty(shape, dtype):
+        made.append((shape, dtype))
+        return torch.full(shape, -1, dtype=dtype)
+
+    staged = _copy_to_pinned(batch, empty=empty)
+    assert made == [((65536, 3), torch.int64)]
+    assert staged.data_ptr() != batch.data_ptr()
+    assert torch.equal(staged, torch.arange(65536 * 3, dtype=torch.int64).reshape(-1, 3))
