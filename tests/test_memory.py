@@ -317,4 +317,6 @@ def test_mapping_memory_in_lets_the_other_threads_run():
     # the call: no pause in its stamps as long as half of the call.
     during = [started, *stamps[(stamps > started) & (stamps < ended)].tolist(), ended]
     longest = max(b - a for a, b in itertools.pairwise(during))
-    assert longest < (ended - started) / 2, f"{longest:.3f} s without Python in {ended - started:.3f} s"
+    assert longest < (ended - started) / 2, (
+        f"{longest:.3f} s without Python in {ended - started:.3f} s"
+    )
