@@ -25,7 +25,7 @@ from tabloader.batches import Ragged, empty_segment
 from tabloader.casting import check_block
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
-from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -48,10 +48,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-# Threads laying out decoded pieces (scattering a shuffled chunk's columns,
-# interleaving stacked blocks), the reader's included: alone, the reader was the
-# pipeline's slowest stage (docs/performance.md, "Measured choices inside the loader").
-_LAYOUT_THREADS = 4
 # How often a reader waiting for an older chunk to be let go looks again.
 _ROOM_POLL_SECONDS = 0.002
 # Rows per step when interleaving columns into a row-major block: the rows being
@@ -91,7 +87,7 @@ def _madvise() -> Callable[[int, int, int], int] | None:
         return None
     function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def _populate(address: int, nbytes: int) -> bool:
@@ -451,7 +447,7 @@ class CPUBackend:
         decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
         places = drawn_ahead(plan, partial(_chunk_places, plan))
         held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
-        work = SplitWork(min(_LAYOUT_THREADS, usable_cores()), name="tabloader-layout")
+        work = SplitWork(request.threads.layout, name="tabloader-layout")
         try:
             for chunk, chunk_places in zip(range(plan.num_chunks), places, strict=True):
                 s = plan.chunk_pieces(chunk)

@@ -27,7 +27,7 @@ import numpy as np
 from tabloader.backends.cpu import decode_pieces
 from tabloader.batches import Ragged, drop_leading_rows, empty_segment, host_int, segment_rows
 from tabloader.plan import resume_point
-from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -47,8 +47,6 @@ __all__ = [
     "take_transposed",
 ]
 
-WRITE_THREADS = 2
-"""Threads writing a decoded piece into a cache being filled, the reader's included."""
 TILE_ROWS = 2048
 """Rows gathered at a time by `take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
@@ -331,7 +329,7 @@ class CacheBackend:
             served = cache.served()
             with contextlib.closing(rows_ahead()) as orders:
                 tasks = rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
-                yield from run_ahead(tasks)
+                yield from run_ahead(tasks, request.threads.gather)
             return
         made = cache.start_fill(request)
         if made is None:  # its files could not be made (said once): stream
@@ -341,7 +339,7 @@ class CacheBackend:
         columns = [c for b in cache.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
         decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
-        work = SplitWork(min(WRITE_THREADS, usable_cores()), name="tabloader-cache-fill")
+        work = SplitWork(request.threads.fill, name="tabloader-cache-fill")
         delivered = 0  # rows of the plan's delivery order handed on
 
         def written(
@@ -362,7 +360,7 @@ class CacheBackend:
         try:
             with contextlib.closing(rows_ahead()) as orders:
                 tasks = rows.batch_tasks(fill.served, plan, written(orders), self.xp)
-                for parts in run_ahead(tasks):
+                for parts in run_ahead(tasks, request.threads.gather):
                     delivered += sum(segment_rows(segment) for segment, _ in parts)
                     yield parts
             missing = cache.missing_pieces(pieces)
