@@ -553,3 +553,48 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
         "cache.log",
         "summary.txt",
     } <= names
+
+
+def test_the_cpu_profile_puts_each_sample_down_to_its_threads_role(monkeypatch, tmp_path):
+    """py-spy names threads by their id, which a later epoch's threads reuse: the role
+    comes from the stack, and what a thread does from its innermost frames."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    _forget_benchmark_modules()
+    import profile_stages
+
+    start = "thread_run (libpython3.11.so);_produce (tabloader/stages.py:124)"
+    raw = tmp_path / "profile.raw"
+    raw.write_text(
+        "\n".join(
+            [
+                # a layout helper named after the decoder whose thread id it took over
+                "thread (7): tabloader-decoder;_worker (concurrent/futures/thread.py:83);"
+                "_run_all (tabloader/stages.py:330);mapiter_trivial_set "
+                "(numpy/_core/_multiarray_umath.so) 30",
+                f"thread (8): tabloader-reader;{start};_read_chunks (tabloader/stages.py:403);"
+                "SplitWork.run (tabloader/stages.py:260);_run_all (tabloader/stages.py:330);"
+                "mapiter_trivial_set (numpy/_core/_multiarray_umath.so) 10",
+                f"thread (8): tabloader-reader;{start};_read_chunks (tabloader/stages.py:403);"
+                "Prefetcher.__next__ (tabloader/stages.py:216);"
+                "PyThread_acquire_lock_timed (libpython3.11.so) 30",
+                f"thread (9): tabloader-decoder;{start};decode_pieces (tabloader/backends/cpu.py:"
+                "600);read_row_group (pyarrow/parquet/core.py:480);parquet::arrow::"
+                "FileReaderImpl::ReadRowGroups (libparquet.so);std::condition_variable::wait "
+                "(libstdc++.so);pthread_cond_wait (libc.so.6) 20",
+                f"thread (10): tabloader-order;{start};<genexpr> (tabloader/stages.py:370);"
+                "CachedRows.delivery_rows (tabloader/cache/serve.py:140);take "
+                "(numpy/_core/fromnumeric.py:200);PyArray_TakeFrom "
+                "(numpy/_core/_multiarray_umath.so) 5",
+            ]
+        )
+    )
+    text = profile_stages.summarise(raw)
+    _forget_benchmark_modules()
+    sections = {s.split(":")[0]: s for s in text.split("\n") if not s.startswith(" ")}
+    assert set(sections) == {"helper", "reader", "decoder", "order"}
+    assert sections["helper"] == "helper: 30 samples, busy 100%"
+    assert sections["reader"] == "reader: 40 samples, busy 25%"
+    assert "75.0%  waiting\n" in text and "25.0%  numpy (_run_all)" in text
+    assert sections["decoder"] == "decoder: 20 samples, busy 0%"
+    assert "100.0%  waiting (arrow)" in text
+    assert "100.0%  numpy (take)" in text

@@ -925,3 +925,29 @@ def test_a_disk_that_fills_up_before_the_cache_is_created_warns_once_and_streams
         assert sorted(ids(batches).tolist()) == list(range(ROWS))
     assert not loader.stats().from_cache
     assert not published(tmp_path) and not temporary(tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["columns", "stacked"])
+def test_the_loaders_threads_change_no_batch(files, tmp_path, layout):
+    """Streamed, filling a cache, served from it: the same batches whatever the number
+    of threads laying out, writing and gathering them; stats say which was taken."""
+    options = dict(COLS, batch_size=24, seed=5, shuffle=True, chunk_rows=150, layout=layout)
+    epochs = {}
+    for threads in (1, 3, 8):
+        streamed = tabloader.Loader(files, threads=threads, **options)
+        cached = tabloader.Loader(files, threads=threads, cache="memory", **options)
+        epochs[threads] = [run(streamed), run(streamed), run(cached), run(cached)]
+        assert streamed.stats().threads == cached.stats().threads == threads
+    for threads in (3, 8):
+        for a, b in zip(epochs[1], epochs[threads], strict=True):
+            assert len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                for key in x:
+                    np.testing.assert_array_equal(x[key], y[key])
+    assert tabloader.Loader(files, **options).stats().threads >= 1
+
+
+@pytest.mark.parametrize("threads", [0, -2, 1.5, "4"])
+def test_a_number_of_threads_that_is_not_a_positive_integer_is_refused(files, threads):
+    with pytest.raises(tabloader.InvalidArgumentError, match="threads must be"):
+        tabloader.Loader(files, **COLS, batch_size=8, threads=threads)

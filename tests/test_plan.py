@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tabloader.plan import (
     Leg,
+    chunk_keys,
     chunk_offsets,
     chunk_permutation,
     count_batches,
@@ -325,7 +326,7 @@ def test_counter_permutation_of_wide_domains_is_a_bijection(n):
 
 
 def test_chunk_permutations_drawn_together_are_each_chunks_own_on_the_host():
-    from tabloader.plan import chunk_keys, counter_permutations
+    from tabloader.plan import counter_permutations
 
     sizes = [1000, 1000, 7, 0, 1, 1000]
     keys = [chunk_keys(seed=3, epoch=2, rank=1, worker=0, chunk=c) for c in range(6)]
@@ -334,6 +335,31 @@ def test_chunk_permutations_drawn_together_are_each_chunks_own_on_the_host():
         np.testing.assert_array_equal(order, counter_permutation(n, k))
     with pytest.raises(ValueError, match="2 sizes but 1 key lists"):
         list(counter_permutations([3, 4], keys[:1]))
+
+
+@pytest.mark.parametrize(
+    ("n", "chunk", "digest"),
+    [
+        (2, 0, "4cbbd8ca5215b8d1"),
+        (3, 1, "ab25350e3e65efeb"),
+        (1000, 2, "df6727df9a664cb1"),
+        (131072, 3, "a6ae3bf14b688540"),
+        (393216, 4, "0799a04b3d0a25bd"),
+        (524288, 5, "fdfe8e4794a7a557"),
+        (1_000_003, 6, "cfb9d307803abcdd"),
+    ],
+)
+def test_chunk_orders_are_the_ones_every_release_drew(n, chunk, digest):
+    """A seed's batches are the same from one release to the next: the orders of
+    chunks of every shape of domain (odd and even bit counts, whole blocks and not) are
+    pinned by the digest of their bytes, as first drawn."""
+    import hashlib
+
+    keys = chunk_keys(seed=7, epoch=2, rank=1, worker=0, chunk=chunk)
+    order = counter_permutation(n, keys)
+    assert hashlib.sha256(order.astype("<i8").tobytes()).hexdigest()[:16] == digest
+    scattered = counter_permutation(n, keys, compact="scatter")
+    assert hashlib.sha256(scattered.astype("<i8").tobytes()).hexdigest()[:16] == digest
 
 
 def test_counter_permutation_refuses_an_unknown_compaction():

@@ -179,3 +179,24 @@ def test_balanced_groups_use_every_job_once_and_stay_near_the_mean(weights, coun
         loads = [sum(weights[i] for i in g) for g in groups]
         # Greedy, heaviest first: no group exceeds the mean by more than one job.
         assert max(loads) <= sum(weights) / len(groups) + max(weights)
+
+
+@given(cores=st.integers(1, 512))
+def test_every_stage_gets_at_least_one_thread_and_never_more_than_the_cores(cores):
+    from tabloader.stages import Threads
+
+    threads = Threads(cores)
+    for count in (threads.layout, threads.gather, threads.fill):
+        assert 1 <= count <= cores
+    # On few cores every stage takes them all, as the pipeline was measured to want.
+    if cores <= 4:
+        assert threads.layout == threads.gather == threads.fill == cores
+
+
+def test_threads_are_sized_from_the_cores_this_process_may_run_on(monkeypatch):
+    import tabloader.stages
+    from tabloader.stages import Threads
+
+    monkeypatch.setattr(tabloader.stages, "usable_cores", lambda: 12)
+    assert Threads.sized().cores == 12
+    assert Threads.sized(3).cores == 3

@@ -546,3 +546,26 @@ def test_iterating_warns_when_torch_and_the_loader_oversubscribe_the_cores(tmp_p
             assert len(list(items)) == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_batches_are_staged_into_pinned_memory_by_numpy_not_torch(monkeypatch):
+    """PyTorch's own copy (``pin_memory()``, ``copy_``) runs on its OpenMP threads, which
+    spin between batches when woken from the loader's thread: the staging copy is numpy's."""
+    from tabloader.torch import _copy_to_pinned
+
+    def refused(*args, **kwargs):
+        raise AssertionError("staged with PyTorch's copy")
+
+    batch = torch.arange(65536 * 3, dtype=torch.int64).reshape(-1, 3)
+    monkeypatch.setattr(torch.Tensor, "copy_", refused)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", refused)
+    made = []
+
+    def empty(shape, dtype):
+        made.append((shape, dtype))
+        return torch.full(shape, -1, dtype=dtype)
+
+    staged = _copy_to_pinned(batch, empty=empty)
+    assert made == [((65536, 3), torch.int64)]
+    assert staged.data_ptr() != batch.data_ptr()
+    assert torch.equal(staged, torch.arange(65536 * 3, dtype=torch.int64).reshape(-1, 3))

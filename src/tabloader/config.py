@@ -117,6 +117,7 @@ class LoaderOptions(TypedDict, total=False):
     chunk_rows: int | None
     drop_last: bool
     prefetch: int
+    threads: int | None
     global_rank: int | None
     global_size: int | None
     cache: CacheMode | None
@@ -167,6 +168,7 @@ class LoaderConfig:
     fill_null: Mapping[str, float] = field(default_factory=dict, metadata=_OPTION)
     seed: int = field(default=0, metadata=_OPTION)
     prefetch: int = field(default=1, metadata=_OPTION)
+    threads: int | None = field(default=None, metadata=_OPTION)
     cache_dir: str | os.PathLike[str] | None = field(default=None, metadata=_OPTION)
     cache_max_bytes: int | None = field(default=None, metadata=_OPTION)
     cache_placement: CachePlacement = field(default="auto", metadata=_OPTION)
@@ -337,6 +339,7 @@ class LoaderConfig:
         parts_per_chunk = optional_positive(parts_per_chunk, "parts_per_chunk")
         chunk_rows = optional_positive(chunk_rows, "chunk_rows")
         prefetch = int_at_least(options["prefetch"], 1, "prefetch")
+        threads = optional_positive(options["threads"], "threads")
         # None (an adapter's "not given") is the default: rank 0 of 1.
         rank = 0 if options["global_rank"] is None else options["global_rank"]
         size = 1 if options["global_size"] is None else options["global_size"]
@@ -425,6 +428,7 @@ class LoaderConfig:
             seed=int_at_least(seed, 0, "seed"),
             seed_given=options["seed"] is not None,
             prefetch=prefetch,
+            threads=threads,
             cache_dir=options["cache_dir"],
             cache_max_bytes=cache_max_bytes,
             cache_placement=cache_placement,

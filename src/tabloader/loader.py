@@ -39,7 +39,7 @@ from tabloader.plan import (
     plan_epoch,
     plan_rest,
 )
-from tabloader.stages import Prefetcher, batch_stream, batches_ahead
+from tabloader.stages import Prefetcher, Threads, batch_stream, batches_ahead
 from tabloader.state import WORLD_OPTIONS, Cursor, Fingerprint, Position, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
 
@@ -379,6 +379,10 @@ class Loader(_Standing):
             128 MiB of decoded data. Bigger chunks mix rows from more row groups; memory
             holds at most about ``prefetch + 2`` chunks.
         prefetch: Chunks decoded ahead of the one being cut into batches.
+        threads: CPU threads the loader may keep busy at once laying out chunks, filling
+            a decoded cache and gathering from it (Arrow decodes on a pool of its own).
+            Default: the cores this process may run on (``os.sched_getaffinity``).
+            [`LoaderStats.threads`][tabloader.LoaderStats] says which was taken.
 
     Args: Caching
         cache: ``None`` (default) decodes the files every epoch. ``"memory"`` or
@@ -462,7 +466,9 @@ class Loader(_Standing):
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
         self._live: EpochProgress | None = None  # of the epoch iter() last started
+        self._threads = Threads.sized(config.threads)
         self._stats = StatsRecorder()
+        self._stats.threads = self._threads.cores
         self.cache: DecodedCache | None = None
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
         self._cache_stacked = config.cache_stacked(self.device)
@@ -573,6 +579,7 @@ class Loader(_Standing):
             drop_last=self.config.drop_last,
             transform=self.config.delivered(self.transform),
             prefetch=self.config.prefetch,
+            threads=self._threads,
             stats=self._stats,
         )
         return BatchIterator(batches_ahead(make_batches), plan.num_batches, self._stats, cursor)

@@ -240,7 +240,8 @@ def counter_permutation(
     twice as fast as one pass), and any other ``xp`` up to `_DEVICE_BLOCK` in one pass.
 
     ``compact`` says how the images kept are gathered: ``"mask"`` selects them with a
-    boolean mask, for which the host learns each block's count (the fastest on a CPU);
+    boolean mask (``numpy.compress``), for which the host learns each block's count (the
+    fastest on a CPU);
     ``"scatter"`` writes each to its place, found by a prefix sum on the device, so the
     host never waits for the device. By default numpy masks and any other ``xp``
     scatters; the permutation is the same.
@@ -285,7 +286,9 @@ def counter_permutation(
             if stop < domain:
                 filled = later
         else:
-            kept = images[inside]
+            # compress, not images[inside]: numpy's boolean indexing branches on every
+            # element, and took half of the permutation's time (docs/performance.md)
+            kept = np.compress(inside, images)
             out[filled : filled + len(kept)] = kept
             filled += len(kept)
     if scatter:

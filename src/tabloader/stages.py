@@ -67,6 +67,7 @@ __all__ = [
     "Prefetcher",
     "ReadRequest",
     "SplitWork",
+    "Threads",
     "balanced_groups",
     "batch_stream",
     "batches_ahead",
@@ -81,7 +82,7 @@ __all__ = [
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
 GATHER_THREADS = 4
-"""Most threads gathering a cached epoch's batches at once (`run_ahead`)."""
+"""Most threads gathering a GPU cache's windows at once (the CPU's: `Threads`)."""
 
 T = TypeVar("T")
 
@@ -361,6 +362,49 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class Threads:
+    """How many threads each CPU stage may run at once, all decided here from one number:
+    the cores the loader may keep busy (``Loader(threads=)``, by default the cores this
+    process may run on, `usable_cores`). `LoaderStats.threads` says which was taken.
+
+    Arrow decodes each row group on its own pool, as wide as the machine, beside these.
+    On 2 cores every stage gets both (alone, the reader laying out chunks was the
+    pipeline's slowest stage: the decoder, one piece ahead, waited for it a quarter of
+    the time). The limits beyond are where memory bandwidth, not cores, sets the pace
+    of a scatter or a gather; they await a measurement on many cores.
+
+    Examples:
+        >>> Threads(2).layout, Threads(2).gather, Threads(2).fill
+        (2, 2, 2)
+        >>> Threads(16).layout, Threads(16).gather, Threads(16).fill
+        (8, 8, 4)
+    """
+
+    cores: int
+
+    @classmethod
+    def sized(cls, threads: int | None = None) -> Threads:
+        """``threads`` when given, else the cores this process may run on."""
+        return cls(usable_cores() if threads is None else max(1, threads))
+
+    @property
+    def layout(self) -> int:
+        """Threads laying out a chunk's decoded pieces, the reader's own included."""
+        return min(self.cores, 8)
+
+    @property
+    def gather(self) -> int:
+        """Threads gathering a cached epoch's batches (`run_ahead`)."""
+        return min(self.cores, 8)
+
+    @property
+    def fill(self) -> int:
+        """Threads writing decoded pieces into a cache being filled, the reader's included
+        (the gather threads serve the epoch beside them)."""
+        return min(self.cores, 4)
+
+
 # -- the stages, in the order the data flows -------------------------------------------------
 
 
@@ -380,6 +424,8 @@ class ReadRequest:
     """Chunks the reader may lay out ahead of the one being cut into batches."""
     consumer_waiting: threading.Event | None = None
     """Set while the consumer of the chunks waits for one (see ``Backend.read_chunks``)."""
+    threads: Threads = Threads(1)
+    """How many threads each stage may run (the loader's, sized once)."""
 
 
 def decode_ahead(
@@ -404,14 +450,14 @@ def drawn_ahead(plan: EpochPlan, draw: Callable[[int], T]) -> Prefetcher[T]:
     )
 
 
-def run_ahead(tasks: Iterator[Callable[[], list[Part]]]) -> Iterator[list[Part]]:
+def run_ahead(tasks: Iterator[Callable[[], list[Part]]], threads: int) -> Iterator[list[Part]]:
     """Gather threads (an epoch served from a decoded cache): the tasks' results in
-    order, computed by a few threads ahead of the consumer.
+    order, computed by ``threads`` threads ahead of the consumer.
 
     Gathers release the GIL, so windows are gathered on several cores at once; at most
     two per thread are done or in progress, which bounds the memory they hold.
     """
-    threads = max(1, min(GATHER_THREADS, usable_cores()))
+    threads = max(1, threads)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tabloader-gather")
     pending: deque[Future[list[Part]]] = deque()
     try:
@@ -459,6 +505,7 @@ def batch_stream(
     drop_last: bool,
     transform: Callable[[dict[str, Any]], Any] | None,
     prefetch: int,
+    threads: Threads,
     stats: StatsRecorder,
     stop: threading.Event,
 ) -> Iterator[tuple[int, Any]]:
@@ -467,7 +514,7 @@ def batch_stream(
     waiting = threading.Event()  # set while the batcher waits for a chunk
     request = ReadRequest(
         dataset, plan, layout.blocks, fill_null, stats, chunks_ahead=prefetch,
-        consumer_waiting=waiting,
+        consumer_waiting=waiting, threads=threads,
     )  # fmt: skip
     chunks = chunks_ahead(backend, request, stop=stop)
     upstream_wait = 0.0

@@ -37,6 +37,8 @@ class LoaderStats:
             (GPU memory) or ``"pinned host"``; None on the CPU, and until it is placed.
         rows_skipped: Rows whose file was deleted or truncated during an epoch, skipped
             and replaced by repeated rows (``Dataset(on_missing="skip")``).
+        threads: The CPU threads the loader's stages were sized for: its ``threads``
+            option, else the cores the process may run on.
 
     Examples:
         >>> import pyarrow as pa, tabloader
@@ -61,6 +63,7 @@ class LoaderStats:
     cache_bytes: int = 0
     cache_placement: str | None = None
     rows_skipped: int = 0
+    threads: int = 0
 
     @property
     def input_bound_fraction(self) -> float:
@@ -77,7 +80,8 @@ class LoaderStats:
             f"{self.rows:,} rows in {self.batches:,} batches, {self.rows_per_second:,.0f} rows/s; "
             f"read {self.read_seconds:.2f}s, assemble {self.assemble_seconds:.2f}s, "
             f"batch {self.batch_seconds:.2f}s (background); waited {self.wait_seconds:.2f}s of "
-            f"{self.consume_seconds:.2f}s (input-bound {self.input_bound_fraction:.0%})"
+            f"{self.consume_seconds:.2f}s (input-bound {self.input_bound_fraction:.0%}); "
+            f"{self.threads} threads"
         )
 
 
@@ -104,6 +108,7 @@ class StatsRecorder:
     cache_bytes: int
     cache_placement: str | None
     rows_skipped: int
+    threads: int
 
     def snapshot(self) -> LoaderStats:
         return LoaderStats(**{f.name: getattr(self, f.name) for f in fields(LoaderStats)})

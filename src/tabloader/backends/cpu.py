@@ -7,6 +7,8 @@ fixed-size list) a ``[rows, k]`` array taking ``k`` places of its block.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import math
 import mmap
 import sys
@@ -27,7 +29,7 @@ from tabloader.batches import Ragged, empty_segment
 from tabloader.casting import check_block
 from tabloader.errors import NullValuesError
 from tabloader.plan import inverse_permutation
-from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray
@@ -43,6 +45,7 @@ __all__ = [
     "PooledNumpy",
     "column_to_numpy",
     "list_column_to_ragged",
+    "map_in",
     "null_message",
     "populated_empty",
     "vector_to_numpy",
@@ -50,10 +53,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-# Threads laying out decoded pieces (scattering a shuffled chunk's columns,
-# interleaving stacked blocks), the reader's included: alone, the reader was the
-# pipeline's slowest stage (docs/performance.md, "Measured choices inside the loader").
-_LAYOUT_THREADS = 4
 # How often a reader waiting for an older chunk to be let go looks again.
 _ROOM_POLL_SECONDS = 0.002
 # Rows per step when interleaving columns into a row-major block: the rows being
@@ -80,6 +79,34 @@ def _size_class(nbytes: int) -> int:
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise``, called through ctypes, which lets the GIL go for the call
+    (``mmap.madvise`` holds it: mapping in a gigabyte stopped every other thread of the
+    loader for a quarter of a second); None where there is none to call."""
+    if sys.platform != "linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _populate(address: int, nbytes: int) -> bool:
+    """Map in the pages of ``nbytes`` bytes from ``address`` for writing, at once and
+    without the GIL; returns whether they were. Where the advice is unknown (older
+    kernels, other systems), they are mapped in on first touch instead."""
+    madvise = _madvise()
+    if madvise is None or nbytes <= 0:
+        return False
+    first = address - address % mmap.PAGESIZE
+    stop = -(-(address + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+    return madvise(first, stop - first, _MADV_POPULATE_WRITE) == 0
+
+
 def _map_memory(nbytes: int, used: int | None = None) -> mmap.mmap:
     """Fresh, page-aligned, private anonymous memory of ``nbytes``, its first ``used``
     bytes (all by default) mapped in at once.
@@ -89,8 +116,7 @@ def _map_memory(nbytes: int, used: int | None = None) -> mmap.mmap:
     left unmapped, so it takes no memory until a larger request reuses the buffer. The
     memory is not marked for transparent huge pages (numpy marks its large arrays), so
     the kernel never stalls compacting memory to find them: both were the cost of a
-    loader's first epoch. Where the advice is unknown (older kernels, other systems),
-    pages are mapped in on first touch.
+    loader's first epoch. The other threads run meanwhile (see `_madvise`).
 
     Examples:
         >>> memory = _map_memory(1 << 20, used=4096)
@@ -99,15 +125,19 @@ def _map_memory(nbytes: int, used: int | None = None) -> mmap.mmap:
     """
     memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
     used = nbytes if used is None else min(used, nbytes)
-    if used and sys.platform == "linux":
-        with contextlib.suppress(OSError):  # (an older kernel) first touch maps them in
-            memory.madvise(_MADV_POPULATE_WRITE, 0, -(-used // mmap.PAGESIZE) * mmap.PAGESIZE)
+    if used:
+        _populate(ctypes.addressof(ctypes.c_char.from_buffer(memory)), used)
     return memory
 
 
-def populated_empty(shape: tuple[int, ...], dtype: Any) -> NDArray[Any]:
+def populated_empty(shape: tuple[int, ...], dtype: Any, *, populate: bool = True) -> NDArray[Any]:
     """An empty array in fresh memory mapped in at once (see `_map_memory`), for a
     large array filled right away, such as a decoded cache; freed with the array.
+
+    With ``populate=False`` no page is mapped in yet: `map_in` maps in each part just
+    before it is written, by the thread writing it (a cache filled piece by piece maps
+    its gigabytes in on the threads that write them, alongside the decoder, instead of
+    all at once before the first piece).
 
     Examples:
         >>> a = populated_empty((3, 2), "float32")
@@ -118,7 +148,25 @@ def populated_empty(shape: tuple[int, ...], dtype: Any) -> NDArray[Any]:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
-    return np.frombuffer(_map_memory(nbytes), dtype, count=math.prod(shape)).reshape(shape)
+    memory = _map_memory(nbytes, used=None if populate else 0)
+    return np.frombuffer(memory, dtype, count=math.prod(shape)).reshape(shape)
+
+
+def map_in(array: NDArray[Any]) -> bool:
+    """Map in the pages of a contiguous ``array`` for writing, at once and without the
+    GIL (the pages of a `populated_empty` array made with ``populate=False``: see there);
+    returns whether they were (else first touch maps them in).
+
+    Examples:
+        >>> a = populated_empty((1024, 2), "int64", populate=False)
+        >>> _ = map_in(a[10:20])
+        >>> a[10:20] = 7
+        >>> int(a[10:20].sum())
+        140
+    """
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        raise ValueError("map_in maps in a contiguous array's memory")
+    return _populate(array.ctypes.data, array.nbytes)
 
 
 class BufferPool:
@@ -481,7 +529,7 @@ class CPUBackend:
         decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
         places = drawn_ahead(plan, partial(_chunk_places, plan))
         held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
-        work = SplitWork(min(_LAYOUT_THREADS, usable_cores()), name="tabloader-layout")
+        work = SplitWork(request.threads.layout, name="tabloader-layout")
         try:
             for chunk, chunk_places in zip(range(plan.num_chunks), places, strict=True):
                 s = plan.chunk_pieces(chunk)

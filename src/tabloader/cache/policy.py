@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tabloader.backends.cpu import interleave, populated_empty
+from tabloader.backends.cpu import interleave, map_in, populated_empty
 from tabloader.cache import store as _store
 from tabloader.cache.device import CachePlacement, serving_backend
 from tabloader.cache.key import FORMAT, cache_key, digest, file_identities, lineage
@@ -579,6 +579,13 @@ class _Growing:
         return values
 
 
+def _fill_rows(columns: Sequence[NDArray[Any]], rows: NDArray[Any]) -> None:
+    """Write ``columns`` into ``rows`` of a cache filled in memory, their pages mapped in
+    first (the cache's arrays are made without: see `Fill`)."""
+    map_in(rows)
+    interleave(columns, rows)
+
+
 class Fill:
     """A cache being filled by one epoch: its arrays (in memory, or mappings of its files
     being written), its temporary directory (a disk cache), and how it is completed.
@@ -610,9 +617,13 @@ class Fill:
             self.temp = store.new_temp(cache.digest)
         try:
             if in_memory:
-                # Mapped in at once: page by page, filling a fresh gigabyte costs a second.
+                # Mapped in a piece's rows at a time, by the threads writing them
+                # (`_fill_rows`): page by page on first touch, filling a fresh gigabyte
+                # cost a second; all at once, it held up the epoch's first piece.
                 self.arrays = {
-                    s.name: populated_empty(s.shape, s.dtype) for s in fixed if s.shape is not None
+                    s.name: populated_empty(s.shape, s.dtype, populate=False)
+                    for s in fixed
+                    if s.shape is not None
                 }
                 self.lists = {s.name: _Growing(s.dtype) for s in specs if s.shape is None}
             else:
@@ -649,7 +660,7 @@ class Fill:
                         rows = self.arrays[names[0]][
                             first_row + share.start : first_row + share.stop
                         ]
-                        job = partial(interleave, part, rows)
+                        job = partial(_fill_rows, part, rows)
                     else:
                         job = partial(
                             self.files.write_rows, names[0], first_row + share.start, part
@@ -661,7 +672,7 @@ class Fill:
 
     def _write_rows(self, name: str, first_row: int, columns: Sequence[NDArray[Any]]) -> None:
         if self.files is None:
-            interleave(columns, self.arrays[name][first_row : first_row + len(columns[0])])
+            _fill_rows(columns, self.arrays[name][first_row : first_row + len(columns[0])])
         else:
             self.files.write_rows(name, first_row, columns)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from tabloader.backends.cpu import decode_pieces
 from tabloader.batches import Ragged, empty_segment, host_int, segment_rows
-from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead, usable_cores
+from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -45,8 +45,6 @@ __all__ = [
     "take_transposed",
 ]
 
-WRITE_THREADS = 2
-"""Threads writing a decoded piece into a cache being filled, the reader's included."""
 TILE_ROWS = 2048
 """Rows gathered at a time by `take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
@@ -137,6 +135,12 @@ class CachedRows:
             return xp.arange(first, first + sum(n for _, n in runs), dtype=np.int64)
         if order is None:
             return xp.concatenate([xp.arange(a, a + n, dtype=np.int64) for a, n in runs])
+        if xp is np:
+            # each position's cache row written out once, then looked up: on a CPU twice
+            # as fast as searching every position's run below (a GPU pays for the kernels
+            # of one arange a run instead)
+            by_position = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in runs])
+            return np.take(by_position, order, out=order, mode="clip")
         # a position's run is found among the runs' first positions, and the run's first
         # cache row less its first position added to it: in place, two arrays of the
         # order's length whatever the number of runs (not one per run, and a gather)
@@ -295,7 +299,7 @@ class CacheBackend:
             served = cache.served()
             with contextlib.closing(rows_ahead()) as orders:
                 tasks = rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
-                yield from run_ahead(tasks)
+                yield from run_ahead(tasks, request.threads.gather)
             return
         made = cache.start_fill(request)
         if made is None:  # its files could not be made (said once): stream
@@ -305,7 +309,7 @@ class CacheBackend:
         columns = [c for b in cache.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
         decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
-        work = SplitWork(min(WRITE_THREADS, usable_cores()), name="tabloader-cache-fill")
+        work = SplitWork(request.threads.fill, name="tabloader-cache-fill")
         delivered = 0  # rows of the plan's delivery order handed on
 
         def written(
@@ -326,7 +330,7 @@ class CacheBackend:
         try:
             with contextlib.closing(rows_ahead()) as orders:
                 tasks = rows.batch_tasks(fill.served, plan, written(orders), self.xp)
-                for parts in run_ahead(tasks):
+                for parts in run_ahead(tasks, request.threads.gather):
                     delivered += sum(segment_rows(segment) for segment, _ in parts)
                     yield parts
             missing = cache.missing_pieces(pieces)
