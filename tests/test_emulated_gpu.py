@@ -844,3 +844,25 @@ def test_torch_imports_on_its_current_stream_per_thread(gpu):
         thread.join()
     assert seen == [0] and torch_gpu.current_stream_ptr() == 0
     assert torch_gpu.values(tensor).tolist() == list(range(64))
+
+
+def test_device_memory_freed_by_a_finalizer_inside_malloc_is_freed_after_it(cupy_alone):
+    """The garbage collector may run a finalizer that frees device memory (rmm's
+    DeviceBuffer, cupy's pool) on any allocation, also inside the stand-in's malloc,
+    which holds the allocation tables' lock: that free waits until the lock is let go
+    instead of hanging the thread on its own lock."""
+    runtime = cupy_alone.cuda.runtime
+    ptr = runtime.malloc(1024)
+    before = runtime.memGetInfo()[0]
+    done = threading.Event()
+
+    def free_inside_malloc() -> None:
+        with runtime._held:  # as malloc holds it when a collection runs a finalizer
+            runtime.free(ptr)
+        done.set()
+
+    worker = threading.Thread(target=free_inside_malloc)
+    worker.start()
+    worker.join(timeout=10)
+    assert done.is_set(), "a free inside malloc hung on the tables' own lock"
+    assert runtime.memGetInfo()[0] == before + 1024

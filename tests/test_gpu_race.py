@@ -84,6 +84,33 @@ def test_jax_reads_every_batch_before_the_loader_writes_its_memory_again(tmp_pat
 
 @gpu
 @pytest.mark.jax
+def test_a_jax_marker_queued_while_jax_traces_is_a_real_array():
+    """A loader collected by a garbage collection that runs inside the user's jit gives
+    its memory back then, queueing a marker: it must run at once, not be traced into the
+    user's function (a tracer is never ready, and waiting for it raised in a finalizer,
+    keeping the loader's device buffers alive in the traceback)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tabloader.device import Device
+    from tabloader.tensors import JaxTensors
+
+    made = []
+
+    @jax.jit
+    def step(x):
+        made.append(JaxTensors().marker(Device("cuda", 0)))
+        return x * 2
+
+    step(jnp.ones(3))
+    (marker,) = made
+    assert not isinstance(marker, jax.core.Tracer)
+    marker.block_until_ready()
+    assert marker.is_ready()
+
+
+@gpu
+@pytest.mark.jax
 def test_the_keras_adapters_tensors_on_jax_are_fenced_too(tmp_path, monkeypatch):
     """Keras on JAX makes its tensors with the same `BatchConverter` and `JaxTensors` as
     the JAX adapter: the same fence holds (here through the converter directly)."""

@@ -284,13 +284,17 @@ class JaxTensors(Tensors):
     def marker(self, device: Device) -> Any:
         """A tiny computation queued now on the JAX device of the loader's GPU: ready
         once XLA's work queued before it is done (``is_ready()`` asks without blocking)."""
-        token = self._tokens.get(device.index)
-        if token is None:  # its input, on the device once
-            target = self._jax_device(device)
-            token = self._tokens[device.index] = self.jax.device_put(
-                np.zeros(1, np.float32), target
-            )
-        return _jax_bump(self.jax)(token)
+        # Run now, also when called while JAX traces a function (a loader collected by
+        # a garbage collection inside the user's jit): a marker traced into that
+        # function would be a tracer, never ready.
+        with self.jax.ensure_compile_time_eval():
+            token = self._tokens.get(device.index)
+            if token is None:  # its input, on the device once
+                target = self._jax_device(device)
+                token = self._tokens[device.index] = self.jax.device_put(
+                    np.zeros(1, np.float32), target
+                )
+            return _jax_bump(self.jax)(token)
 
     def _jax_device(self, device: Device) -> Any:
         for d in self.jax.local_devices():

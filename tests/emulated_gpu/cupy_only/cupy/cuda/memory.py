@@ -109,7 +109,7 @@ class MemoryPool:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a finalizer may give a block back inside malloc
         self._cache: dict[int, dict[Any, dict[int, list[int]]]] = {}
         self._used: dict[int, int] = {}
 

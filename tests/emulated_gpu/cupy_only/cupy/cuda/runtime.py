@@ -39,9 +39,31 @@ def _capacity() -> int:
 
 _local = threading.local()
 _lock = threading.Lock()
+"""Guards the tables below; taken only through `_held`."""
 _buffers: dict[int, tuple[np.ndarray, int, int]] = {}  # ptr -> (host buffer, bytes, device)
 _starts: list[int] = []  # the keys of _buffers, sorted
 _used: dict[int, int] = {}  # device -> bytes allocated by malloc and not yet freed
+
+
+class _Held:
+    """``with _held():`` the tables' lock. The garbage collector may run a finalizer that
+    frees device memory (rmm's ``DeviceBuffer``, cupy's pool) on any allocation made
+    while the lock is held, in this very thread: such a free is kept and done once the
+    lock is let go (a real cudaFree from a finalizer inside cudaMalloc does not hang)."""
+
+    def __enter__(self) -> None:
+        _lock.acquire()
+        _local.held = True
+
+    def __exit__(self, *exc: object) -> None:
+        _local.held = False
+        _lock.release()
+        deferred = getattr(_local, "deferred", None)
+        while deferred:
+            free(deferred.pop())
+
+
+_held = _Held()
 
 
 def getDeviceCount() -> int:
@@ -71,7 +93,7 @@ def setDevice(device: int) -> None:
 def memGetInfo() -> tuple[int, int]:
     """``(free, total)`` bytes of the current device: total minus what is allocated."""
     total = _capacity()
-    with _lock:
+    with _held:
         used = _used.get(getDevice(), 0)
     return max(total - used, 0), total
 
@@ -93,7 +115,7 @@ def malloc(size: int) -> int:
     """Allocate ``size`` bytes on the current device; returns the address (cudaMalloc)."""
     device = getDevice()
     size = int(size)
-    with _lock:
+    with _held:
         if _used.get(device, 0) + size > _capacity():
             raise CUDARuntimeError("cudaErrorMemoryAllocation", "out of memory")
         # 256 spare bytes align the block like cudaMalloc does; untouched pages of a large
@@ -109,7 +131,10 @@ def malloc(size: int) -> int:
 def free(ptr: int) -> None:
     """Release an address returned by :func:`malloc` (cudaFree: it synchronises the
     device, so nothing done to the memory stays on record)."""
-    with _lock:
+    if getattr(_local, "held", False):  # a finalizer run while this thread holds the lock
+        _local.__dict__.setdefault("deferred", []).append(int(ptr))
+        return
+    with _held:
         _buffer, size, device = _buffers.pop(int(ptr))
         _starts.pop(bisect.bisect_left(_starts, int(ptr)))
         _used[device] -= size
@@ -127,7 +152,7 @@ def pointerGetAttributes(ptr: int) -> SimpleNamespace:
     which is what rmm's cupy allocator passes): an array then lives where its memory
     does, whichever device is current.
     """
-    with _lock:
+    with _held:
         i = bisect.bisect_right(_starts, int(ptr)) - 1
         if i >= 0:
             start = _starts[i]
@@ -138,5 +163,5 @@ def pointerGetAttributes(ptr: int) -> SimpleNamespace:
 
 
 def _allocated(device: int) -> int:
-    with _lock:
+    with _held:
         return _used.get(device, 0)
