@@ -21,20 +21,20 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
-from tabloader.columns import (
-    distinct_ids,
-    embedding_advice,
-    embedding_bytes,
-    embedding_dim,
-    id_ranges,
-    type_difference,
-)
+from tabloader.columns import type_difference
 from tabloader.config import encoding_hint
 from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,
     Dataset,
     small_row_groups,
+)
+from tabloader.embeddings import (
+    distinct_ids,
+    embedding_advice,
+    embedding_bytes,
+    embedding_dim,
+    id_ranges,
 )
 from tabloader.errors import (
     ColumnNotFoundError,

@@ -607,7 +607,7 @@ class Dataset(_Partitions):
             >>> ds.cardinalities(["user", "item"])
             {'user': 8, 'item': 3}
         """
-        from tabloader.columns import id_ranges
+        from tabloader.embeddings import id_ranges
 
         ranges = id_ranges(self, columns, device=device)
         return {name: found.cardinality for name, found in ranges.items()}
@@ -645,7 +645,7 @@ class Dataset(_Partitions):
             >>> tables = {name: torch.nn.Embedding(rows, width)  # doctest: +SKIP
             ...           for name, (rows, width) in ds.embedding_sizes(["user"]).items()}
         """
-        from tabloader.columns import distinct_ids, embedding_advice, embedding_dim
+        from tabloader.embeddings import distinct_ids, embedding_advice, embedding_dim
         from tabloader.errors import EmbeddingSizeWarning
         from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
