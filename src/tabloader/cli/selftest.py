@@ -1,0 +1,39 @@
+"""``tabloader selftest``: the flags of `tabloader.selftest.run_selftest`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TextIO
+
+from tabloader.cli.flags import HelpFormatter, positive
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tabloader selftest`` and its flags."""
+    p = commands.add_parser(
+        "selftest",
+        help="check the install on generated data: parity, adapters, memory, speed",
+        description=_SELFTEST_DESCRIPTION,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--device", default=None, help="cpu or a GPU: cuda or cuda:N (default: cpu)")
+    p.add_argument("--rows", type=positive, default=200_000, help="rows of generated data")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run the checks; 0 when nothing failed, 1 when a check failed, 2 without the device."""
+    from tabloader.selftest import run_selftest
+
+    return run_selftest(args.device, rows=args.rows, out=out)
+
+
+_SELFTEST_DESCRIPTION = """\
+Check this install on generated data (with nulls, NaN and infinities): every row once
+per epoch with the requested dtypes; on a GPU, batches bit-identical to the CPU's; the
+PyTorch and Keras adapters when installed; memory flat over epochs; and throughput
+against the decode limit. Prints PASS, FAIL or SKIP per check; exit status 0 when
+nothing failed, 1 when a check failed, 2 when the device cannot be used here.
+"""
