@@ -26,21 +26,21 @@ from tabloader.cli.flags import (
 )
 from tabloader.dataset import Dataset
 from tabloader.errors import ColumnTypeError, InvalidArgumentError, PerformanceWarning
+from tabloader.frameworks import FRAMEWORKS
 from tabloader.inspection import counted, suggest_columns
 from tabloader.loader import Loader
 from tabloader.plan import rank_rows
 from tabloader.progress import Progress
 from tabloader.stages import thread_advice, usable_cores
 
-__all__ = ["FRAMEWORKS", "add_parser", "bench_columns", "run"]
+__all__ = ["MEASURED", "add_parser", "bench_columns", "run"]
 
-FRAMEWORKS = {
+MEASURED = {
     "none": "tabloader.Loader (numpy arrays per column)",
-    "torch": "TorchAsyncItr through DLDataLoader (torch tensors)",
-    "tensorflow": "KerasSequenceLoader, as model.fit reads it (TensorFlow tensors)",
-    "jax": "JaxLoader (jax.Array per column, on the loader's JAX device)",
+    **{framework.name: framework.measured for framework in FRAMEWORKS},
 }
-"""What ``bench --framework`` times, in the words its report uses."""
+"""What ``bench --framework`` times, in the words its report uses: the core loader, or
+a framework's adapter."""
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -147,10 +147,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     group.add_argument(
         "--framework",
-        choices=list(FRAMEWORKS),
+        choices=list(MEASURED),
         default="none",
-        help="none: the core Loader; torch: TorchAsyncItr and DLDataLoader; tensorflow: "
-        "KerasSequenceLoader; jax: JaxLoader",
+        help="none: the core Loader; "
+        + "; ".join(f"{framework.name}: {framework.classes}" for framework in FRAMEWORKS),
     )
     p.set_defaults(run=run)
 
@@ -326,7 +326,7 @@ def _what_was_measured(args: argparse.Namespace, loader: Loader, rows: int) -> s
         shuffle += " (rows in stored order within a batch)"
     cache = getattr(loader.cache, "mode", None) if loader.cache is not None else None
     return (
-        f"measured: {FRAMEWORKS[args.framework]} on {loader.device}; "
+        f"measured: {MEASURED[args.framework]} on {loader.device}; "
         f"{counted(args.epochs, 'epoch')} of {rows:,} rows "
         f"(rank {loader.global_rank} of {loader.global_size}) in batches of "
         f"{loader.batch_size:,}; {columns}; shuffle {shuffle}; cache {cache or 'none'}"

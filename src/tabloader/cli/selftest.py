@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from tabloader.cli.flags import HelpFormatter, positive
+from tabloader.cli.flags import HelpFormatter, positive, wrap
+from tabloader.frameworks import framework_titles
 
 __all__ = ["add_parser", "run"]
 
@@ -30,10 +31,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return run_selftest(args.device, rows=args.rows, out=out)
 
 
-_SELFTEST_DESCRIPTION = """\
-Check this install on generated data (with nulls, NaN and infinities): every row once
-per epoch with the requested dtypes; on a GPU, batches bit-identical to the CPU's; the
-PyTorch and Keras adapters when installed; memory flat over epochs; and throughput
-against the decode limit. Prints PASS, FAIL or SKIP per check; exit status 0 when
-nothing failed, 1 when a check failed, 2 when the device cannot be used here.
-"""
+_SELFTEST_DESCRIPTION = wrap(
+    "Check this install on generated data (with nulls, NaN and infinities): every row once "
+    "per epoch with the requested dtypes; on a GPU, batches bit-identical to the CPU's; the "
+    f"{framework_titles()} adapters when installed; memory flat over epochs; and throughput "
+    "against the decode limit. Prints PASS, FAIL or SKIP per check; exit status 0 when "
+    "nothing failed, 1 when a check failed, 2 when the device cannot be used here."
+)
