@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from tabloader.cli.flags import (
-    HelpFormatter,
+    add_command,
     column_flags,
     dataset_paths,
     fill_null_flag,
@@ -45,15 +45,16 @@ a framework's adapter."""
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``tabloader bench`` and its flags."""
-    p = commands.add_parser(
+    p = add_command(
+        commands,
         "bench",
+        run,
         help="time full epochs on your data and say where the time goes",
         description=wrap(
             "Time full epochs of a loader on your data, with the loader's keywords as flags, "
             "and say what was measured and where the time went."
         ),
         epilog=_BENCH_EXAMPLES,
-        formatter_class=HelpFormatter,
     )
     p.add_argument("path", nargs="+", help="files, directories, globs or URLs")
     group = p.add_argument_group("what to load")
@@ -152,7 +153,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="none: the core Loader; "
         + "; ".join(f"{framework.name}: {framework.classes}" for framework in FRAMEWORKS),
     )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import TextIO
 
-from tabloader.cli.flags import HelpFormatter, non_negative, positive, split_names, wrap
+from tabloader.cli.flags import add_command, non_negative, positive, split_names, wrap
 from tabloader.inspection import compact_names, counted
 
 __all__ = ["add_parser", "run"]
@@ -16,8 +16,10 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``tabloader convert`` and its flags."""
-    p = commands.add_parser(
+    p = add_command(
+        commands,
         "convert",
+        run,
         help="CSV, TSV, JSON lines or parquet files to loader-ready parquet, split if asked",
         description=wrap(
             "Convert files to parquet the loader reads fast: one schema for every file, row "
@@ -25,7 +27,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "rows in = rows out."
         ),
         epilog=_CONVERT_EXAMPLES,
-        formatter_class=HelpFormatter,
     )
     p.add_argument("src", nargs="+", metavar="SRC", help="input files, directories or globs")
     p.add_argument("dest", metavar="DEST", help="output directory (new or empty)")
@@ -124,7 +125,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "complete",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -16,7 +16,7 @@ import warnings
 from typing import Any, TextIO
 
 from tabloader.cli.flags import (
-    HelpFormatter,
+    add_command,
     column_flags,
     dataset_paths,
     fill_null_flag,
@@ -34,15 +34,16 @@ __all__ = ["add_parser", "parse_filter", "run"]
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``tabloader inspect`` and its flags."""
-    p = commands.add_parser(
+    p = add_command(
+        commands,
         "inspect",
+        run,
         help="preflight: schemas, unsupported columns, nulls, row groups, ids, rows per rank",
         description=wrap(
             "Report everything about the files that would make training fail or crawl, from "
             "the parquet footers alone."
         ),
         epilog=_INSPECT_EXAMPLES,
-        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "path",
@@ -76,7 +77,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--max-files", type=positive, default=5, help="files to list per schema")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

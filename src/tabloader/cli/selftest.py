@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from tabloader.cli.flags import HelpFormatter, positive, wrap
+from tabloader.cli.flags import add_command, positive, wrap
 from tabloader.frameworks import framework_titles
 
 __all__ = ["add_parser", "run"]
@@ -13,15 +13,15 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``tabloader selftest`` and its flags."""
-    p = commands.add_parser(
+    p = add_command(
+        commands,
         "selftest",
+        run,
         help="check the install on generated data: parity, adapters, memory, speed",
         description=_SELFTEST_DESCRIPTION,
-        formatter_class=HelpFormatter,
     )
     p.add_argument("--device", default=None, help="cpu or a GPU: cuda or cuda:N (default: cpu)")
     p.add_argument("--rows", type=positive, default=200_000, help="rows of generated data")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
