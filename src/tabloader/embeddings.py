@@ -5,8 +5,9 @@ statistics of every row group (`id_ranges`); a row group whose footer records no
 read, on the device the loader would use, and the result says so. `distinct_ids` counts
 the ids a column uses, `embedding_dim` picks a table's width and `embedding_advice`
 says what to do about a table too large. ``Dataset.embedding_sizes`` and ``tabloader
-inspect`` are built on these; they take the dataset as a `ReadableDataset`, so that
-this module sits below ``tabloader.dataset``.
+inspect`` are built on these; they read a dataset through the queries of
+`tabloader.partitioned.Partitioned` alone, so that this module sits below
+``tabloader.dataset``.
 
 Examples:
     >>> embedding_dim(1_000_000), embedding_dim(10)
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,15 +29,12 @@ from tabloader.errors import ColumnTypeError, InvalidArgumentError
 from tabloader.options import column_names
 
 if TYPE_CHECKING:
-    from numpy.typing import NDArray
-
     from tabloader.device import Device
-    from tabloader.sources.base import Source
+    from tabloader.partitioned import Partitioned
 
 __all__ = [
     "EMBEDDING_BUDGET_BYTES",
     "IdRange",
-    "ReadableDataset",
     "distinct_ids",
     "embedding_advice",
     "embedding_bytes",
@@ -48,33 +46,6 @@ MIN_EMBEDDING_DIM = 16
 MAX_EMBEDDING_DIM = 512
 EMBEDDING_BUDGET_BYTES = 2**30
 """Above this many bytes, an embedding table is worth a warning (1 GiB, float32 weights)."""
-
-
-class ReadableDataset(Protocol):
-    """What the statistics read of a dataset; a [`Dataset`][tabloader.Dataset] is one."""
-
-    @property
-    def source(self) -> Source: ...
-
-    @property
-    def num_partitions(self) -> int: ...
-
-    @property
-    def verify_checksums(self) -> bool: ...
-
-    def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]: ...
-
-    def read_partition(self, index: int, columns: Sequence[str]) -> pa.Table: ...
-
-    def describe_partition(self, index: int) -> str: ...
-
-    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]] | None: ...
-
-    def local_paths(self, files: Sequence[int]) -> list[str] | None: ...
-
-    def open_row_groups(
-        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
-    ) -> IO[bytes]: ...
 
 
 @dataclass(frozen=True)
@@ -176,7 +147,7 @@ def embedding_advice(
     )
 
 
-def distinct_ids(dataset: ReadableDataset, name: str) -> int:
+def distinct_ids(dataset: Partitioned, name: str) -> int:
     """How many distinct ids (nulls left out) ``name`` holds in ``dataset``, read a
     partition at a time (on the CPU); memory holds the distinct ids, never the column.
     List columns count the ids inside their lists."""
@@ -197,7 +168,7 @@ def distinct_ids(dataset: ReadableDataset, name: str) -> int:
 
 
 def id_ranges(
-    dataset: ReadableDataset, columns: str | Sequence[str], *, device: Any = None
+    dataset: Partitioned, columns: str | Sequence[str], *, device: Any = None
 ) -> dict[str, IdRange]:
     """The smallest and largest id of each column, from the footer statistics.
 
@@ -244,7 +215,7 @@ def id_ranges(
 _Span = tuple[int, int, int]
 
 
-def _combine(dataset: ReadableDataset, name: str, spans: list[_Span], read: int) -> IdRange:
+def _combine(dataset: Partitioned, name: str, spans: list[_Span], read: int) -> IdRange:
     if not spans:
         return IdRange(name, None, None, dataset.num_partitions, read)
     lows = [s[1] for s in spans]
@@ -258,7 +229,7 @@ def _combine(dataset: ReadableDataset, name: str, spans: list[_Span], read: int)
     return IdRange(name, min(lows), max(s[2] for s in spans), dataset.num_partitions, read)
 
 
-def _footer_ranges(dataset: ReadableDataset, name: str) -> tuple[list[_Span], list[int]]:
+def _footer_ranges(dataset: Partitioned, name: str) -> tuple[list[_Span], list[int]]:
     """Every partition's ids as its footer records them, and the partitions it does not
     (all of them without footers; a partition key's, whose value is left to the data)."""
     found = dataset.source.footer_statistics(name)
@@ -278,7 +249,7 @@ def _footer_ranges(dataset: ReadableDataset, name: str) -> tuple[list[_Span], li
     return spans, unread
 
 
-def _read_ranges_cpu(dataset: ReadableDataset, name: str, partitions: list[int]) -> list[_Span]:
+def _read_ranges_cpu(dataset: Partitioned, name: str, partitions: list[int]) -> list[_Span]:
     spans: list[_Span] = []
     for p in partitions:
         column: Any = dataset.read_partition(p, [name]).column(name)
@@ -292,7 +263,7 @@ def _read_ranges_cpu(dataset: ReadableDataset, name: str, partitions: list[int])
 
 
 def _read_ranges_gpu(
-    dataset: ReadableDataset, name: str, partitions: list[int], device: Device
+    dataset: Partitioned, name: str, partitions: list[int], device: Device
 ) -> list[_Span]:
     """Read the partitions' column with cudf, one read per file, and find each partition's
     extremes with cupy: a few numbers per partition cross to the host, never the column."""
