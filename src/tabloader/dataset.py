@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.errors import InvalidArgumentError, ReadError
-from tabloader.options import column_names, flag, int_at_least, is_number
+from tabloader.options import flag, int_at_least, is_number
 from tabloader.partitioned import Partitioned
 from tabloader.sources import open_source
 from tabloader.sources.base import PieceResult, Source, read_error
@@ -168,14 +168,7 @@ class Dataset(Partitioned):
             raise InvalidArgumentError(
                 f"rows_per_partition must be a positive integer, got {rows_per_partition!r}"
             )
-        if not is_number(retry_seconds) or not 0 <= retry_seconds < float("inf"):
-            raise InvalidArgumentError(
-                f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}"
-            )
-        if not is_number(request_timeout) or not 0 < request_timeout < float("inf"):
-            raise InvalidArgumentError(
-                f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
-            )
+        remote = _remote_options(max_concurrent_reads, retry_seconds, request_timeout)
         self.refreshes = flag(refresh, "refresh")
         if on_missing not in ("raise", "skip"):
             raise InvalidArgumentError(f"on_missing must be 'raise' or 'skip', got {on_missing!r}")
@@ -183,11 +176,6 @@ class Dataset(Partitioned):
         self._skipped = _Skipped()
         self._listed_epoch: int | None = None
         checked_filters = normalize_filters(filters)
-        remote = {
-            "max_concurrent_reads": int_at_least(max_concurrent_reads, 1, "max_concurrent_reads"),
-            "retry_seconds": float(retry_seconds),
-            "request_timeout": float(request_timeout),
-        }
         self._source: Source = open_source(
             source,
             rows_per_partition=int(rows_per_partition),
@@ -197,20 +185,12 @@ class Dataset(Partitioned):
             refreshes=self.refreshes,
             verify_checksums=flag(verify_checksums, "verify_checksums"),
         )
-        if (self.refreshes or on_missing == "skip") and not self._source.refreshable:
-            raise InvalidArgumentError(
-                "refresh=True and on_missing='skip' apply to parquet files (paths, "
-                f"directories, globs, URLs), not to a {self._source.kind} source"
-            )
-        if checked_filters is not None and not self._source.refreshable:
-            raise InvalidArgumentError(
-                "filters select parquet files by partition key; an in-memory table or a Dask "
-                "DataFrame has no partition keys: filter it before passing it"
-            )
-        if verify_checksums and not self._source.refreshable:
-            raise InvalidArgumentError(
-                "verify_checksums checks the pages of parquet files as they are read; a "
-                f"{self._source.kind} source is not read from parquet pages here"
+        if not self._source.refreshable:
+            _refuse_file_options(
+                self._source,
+                lists_again=self.refreshes or on_missing == "skip",
+                filters=checked_filters is not None,
+                verify_checksums=bool(verify_checksums),
             )
 
     @classmethod
@@ -256,11 +236,8 @@ class Dataset(Partitioned):
         from tabloader.sources.delta import DeltaLog
 
         log = DeltaLog(uri, version=version, storage_options=storage_options)
-        if flag(refresh, "refresh") and version is not None:
-            raise InvalidArgumentError(
-                f"version={version} loads one version and refresh=True follows the latest; "
-                "pass one of them"
-            )
+        pinned = None if version is None else f"version={version} loads one version"
+        _refuse_pinned_and_refresh(refresh, pinned, follows="latest")
         return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     @classmethod
@@ -306,11 +283,8 @@ class Dataset(Partitioned):
         from tabloader.sources.iceberg import IcebergLog
 
         log = IcebergLog(table, snapshot_id=snapshot_id)
-        if flag(refresh, "refresh") and snapshot_id is not None:
-            raise InvalidArgumentError(
-                f"snapshot_id={snapshot_id} loads one snapshot and refresh=True follows the "
-                "current one; pass one of them"
-            )
+        pinned = None if snapshot_id is None else f"snapshot_id={snapshot_id} loads one snapshot"
+        _refuse_pinned_and_refresh(refresh, pinned, follows="current one")
         return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     def refresh(self, *, epoch: int | None = None) -> bool:
@@ -326,14 +300,7 @@ class Dataset(Partitioned):
         if not self.refreshes or (epoch is not None and epoch == self._listed_epoch):
             return False
         self._listed_epoch = epoch
-        before = (source.listing(), source.rows.copy(), source.identities())
-        _list_on_rank_zero(source)
-        # A file rewritten in place (same name, same rows) is a change too: its rows are new.
-        return (
-            before[0] != source.listing()
-            or not np.array_equal(before[1], source.rows)
-            or before[2] != source.identities()
-        )
+        return _list_again(source)
 
     def iter_pieces(
         self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
@@ -423,38 +390,17 @@ class Dataset(Partitioned):
             >>> tables = {name: torch.nn.Embedding(rows, width)  # doctest: +SKIP
             ...           for name, (rows, width) in ds.embedding_sizes(["user"]).items()}
         """
-        from tabloader.embeddings import distinct_ids, embedding_advice, embedding_dim
-        from tabloader.errors import EmbeddingSizeWarning
-        from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
+        from tabloader.embeddings import embedding_sizes
 
-        min_dim = int_at_least(min_dim, 1, "min_dim")
-        max_dim = int_at_least(max_dim, min_dim, "max_dim")
-        budget_bytes = int_at_least(budget_bytes, 1, "budget_bytes")
-        names = column_names(columns, "columns")
-        held: dict[str, str] = {}
-        if vocabulary is not None:
-            directory = find_vocabulary_dir(vocabulary)
-            held = {n: directory for n in vocabulary_columns(directory) if n in names}
-        rows = {n: vocabulary_rows(held[n], n) for n in held}
-        counted = [n for n in names if n not in held]
-        if counted:
-            rows.update(self.cardinalities(counted, device=device))
-        sizes = {}
-        for name in names:
-            width = embedding_dim(rows[name], min_dim=min_dim, max_dim=max_dim)
-            sizes[name] = (rows[name], width)
-            if embedding_advice(name, rows[name], width, distinct=None, budget_bytes=budget_bytes):
-                distinct = None if name in held else distinct_ids(self, name)
-                advice = embedding_advice(
-                    name,
-                    rows[name],
-                    width,
-                    distinct=distinct,
-                    budget_bytes=budget_bytes,
-                    from_vocabulary=name in held,
-                )
-                warnings.warn(str(advice), EmbeddingSizeWarning, stacklevel=2)
-        return sizes
+        return embedding_sizes(
+            self,
+            columns,
+            device=device,
+            min_dim=min_dim,
+            max_dim=max_dim,
+            vocabulary=vocabulary,
+            budget_bytes=budget_bytes,
+        )
 
     def __repr__(self) -> str:
         source = self._source
@@ -465,6 +411,68 @@ class Dataset(Partitioned):
             f"Dataset({kind}, files={len(source.files)}, "
             f"partitions={self.num_partitions}, rows={self.num_rows})"
         )
+
+
+def _refuse_pinned_and_refresh(refresh: bool, pinned: str | None, *, follows: str) -> None:
+    """Refuse a table's version pinned (``pinned`` says which; None: none) with
+    ``refresh=True``, which follows the ``follows`` version."""
+    if flag(refresh, "refresh") and pinned is not None:
+        raise InvalidArgumentError(
+            f"{pinned} and refresh=True follows the {follows}; pass one of them"
+        )
+
+
+def _remote_options(
+    max_concurrent_reads: int, retry_seconds: float, request_timeout: float
+) -> dict[str, Any]:
+    """The object store's request options, checked."""
+    if not is_number(retry_seconds) or not 0 <= retry_seconds < float("inf"):
+        raise InvalidArgumentError(
+            f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}"
+        )
+    if not is_number(request_timeout) or not 0 < request_timeout < float("inf"):
+        raise InvalidArgumentError(
+            f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
+        )
+    return {
+        "max_concurrent_reads": int_at_least(max_concurrent_reads, 1, "max_concurrent_reads"),
+        "retry_seconds": float(retry_seconds),
+        "request_timeout": float(request_timeout),
+    }
+
+
+def _refuse_file_options(
+    source: Source, *, lists_again: bool, filters: bool, verify_checksums: bool
+) -> None:
+    """Refuse the options that only parquet files take, given for another ``source``."""
+    if lists_again:
+        raise InvalidArgumentError(
+            "refresh=True and on_missing='skip' apply to parquet files (paths, "
+            f"directories, globs, URLs), not to a {source.kind} source"
+        )
+    if filters:
+        raise InvalidArgumentError(
+            "filters select parquet files by partition key; an in-memory table or a Dask "
+            "DataFrame has no partition keys: filter it before passing it"
+        )
+    if verify_checksums:
+        raise InvalidArgumentError(
+            "verify_checksums checks the pages of parquet files as they are read; a "
+            f"{source.kind} source is not read from parquet pages here"
+        )
+
+
+def _list_again(source: Source) -> bool:
+    """List ``source`` again (rank 0's listing, under torch.distributed); returns whether
+    anything changed."""
+    before = (source.listing(), source.rows.copy(), source.identities())
+    _list_on_rank_zero(source)
+    # A file rewritten in place (same name, same rows) is a change too: its rows are new.
+    return (
+        before[0] != source.listing()
+        or not np.array_equal(before[1], source.rows)
+        or before[2] != source.identities()
+    )
 
 
 def _list_on_rank_zero(source: Source) -> None:

@@ -16,6 +16,8 @@ Examples:
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,8 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabloader.columns import is_list_type, value_type
-from tabloader.errors import ColumnTypeError, InvalidArgumentError
-from tabloader.options import column_names
+from tabloader.errors import ColumnTypeError, EmbeddingSizeWarning, InvalidArgumentError
+from tabloader.options import column_names, int_at_least
+from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
 if TYPE_CHECKING:
     from tabloader.device import Device
@@ -39,6 +42,7 @@ __all__ = [
     "embedding_advice",
     "embedding_bytes",
     "embedding_dim",
+    "embedding_sizes",
     "id_ranges",
 ]
 
@@ -145,6 +149,50 @@ def embedding_advice(
         f". Keep the frequent ids only (tabloader convert --categorify {name} --min-count N), "
         f"hash them into fewer rows (--hash {name}=BUCKETS), or use a narrower width"
     )
+
+
+def embedding_sizes(
+    dataset: Partitioned,
+    columns: str | Sequence[str],
+    *,
+    device: Any,
+    min_dim: int,
+    max_dim: int,
+    vocabulary: str | os.PathLike[str] | None,
+    budget_bytes: int,
+) -> dict[str, tuple[int, int]]:
+    """``{column: (rows, width)}`` for an embedding table per id column, rows from
+    ``vocabulary`` where it holds the column, with a warning for a table above
+    ``budget_bytes`` (``Dataset.embedding_sizes`` says more)."""
+    min_dim = int_at_least(min_dim, 1, "min_dim")
+    max_dim = int_at_least(max_dim, min_dim, "max_dim")
+    budget_bytes = int_at_least(budget_bytes, 1, "budget_bytes")
+    names = column_names(columns, "columns")
+    held: dict[str, str] = {}
+    if vocabulary is not None:
+        directory = find_vocabulary_dir(vocabulary)
+        held = {n: directory for n in vocabulary_columns(directory) if n in names}
+    rows = {n: vocabulary_rows(held[n], n) for n in held}
+    counted = [n for n in names if n not in held]
+    if counted:
+        ranges = id_ranges(dataset, counted, device=device)
+        rows.update({name: found.cardinality for name, found in ranges.items()})
+    sizes = {}
+    for name in names:
+        width = embedding_dim(rows[name], min_dim=min_dim, max_dim=max_dim)
+        sizes[name] = (rows[name], width)
+        if embedding_advice(name, rows[name], width, distinct=None, budget_bytes=budget_bytes):
+            distinct = None if name in held else distinct_ids(dataset, name)
+            advice = embedding_advice(
+                name,
+                rows[name],
+                width,
+                distinct=distinct,
+                budget_bytes=budget_bytes,
+                from_vocabulary=name in held,
+            )
+            warnings.warn(str(advice), EmbeddingSizeWarning, stacklevel=3)  # the caller's caller
+    return sizes
 
 
 def distinct_ids(dataset: Partitioned, name: str) -> int:
