@@ -30,8 +30,9 @@ INTERNAL = {
 
 
 def declared_names(path: Path) -> list[str]:
-    """The names a module's ``__all__ = [...]`` lists (later ``+=`` are left out); a
-    package's ``__init__.py`` for a package's directory."""
+    """The names a module's ``__all__ = [...]`` lists (later ``+=`` are left out), or
+    those of the module it takes its ``__all__`` from (``from tabloader.keras import
+    __all__``); a package's ``__init__.py`` for a package's directory."""
     if path.is_dir():
         path = path / "__init__.py"
     for node in ast.parse(path.read_text()).body:
@@ -41,6 +42,8 @@ def declared_names(path: Path) -> list[str]:
             and isinstance(node.value, (ast.List, ast.Tuple))
         ):
             return [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+        if isinstance(node, ast.ImportFrom) and any(a.name == "__all__" for a in node.names):
+            return declared_names(module_path(node.module or ""))
     return []
 
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 import tabloader
 from tabloader import Progress
-from tabloader.cli import LOADER_THREADS, usable_cores
+from tabloader.stages import LOADER_THREADS, usable_cores
 from tabloader.synthetic import write_criteo_like
 
 EXAMPLES = Path(__file__).resolve().parent

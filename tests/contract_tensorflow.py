@@ -6,7 +6,8 @@ Two adapters: ``keras`` asks for the batch indices in order (as ``evaluate`` and
 ``predict`` do), ``keras-fit-order`` in a random order per epoch (as ``fit`` does by
 default). Both call ``on_epoch_begin`` / ``__getitem__`` / ``on_epoch_end`` and turn the
 backend's tensors back into per-column numpy arrays. Keras' look at the first two
-batches before ``fit`` starts is exercised in ``test_keras.py``.
+batches before ``fit`` starts is exercised in ``test_keras.py``. `make_loader` is the
+loader ``test_keras.py`` and ``test_tensorflow.py`` build.
 """
 
 from __future__ import annotations
@@ -24,6 +25,28 @@ _RENAMED = {
     "labels": "label_names",
     "chunk_rows": "buffer_size",
 }
+
+
+CATS, CONTS, LABELS = ["id", "cat"], ["x"], ["label"]
+"""The columns the Keras tests load (of ``conftest.make_table``'s rows)."""
+
+
+def make_loader(paths: Any, **options: Any) -> Any:
+    """The loader the Keras tests build: `CATS`, `CONTS` and `LABELS` in batches of 32,
+    shuffled with seed 5, under NVTabular's keywords; ``options`` add to them or replace
+    them."""
+    from tabloader.keras import KerasSequenceLoader
+
+    kwargs = {
+        "batch_size": 32,
+        "cat_names": CATS,
+        "cont_names": CONTS,
+        "label_names": LABELS,
+        "shuffle": True,
+        "seed": 5,
+    }
+    kwargs.update(options)
+    return KerasSequenceLoader(paths, **kwargs)
 
 
 def make(source: Any, **options: Any) -> Any:

@@ -15,16 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabloader
-from tabloader.cli import (
-    _batches,
-    _loader_options,
-    build_parser,
-    compact_names,
-    inspect_dataset,
-    layout_warnings,
-    main,
-)
+from tabloader.cli import build_parser, main
+from tabloader.cli.bench import _batches, _loader_options
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS
+from tabloader.inspection import compact_names, inspect_dataset, layout_warnings
 from tabloader.progress import Progress
 from tabloader.stages import thread_advice
 
@@ -288,7 +282,7 @@ def test_thread_oversubscription_is_named_with_what_to_set():
 def test_bench_with_torch_warns_when_threads_oversubscribe(dataset_dir, capsys):
     import torch
 
-    from tabloader.cli import usable_cores
+    from tabloader.stages import usable_cores
 
     (path,) = dataset_dir([[100]])
     before = torch.get_num_threads()
@@ -691,14 +685,14 @@ def test_inspect_says_a_failure_it_has_no_message_for_in_one_line(dataset_dir, m
         raise pa.ArrowInvalid("a footer this reader has never seen")
 
     # (a stand-in for a dependency's failure that tabloader does not know yet)
-    monkeypatch.setattr(tabloader.cli, "inspect_dataset", broken_reader)
+    monkeypatch.setattr(tabloader.cli.inspect, "inspect_dataset", broken_reader)
     assert main(["inspect", path]) == 2
     error = capsys.readouterr().err
     assert error == (
         "tabloader: error: ArrowInvalid: a footer this reader has never seen (tabloader has no "
         "message of its own for this: please report it, with the command)\n"
     )
-    monkeypatch.setattr(tabloader.cli, "bench_columns", broken_reader)
+    monkeypatch.setattr(tabloader.cli.bench, "bench_columns", broken_reader)
     with pytest.raises(pa.ArrowInvalid):  # bench raises it as it is
         main(["bench", path, "--cats", "id"])
 

@@ -13,9 +13,9 @@ import logging
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +30,19 @@ deltalake = pytest.importorskip("deltalake")
 from deltalake import DeltaTable, WriterProperties, write_deltalake  # noqa: E402
 from deltalake.exceptions import DeltaError  # noqa: E402
 
+from table_formats import (  # noqa: E402
+    check_every_rank_loads_rank_zeros_version,
+    check_refresh_follows_appends_overwrites_and_deletes,
+    epoch,
+    host,
+    loader,
+    rows,
+)
 from tabloader.cli import main  # noqa: E402
 from tabloader.sources.delta import deletion_vector_message  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SMALL_GROUPS = WriterProperties(max_row_group_size=40)
-
-
-def rows(start: int, n: int, *, days: int = 3) -> pa.Table:
-    """Ids start..start+n-1; ``day`` (int32) and ``x`` are functions of the id, so a row
-    torn apart would show."""
-    ids = np.arange(start, start + n, dtype=np.int64)
-    return pa.table(
-        {
-            "id": ids,
-            "day": (ids % days).astype(np.int32),
-            "x": ids.astype(np.float64) / 4.0,
-        }
-    )
-
-
-def host(array: Any) -> np.ndarray:
-    return array.get() if hasattr(array, "get") else np.asarray(array)
-
-
-def epoch(loader: tabloader.Loader, column: str = "id") -> np.ndarray:
-    return np.concatenate([host(b[column]) for b in loader])
 
 
 def truth(path: str, version: int | None = None, **options: Any) -> np.ndarray:
@@ -64,9 +51,37 @@ def truth(path: str, version: int | None = None, **options: Any) -> np.ndarray:
     return np.sort(table.column("id").to_numpy())
 
 
-def loader(ds: tabloader.Dataset, device: str, **options: Any) -> tabloader.Loader:
-    defaults: dict[str, Any] = {"cats": ["id"], "batch_size": 32, "shuffle": True, "seed": 7}
-    return tabloader.Loader(ds, device=device, **{**defaults, **options})
+@dataclass(frozen=True)
+class DeltaUnderTest:
+    """A Delta table at ``path`` for the scenarios every format passes (`table_formats`)."""
+
+    path: str
+    partitioned: bool = True
+
+    def _write(self, table: pa.Table, mode: str) -> None:
+        by = ["day"] if self.partitioned else None
+        write_deltalake(self.path, table, mode=mode, partition_by=by)
+
+    def create(self, table: pa.Table) -> None:
+        self._write(table, "error")
+
+    def append(self, table: pa.Table) -> None:
+        self._write(table, "append")
+
+    def overwrite(self, table: pa.Table) -> None:
+        self._write(table, "overwrite")
+
+    def delete(self, predicate: str) -> None:
+        DeltaTable(self.path).delete(predicate)
+
+    def dataset(self, **options: Any) -> tabloader.Dataset:
+        return tabloader.Dataset.from_delta(self.path, **options)
+
+    def version(self) -> int:
+        return int(DeltaTable(self.path).version())
+
+    def truth(self, version: int | None = None) -> np.ndarray:
+        return truth(self.path, version)
 
 
 @pytest.fixture
@@ -162,21 +177,8 @@ def test_time_travel_errors_name_the_versions(history):
 @pytest.mark.parametrize("device", DEVICES)
 def test_refresh_follows_appends_overwrites_deletes_and_compactions(tmp_path, device):
     path = str(tmp_path / "t")
-    write_deltalake(path, rows(0, 100), partition_by=["day"])
-    ds = tabloader.Dataset.from_delta(path, refresh=True)
-    load = loader(ds, device)
-    np.testing.assert_array_equal(np.sort(epoch(load)), truth(path))
-
-    write_deltalake(path, rows(100, 60), mode="append", partition_by=["day"])
-    load.refresh(1)  # len() of the next epoch, before it starts
-    assert len(load) == -(-160 // 32) and ds.version == 1
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(160))
-
-    write_deltalake(path, rows(500, 40), mode="overwrite", partition_by=["day"])
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(500, 540))
-
-    DeltaTable(path).delete("id >= 520")
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(500, 520))
+    ds, load = check_refresh_follows_appends_overwrites_and_deletes(DeltaUnderTest(path), device)
+    assert ds.version == 3  # create, append, overwrite, delete
 
     write_deltalake(path, rows(520, 20), mode="append", partition_by=["day"])
     np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(500, 540))
@@ -495,44 +497,12 @@ def test_a_table_on_s3_loads_with_the_usual_storage_options(s3_endpoint):
 # -- ranks and worker processes ------------------------------------------------------------
 
 
-def _rank_versions(rank: int, path: str) -> list[Any]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        ds = tabloader.Dataset.from_delta(path, refresh=True)
-        load = tabloader.Loader(
-            ds, cats=["id"], batch_size=16, shuffle=True, seed=3, global_rank=rank, global_size=2
-        )
-        seen = []
-        for e in range(2):
-            dist.barrier()
-            if rank == 1:
-                # Rank 0 loads the latest version at once; this rank commits another one
-                # before it asks: it must still load rank 0's.
-                time.sleep(1.0)
-                write_deltalake(path, rows(1000 * (e + 1), 40), mode="append")
-            ids = epoch(load)
-            seen.append((ds.version, len(load), ids.tolist()))
-        return seen
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.torch
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_every_rank_loads_rank_zeros_version(tmp_path):
-    from test_torch_distributed import _run_ranks
-
-    path = str(tmp_path / "t")
-    write_deltalake(path, rows(0, 100))
-    ranks = _run_ranks(_rank_versions, path)
-    for e in range(2):
-        (v0, n0, ids0), (v1, n1, ids1) = ranks[0][e], ranks[1][e]
-        assert v0 == v1 == e and n0 == n1
-        assert not set(ids0) & set(ids1)
-        np.testing.assert_array_equal(np.sort(ids0 + ids1), truth(path, v0))
+    table = DeltaUnderTest(str(tmp_path / "t"), partitioned=False)
+    assert check_every_rank_loads_rank_zeros_version(table) == [0, 1]
 
 
 def _identity(batch: Any) -> Any:

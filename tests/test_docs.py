@@ -269,6 +269,35 @@ def test_the_reference_picks_up_a_new_adapter_module(tmp_path, monkeypatch):
     assert {"keras": "reference/keras.md"} in nav[1]["API reference"]
 
 
+def test_a_module_that_takes_its_names_from_another_has_them_in_the_reference(
+    tmp_path, monkeypatch
+):
+    hooks = _load_hooks()
+    package = tmp_path / "tabloader"
+    package.mkdir()
+    (package / "keras.py").write_text('__all__ = ["KerasSequenceLoader"]\n')
+    (package / "tensorflow.py").write_text(
+        "from tabloader.keras import *\nfrom tabloader.keras import __all__ as __all__\n"
+    )
+    monkeypatch.setattr(hooks, "PACKAGE", package)
+    names = hooks.declared_names(hooks.module_path("tabloader.tensorflow"))
+    assert names == ["KerasSequenceLoader"]
+
+
+def test_the_docs_name_every_framework():
+    """The frameworks of `tabloader.frameworks` are the docs' frameworks: a guide and a
+    reference page per adapter, and docs/gpu.md names each adapter selftest checks."""
+    from tabloader.frameworks import FRAMEWORKS, framework_titles
+
+    hooks = _load_hooks()
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for framework in FRAMEWORKS:
+        assert framework.name in hooks.MODULES
+        assert f"  - {framework.title}: " in nav
+    selftest = " ".join((DOCS / "gpu.md").read_text().split())
+    assert f"the {framework_titles()} adapters" in selftest
+
+
 def test_skip_test_comments_leave_their_block_out(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(

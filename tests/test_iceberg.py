@@ -13,7 +13,7 @@ import logging
 import os
 import pickle
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,14 @@ from pyiceberg.types import (
     NestedField,
 )
 
+from table_formats import (
+    check_every_rank_loads_rank_zeros_version,
+    check_refresh_follows_appends_overwrites_and_deletes,
+    epoch,
+    host,
+    loader,
+    rows,
+)
 from tabloader.cli import main
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -50,26 +58,6 @@ SCHEMA = Schema(
 BY_DAY = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "day"))
 
 
-def rows(start: int, n: int, *, days: int = 3) -> pa.Table:
-    ids = np.arange(start, start + n, dtype=np.int64)
-    return pa.table(
-        {"id": ids, "day": (ids % days).astype(np.int32), "x": ids.astype(np.float64) / 4.0}
-    )
-
-
-def host(array: Any) -> np.ndarray:
-    return array.get() if hasattr(array, "get") else np.asarray(array)
-
-
-def epoch(loader: tabloader.Loader, column: str = "id") -> np.ndarray:
-    return np.concatenate([host(b[column]) for b in loader])
-
-
-def loader(ds: tabloader.Dataset, device: str, **options: Any) -> tabloader.Loader:
-    defaults: dict[str, Any] = {"cats": ["id"], "batch_size": 32, "shuffle": True, "seed": 7}
-    return tabloader.Loader(ds, device=device, **{**defaults, **options})
-
-
 def truth(table: Any, snapshot_id: int | None = None) -> np.ndarray:
     """The ids pyiceberg's own scan finds (in ``snapshot_id``)."""
     scanned = table.scan(snapshot_id=snapshot_id, selected_fields=("id",)).to_arrow()
@@ -78,6 +66,40 @@ def truth(table: Any, snapshot_id: int | None = None) -> np.ndarray:
 
 def open_catalog(where: Path) -> SqlCatalog:
     return SqlCatalog("test", uri=f"sqlite:///{where}/catalog.db", warehouse=f"file://{where}")
+
+
+@dataclass(frozen=True)
+class IcebergUnderTest:
+    """Table ``db.t`` of the catalog in ``where`` (whose namespace ``db`` exists), for the
+    scenarios every format passes (`table_formats`); the catalog is opened where used."""
+
+    where: Path
+    partitioned: bool = True
+
+    def _table(self) -> Any:
+        return open_catalog(self.where).load_table("db.t")
+
+    def create(self, table: pa.Table) -> None:
+        spec = {"partition_spec": BY_DAY} if self.partitioned else {}
+        open_catalog(self.where).create_table("db.t", schema=SCHEMA, **spec).append(table)
+
+    def append(self, table: pa.Table) -> None:
+        self._table().append(table)
+
+    def overwrite(self, table: pa.Table) -> None:
+        self._table().overwrite(table)
+
+    def delete(self, predicate: str) -> None:
+        self._table().delete(predicate)
+
+    def dataset(self, **options: Any) -> tabloader.Dataset:
+        return tabloader.Dataset.from_iceberg((open_catalog(self.where), "db.t"), **options)
+
+    def version(self) -> int:
+        return int(self._table().current_snapshot().snapshot_id)
+
+    def truth(self, version: int | None = None) -> np.ndarray:
+        return truth(self._table(), version)
 
 
 @pytest.fixture
@@ -156,24 +178,8 @@ def test_missing_pyiceberg_is_an_install_hint(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_refresh_follows_appends_overwrites_and_deletes(catalog, device):
-    table = catalog.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY)
-    table.append(rows(0, 100))
-    ds = tabloader.Dataset.from_iceberg((catalog, "db.t"), refresh=True)
-    load = loader(ds, device)
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(100))
-
-    table.append(rows(100, 60))  # this table object commits; the dataset's own reloads
-    load.refresh(1)
-    assert len(load) == -(-160 // 32) and ds.version == table.current_snapshot().snapshot_id
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(160))
-
-    table.overwrite(rows(500, 40))
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(500, 540))
-
-    table.delete("id >= 520")
-    np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(500, 520))
-    np.testing.assert_array_equal(truth(table), np.arange(500, 520))
+def test_refresh_follows_appends_overwrites_and_deletes(catalog, tmp_path, device):
+    check_refresh_follows_appends_overwrites_and_deletes(IcebergUnderTest(tmp_path), device)
 
 
 # -- schema evolution: matched by field id -------------------------------------------------
@@ -556,47 +562,11 @@ def test_inspect_reads_a_table_without_its_catalog(history, capsys):
 # -- ranks ---------------------------------------------------------------------------------
 
 
-def _rank_snapshots(rank: int, where: str) -> list[Any]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        catalog = open_catalog(Path(where))
-        ds = tabloader.Dataset.from_iceberg((catalog, "db.t"), refresh=True)
-        load = tabloader.Loader(
-            ds, cats=["id"], batch_size=16, shuffle=True, seed=3, global_rank=rank, global_size=2
-        )
-        seen = []
-        for e in range(2):
-            dist.barrier()
-            if rank == 1:
-                # Rank 0 loads the current snapshot at once; this rank commits another
-                # before it asks: it must still load rank 0's.
-                time.sleep(1.0)
-                catalog.load_table("db.t").append(rows(1000 * (e + 1), 40))
-            ids = epoch(load)
-            seen.append((ds.version, len(load), ids.tolist()))
-        return seen
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.torch
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_every_rank_loads_rank_zeros_snapshot(catalog, tmp_path):
-    from test_torch_distributed import _run_ranks
-
-    table = catalog.create_table("db.t", schema=SCHEMA)
-    table.append(rows(0, 100))
-    ranks = _run_ranks(_rank_snapshots, str(tmp_path))
-    table.refresh()
-    for e in range(2):
-        (v0, n0, ids0), (v1, n1, ids1) = ranks[0][e], ranks[1][e]
-        assert v0 == v1 and n0 == n1
-        assert not set(ids0) & set(ids1)
-        np.testing.assert_array_equal(np.sort(ids0 + ids1), truth(table, v0))
-    assert ranks[0][1][0] != ranks[0][0][0]  # the second epoch saw the first append
+    check_every_rank_loads_rank_zeros_version(IcebergUnderTest(tmp_path, partitioned=False))
 
 
 # -- object storage ------------------------------------------------------------------------

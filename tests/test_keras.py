@@ -20,10 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabloader
+from contract_tensorflow import CATS, CONTS, LABELS, make_loader
 
 pytestmark = pytest.mark.keras
-
-CATS, CONTS, LABELS = ["id", "cat"], ["x"], ["label"]
 
 
 @pytest.fixture(autouse=True)
@@ -64,21 +63,6 @@ def host(tensor: Any) -> np.ndarray:
     import keras
 
     return np.asarray(keras.ops.convert_to_numpy(tensor))
-
-
-def make_loader(paths, **options):
-    from tabloader.keras import KerasSequenceLoader
-
-    kwargs = {
-        "batch_size": 32,
-        "cat_names": CATS,
-        "cont_names": CONTS,
-        "label_names": LABELS,
-        "shuffle": True,
-        "seed": 5,
-    }
-    kwargs.update(options)
-    return KerasSequenceLoader(paths, **kwargs)
 
 
 def ids(item):

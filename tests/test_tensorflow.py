@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabloader
+from contract_tensorflow import make_loader
 
 pytestmark = pytest.mark.tensorflow
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-CATS, CONTS, LABELS = ["id", "cat"], ["x"], ["label"]
 
 
 @pytest.fixture(autouse=True)
@@ -35,21 +35,6 @@ def _tensorflow_backend() -> None:
 
     if keras.backend.backend() != "tensorflow":
         pytest.skip("Keras runs on another backend in this session")
-
-
-def make_loader(paths, **options):
-    from tabloader.tensorflow import KerasSequenceLoader
-
-    kwargs = {
-        "batch_size": 32,
-        "cat_names": CATS,
-        "cont_names": CONTS,
-        "label_names": LABELS,
-        "shuffle": True,
-        "seed": 5,
-    }
-    kwargs.update(options)
-    return KerasSequenceLoader(paths, **kwargs)
 
 
 def run_python(code, env=None, timeout=120):

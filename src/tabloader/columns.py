@@ -1,16 +1,13 @@
-"""What a column holds across the files of a dataset: one type, and the ids it spans.
+"""What a column holds across the files of a dataset: one type, and the closest name.
 
-Two questions about a column that need every file, answered from the parquet footers:
+Files written at different times often store a column with different widths (``int32``
+in one, ``int64`` in another; ``float`` and ``double``). Both are delivered as the
+loader's dtype, so the mix is accepted: `common_type` is the one type all of them widen
+to without loss. Only real conflicts (numbers in one file and strings in another, lists
+and scalars, integers and floats) are refused. A name that is not a column is answered
+with the closest one (`closest_name`).
 
-- **One type per column.** Files written at different times often store a column with
-  different widths (``int32`` in one, ``int64`` in another; ``float`` and ``double``).
-  Both are delivered as the loader's dtype, so the mix is accepted: `common_type`
-  is the one type all of them widen to without loss. Only real conflicts (numbers in one
-  file and strings in another, lists and scalars, integers and floats) are refused.
-- **Ids per column**, to size embedding tables: the smallest and largest id, from the
-  footer statistics of every row group (`id_ranges`). A row group whose footer
-  records no statistics is read, on the device the loader would use, and the result
-  says so.
+The ids an id column spans, for embedding tables, are `tabloader.embeddings`' job.
 
 Examples:
     >>> import pyarrow as pa
@@ -18,51 +15,25 @@ Examples:
     (DataType(int64), DataType(double))
     >>> common_type(pa.int64(), pa.string()) is None
     True
-    >>> embedding_dim(1_000_000), embedding_dim(10)
-    (512, 16)
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterable
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-
-from tabloader.errors import ColumnTypeError, InvalidArgumentError
-from tabloader.options import column_names
-
-if TYPE_CHECKING:
-    from tabloader.dataset import Dataset
-    from tabloader.device import Device
 
 __all__ = [
-    "EMBEDDING_BUDGET_BYTES",
-    "IdRange",
     "closest_name",
     "common_type",
-    "distinct_ids",
-    "embedding_advice",
-    "embedding_bytes",
-    "embedding_dim",
-    "id_ranges",
     "is_list_type",
     "type_difference",
     "value_type",
     "vector_width",
 ]
-
-MIN_EMBEDDING_DIM = 16
-MAX_EMBEDDING_DIM = 512
-EMBEDDING_BUDGET_BYTES = 2**30
-"""Above this many bytes, an embedding table is worth a warning (1 GiB, float32 weights)."""
-
-
-# -- one type per column ----------------------------------------------------------------
 
 
 def is_list_type(field_type: pa.DataType) -> bool:
@@ -168,294 +139,3 @@ def closest_name(name: str, names: Iterable[str]) -> str | None:
         return by_case[0]
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return close[0] if close else None
-
-
-# -- ids per column ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IdRange:
-    """The ids one column holds: the smallest and largest, and how they were found.
-
-    Attributes:
-        column: The column's name.
-        min: The smallest id, None when the column holds no value (only nulls).
-        max: The largest id, None when the column holds no value.
-        partitions: Partitions (row groups) of the dataset.
-        partitions_read: Partitions whose footer recorded no statistics for the column,
-            which were read to find their ids (all of them for in-memory sources).
-    """
-
-    column: str
-    min: int | None
-    max: int | None
-    partitions: int
-    partitions_read: int
-
-    @property
-    def cardinality(self) -> int:
-        """Rows an embedding table needs for every id: ``max + 1`` (ids start at 0), and
-        1 for a column with no values."""
-        return 1 if self.max is None else self.max + 1
-
-    @property
-    def from_footers(self) -> bool:
-        """Whether the footers alone told (no row group had to be read)."""
-        return self.partitions_read == 0
-
-
-def embedding_dim(
-    cardinality: int, *, min_dim: int = MIN_EMBEDDING_DIM, max_dim: int = MAX_EMBEDDING_DIM
-) -> int:
-    """A width for an embedding table of ``cardinality`` rows: fastai's rule of thumb
-    ``round(1.6 * cardinality ** 0.56)``, within ``[min_dim, max_dim]`` (the rule
-    NVTabular's ``get_embedding_sizes`` uses, with the same bounds).
-
-    Examples:
-        >>> [embedding_dim(n) for n in (2, 1_000, 100_000)]
-        [16, 77, 512]
-    """
-    return int(min(max(min_dim, round(1.6 * cardinality**0.56)), max_dim))
-
-
-def embedding_bytes(rows: int, width: int, *, itemsize: int = 4) -> int:
-    """Bytes of an embedding table's weights (float32 by default), before the optimizer's
-    state (Adam keeps two more tables of the same size).
-
-    Examples:
-        >>> embedding_bytes(5_279_480, 512) / 2**30
-        10.069...
-    """
-    return rows * width * itemsize
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
-
-
-def embedding_advice(
-    name: str,
-    rows: int,
-    width: int,
-    *,
-    distinct: int | None,
-    budget_bytes: int = EMBEDDING_BUDGET_BYTES,
-    from_vocabulary: bool = False,
-) -> str | None:
-    """What to do about an embedding table above ``budget_bytes``, or None below it.
-
-    Examples:
-        >>> print(embedding_advice("user", 5_279_480, 512, distinct=48_213))  # doctest: +ELLIPSIS
-        the embedding table of 'user' has 5,279,480 rows x 512 = 10.1 GiB of float32 weights ...
-    """
-    size = embedding_bytes(rows, width)
-    if size <= budget_bytes:
-        return None
-    text = (
-        f"the embedding table of {name!r} has {rows:,} rows x {width} = {_gib(size)} of "
-        f"float32 weights (before the optimizer's state), above {_gib(budget_bytes)}"
-    )
-    if from_vocabulary:
-        return text + (
-            f". Raise the minimum count of its vocabulary (tabloader convert --categorify "
-            f"{name} --min-count N), or hash it (--hash {name}=BUCKETS)"
-        )
-    if distinct is not None and distinct < rows // 2:
-        return text + (
-            f": its ids run to {rows - 1:,} but only {distinct:,} are used. Give them "
-            f"contiguous ids with tabloader convert --categorify {name} ({distinct + 2:,} rows), "
-            f"or hash them (--hash {name}=BUCKETS)"
-        )
-    return text + (
-        f". Keep the frequent ids only (tabloader convert --categorify {name} --min-count N), "
-        f"hash them into fewer rows (--hash {name}=BUCKETS), or use a narrower width"
-    )
-
-
-def distinct_ids(dataset: Dataset, name: str) -> int:
-    """How many distinct ids (nulls left out) ``name`` holds in ``dataset``, read a
-    partition at a time (on the CPU); memory holds the distinct ids, never the column.
-    List columns count the ids inside their lists."""
-    seen = np.zeros(0, dtype=np.int64)
-    pending: list[np.ndarray[Any, Any]] = []
-    held = 0
-    for p in range(dataset.num_partitions):
-        column: Any = dataset.read_partition(p, [name]).column(name)
-        if is_list_type(column.type):
-            column = pc.list_flatten(column)
-        ids = pc.unique(column.drop_null()).to_numpy(zero_copy_only=False).astype(np.int64)
-        pending.append(ids)
-        held += len(ids)
-        if held > max(len(seen), 1 << 20):
-            seen = np.unique(np.concatenate([seen, *pending]))
-            pending, held = [], 0
-    return len(np.unique(np.concatenate([seen, *pending])))
-
-
-def id_ranges(
-    dataset: Dataset, columns: str | Sequence[str], *, device: Any = None
-) -> dict[str, IdRange]:
-    """The smallest and largest id of each column, from the footer statistics.
-
-    A row group whose footer records no minimum and maximum for a column (some writers
-    leave statistics out) is read, with the backend of ``device`` (a loader's
-    ``device``: None picks it as a loader does): on the GPU, cudf reads it and cupy
-    finds the extremes. In-memory tables and Dask DataFrames have no footers and are
-    read. List columns count the ids inside the lists.
-
-    Raises:
-        ColumnNotFoundError: a column is missing from some file.
-        ColumnTypeError: a column does not hold integer ids.
-        InvalidArgumentError: a column holds negative ids, which no embedding table has.
-    """
-    from tabloader.device import resolve_device
-
-    names = column_names(columns, "columns")
-    if not names:
-        raise InvalidArgumentError("columns must name at least one column")
-    types = dataset.column_types(names)
-    for name, field_type in types.items():
-        values = value_type(field_type)
-        if not (pa.types.is_integer(values) or pa.types.is_boolean(values)):
-            raise ColumnTypeError(
-                f"column {name!r} is {field_type}; embedding sizes are for columns of integer "
-                "ids (cats). Encode it as integer ids first, or leave it out"
-            )
-    found: dict[str, IdRange] = {}
-    for name in names:
-        ranges, unread = _footer_ranges(dataset, name)
-        if unread:
-            resolved = resolve_device(device)
-            # (cudf does not check page checksums: verified reads are pyarrow's)
-            gpu = resolved.is_cuda and not dataset.verify_checksums
-            if gpu and dataset.parquet_layout() is not None:
-                ranges += _read_ranges_gpu(dataset, name, unread, resolved)
-            else:
-                ranges += _read_ranges_cpu(dataset, name, unread)
-        found[name] = _combine(dataset, name, ranges, len(unread))
-    return found
-
-
-# One partition's ids: (partition, smallest, largest); none for a partition without values.
-_Span = tuple[int, int, int]
-
-
-def _combine(dataset: Dataset, name: str, spans: list[_Span], read: int) -> IdRange:
-    if not spans:
-        return IdRange(name, None, None, dataset.num_partitions, read)
-    lows = [s[1] for s in spans]
-    lowest = int(np.argmin(lows))
-    if lows[lowest] < 0:
-        where = dataset.describe_partition(spans[lowest][0])
-        raise InvalidArgumentError(
-            f"column {name!r} holds negative ids (as low as {lows[lowest]}, in {where}); an "
-            "embedding table is indexed from 0. Shift the ids, or re-encode them from 0"
-        )
-    return IdRange(name, min(lows), max(s[2] for s in spans), dataset.num_partitions, read)
-
-
-def _footer_ranges(dataset: Dataset, name: str) -> tuple[list[_Span], list[int]]:
-    """Every partition's ids as its footer records them, and the partitions it does not
-    (all of them without footers; a partition key's, whose value is left to the data)."""
-    found = dataset.source.footer_statistics(name)
-    if found is None:
-        return [], list(range(dataset.num_partitions))
-    spans: list[_Span] = []
-    unread: list[int] = []
-    for p, stats in enumerate(found):
-        if stats is None or stats.constant:  # not stored in the file: read to find its ids
-            unread.append(p)
-        elif stats.extremes is not None:
-            spans.append((p, int(stats.extremes[0]), int(stats.extremes[1])))
-        elif stats.nulls is not None and stats.nulls == stats.values:
-            continue  # only nulls: no id at all
-        else:
-            unread.append(p)
-    return spans, unread
-
-
-def _read_ranges_cpu(dataset: Dataset, name: str, partitions: list[int]) -> list[_Span]:
-    spans: list[_Span] = []
-    for p in partitions:
-        column: Any = dataset.read_partition(p, [name]).column(name)
-        if is_list_type(column.type):
-            column = pc.list_flatten(column)
-        extremes = pc.min_max(column)
-        low, high = extremes["min"].as_py(), extremes["max"].as_py()
-        if low is not None:
-            spans.append((p, int(low), int(high)))
-    return spans
-
-
-def _read_ranges_gpu(
-    dataset: Dataset, name: str, partitions: list[int], device: Device
-) -> list[_Span]:
-    """Read the partitions' column with cudf, one read per file, and find each partition's
-    extremes with cupy: a few numbers per partition cross to the host, never the column."""
-    import contextlib
-
-    from tabloader._deps import import_gpu
-
-    cudf, cupy, index = import_gpu(device.index)
-    lists = is_list_type(dataset.column_types([name])[name])
-    layout = dataset.parquet_layout()
-    assert layout is not None  # parquet files, checked by the caller
-    part_file, part_row_group, rows = layout
-    by_file: dict[int, list[int]] = {}
-    for p in partitions:
-        by_file.setdefault(int(part_file[p]), []).append(p)
-    spans: list[_Span] = []
-    with cupy.cuda.Device(index):
-        for f, parts in by_file.items():
-            groups = [int(part_row_group[p]) for p in parts]
-            with contextlib.ExitStack() as opened:
-                local = dataset.local_paths([f])
-                path: Any = local[0] if local is not None else None
-                if local is None:
-                    path = opened.enter_context(dataset.open_row_groups(f, groups, [name]))
-                frame = cudf.read_parquet(
-                    [path], columns=[name], row_groups=[groups], use_pandas_metadata=False
-                )
-            series = frame[name]
-            lengths = [int(rows[p]) for p in parts]
-            if lists:  # the ids inside each partition's lists
-                counts = series.list.len().fillna(0).values
-                sums = [
-                    counts[a : a + n].sum() for a, n in zip(_starts(lengths), lengths, strict=True)
-                ]
-                lengths = [int(n) for n in cupy.asnumpy(cupy.stack(sums))]
-                series = series.list.leaves
-            spans += _device_extremes(series, parts, lengths, cupy)
-    return spans
-
-
-def _starts(lengths: list[int]) -> list[int]:
-    return [0, *np.cumsum(lengths)[:-1].tolist()] if lengths else []
-
-
-def _device_extremes(series: Any, parts: list[int], lengths: list[int], cupy: Any) -> list[_Span]:
-    """Smallest and largest non-null value of consecutive slices of a cudf column."""
-    valid = series.notnull().values
-    values = series.fillna(0).values
-    if values.dtype.kind == "b":
-        values = values.astype(np.int8)
-    info = np.iinfo(values.dtype)
-    low = cupy.where(valid, values, values.dtype.type(info.max))
-    high = cupy.where(valid, values, values.dtype.type(info.min))
-    lows, highs, seen = [], [], []
-    for start, n in zip(_starts(lengths), lengths, strict=True):
-        if not n:
-            lows.append(cupy.full((), info.max, values.dtype))
-            highs.append(cupy.full((), info.min, values.dtype))
-            seen.append(cupy.zeros((), bool))
-            continue
-        lows.append(low[start : start + n].min())
-        highs.append(high[start : start + n].max())
-        seen.append(valid[start : start + n].any())
-    if not parts:
-        return []
-    extremes = cupy.asnumpy(cupy.stack([cupy.stack(lows), cupy.stack(highs)]))
-    any_value = cupy.asnumpy(cupy.stack(seen))
-    return [
-        (p, int(extremes[0, k]), int(extremes[1, k])) for k, p in enumerate(parts) if any_value[k]
-    ]

@@ -18,17 +18,18 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
 from tabloader.errors import InvalidArgumentError, ReadError
-from tabloader.options import column_names, flag, int_at_least, is_number
+from tabloader.options import flag, int_at_least, is_number
+from tabloader.partitioned import Partitioned
 from tabloader.sources import open_source
 from tabloader.sources.base import PieceResult, Source, read_error
-from tabloader.sources.partitions import FileColumns, Filters, normalize_filters
+from tabloader.sources.partitions import normalize_filters
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -61,236 +62,7 @@ def small_row_groups(partition_rows: Sequence[int] | NDArray[np.int64]) -> float
     return median if median < SMALL_ROW_GROUP_ROWS else None
 
 
-class _Partitions:
-    """The rows of a source, split into partitions: what they are, what their footers
-    say, and the reads a backend makes, all answered by the source
-    (`tabloader.sources.base.Source`). [`Dataset`][tabloader.Dataset] adds where the rows
-    come from (its constructors), listing them again (``refresh``) and files that go
-    away (``on_missing``)."""
-
-    _source: Source
-
-    @property
-    def source(self) -> Source:
-        """Where the rows come from (see `tabloader.sources.base.Source`)."""
-        return self._source
-
-    @property
-    def num_rows(self) -> int:
-        """Total number of rows."""
-        return int(self._source.rows.sum())
-
-    def __len__(self) -> int:
-        return self.num_rows
-
-    @property
-    def num_partitions(self) -> int:
-        """Number of partitions (row groups with at least one row)."""
-        return len(self._source.rows)
-
-    @property
-    def partition_rows(self) -> NDArray[np.int64]:
-        """Row count of every partition, in dataset order (a read-only int64 array)."""
-        rows: NDArray[np.int64] = self._source.rows.view()
-        rows.flags.writeable = False
-        return rows
-
-    @property
-    def schema(self) -> pa.Schema:
-        """Arrow schema of the first file (or of the table)."""
-        return self._source.schemas[0]
-
-    @property
-    def files(self) -> list[str]:
-        """The parquet files, in load order (empty for in-memory sources)."""
-        return list(self._source.files)
-
-    @property
-    def version(self) -> int | None:
-        """The Delta version or Iceberg snapshot id loaded (None for other sources)."""
-        return self._source.version
-
-    @property
-    def table_format(self) -> str | None:
-        """``"delta"`` or ``"iceberg"`` for a table, None for other sources."""
-        return self._source.table_format
-
-    @property
-    def partition_keys(self) -> dict[str, pa.DataType]:
-        """Partition keys and their Arrow types: the ``key=value`` directories of a
-        directory or glob (types inferred from the values), or a table's partition
-        columns (types from its schema). Usable in ``filters`` and as loader columns."""
-        columns = self._source.columns
-        return {} if columns is None else dict(columns.keys)
-
-    @property
-    def verify_checksums(self) -> bool:
-        """Whether pages are checked against their checksums when read."""
-        return self._source.verify_checksums
-
-    @property
-    def filters(self) -> Filters | None:
-        """The filters applied, in disjunctive normal form (None: no filter)."""
-        return self._source.filters
-
-    @property
-    def files_skipped(self) -> int:
-        """Files the filters skipped at the last listing."""
-        return self._source.files_skipped
-
-    def partition_values(self, partition: int) -> dict[str, Any]:
-        """The partition keys' values (None: null) for every row of ``partition``.
-
-        Examples:
-            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
-            >>> root = tempfile.mkdtemp()
-            >>> os.makedirs(f"{root}/day=7")
-            >>> pq.write_table(pa.table({"x": [1.0, 2.0]}), f"{root}/day=7/part-0.parquet")
-            >>> tabloader.Dataset(root).partition_values(0)
-            {'day': 7}
-        """
-        return self._source.partition_values(partition)
-
-    def file_identities(self) -> list[dict[str, Any]]:
-        """What each file was when it was listed, as JSON-ready dicts: its path, size
-        and footer digest, and what a rewrite cannot keep: a local file's modification
-        and change times and inode, an object's ETag, version id or generation. A file
-        rewritten in place has another identity, even with its size, its modification
-        time and its footer (byte for byte) kept. Empty for in-memory sources.
-
-        Examples:
-            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
-            >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
-            >>> pq.write_table(pa.table({"a": [1, 2]}), path)
-            >>> sorted(tabloader.Dataset(path).file_identities()[0])
-            ['ctime_ns', 'footer', 'inode', 'mtime_ns', 'path', 'size']
-        """
-        return self._source.identities()
-
-    def content_digest(self) -> str | None:
-        """For an in-memory table or a Dask DataFrame, a digest of its rows (a hash of
-        the table's values; Dask's own token of the frame), None where dask cannot give
-        one; None for a dataset of files, which `file_identities` describes."""
-        return self._source.content_digest()
-
-    def changed_files(self) -> list[str]:
-        """The files deleted or rewritten since they were listed (one ``stat`` or metadata
-        request each)."""
-        source = self._source
-        return [source.display(f) for i, f in enumerate(source.files) if source.changed(i)]
-
-    def describe_partition(self, index: int) -> str:
-        """Where partition ``index`` lives, for messages: ``"train/a.parquet (row group 3)"``."""
-        return self._source.describe(index)
-
-    def no_rows_message(self) -> str:
-        """Why the dataset holds no row at all, naming its files, for the error that says so.
-
-        Examples:
-            >>> import pyarrow as pa
-            >>> Dataset(pa.table({"x": pa.array([], pa.int64())})).no_rows_message()
-            'the dataset has no rows: the table it was given is empty'
-        """
-        files = [self._source.display(f) for f in self._source.files]
-        if not files:
-            return "the dataset has no rows: the table it was given is empty"
-        if len(files) == 1:
-            return (
-                f"the dataset has no rows: its one file, {files[0]}, holds 0 rows. Write rows "
-                "to it, or point the loader at files that hold some"
-            )
-        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-        return (
-            f"the dataset has no rows: each of its {len(files)} files ({shown}) holds 0 rows. "
-            "Write rows to them, or point the loader at files that hold some"
-        )
-
-    def read_partition(self, index: int, columns: Sequence[str]) -> pa.Table:
-        """Read the given columns of one partition into an Arrow table.
-
-        Errors from the storage layer or the parquet decoder are raised as
-        [`ReadError`][tabloader.errors.ReadError] naming the file and row group.
-        """
-        try:
-            return self._source.read(index, list(columns))
-        except ReadError:
-            raise
-        except Exception as err:
-            raise read_error(self.describe_partition(index), err) from err
-
-    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
-        """How to get ``columns`` from parquet file ``file_index``: the names to read,
-        renames and constant columns (see `tabloader.sources.partitions.FileColumns`)."""
-        return self._source.file_columns(file_index, columns)
-
-    def open_row_groups(
-        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
-    ) -> IO[bytes]:
-        """A binary file-like object from which a parquet reader reads these row groups.
-
-        For object storage, only the footer and the byte ranges of ``columns`` in
-        ``row_groups`` are fetched; other bytes read as zeros, so give the reader the
-        same row groups and columns. For local files it is the open file. Close it.
-
-        Examples:
-            >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os, tabloader
-            >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
-            >>> pq.write_table(pa.table({"a": range(6), "b": range(6)}), path, row_group_size=3)
-            >>> with tabloader.Dataset(path).open_row_groups(0, [1], ["b"]) as f:
-            ...     pq.ParquetFile(f).read_row_groups([1], columns=["b"])["b"].to_pylist()
-            [3, 4, 5]
-        """
-        return self._source.open_row_groups(file_index, row_groups, columns)
-
-    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]] | None:
-        """For parquet files: each partition's file index, row group and rows (else None)."""
-        return self._source.parquet_layout()
-
-    def local_paths(self, files: Sequence[int]) -> list[str] | None:
-        """The local paths of these files (by index), or None for object storage."""
-        return self._source.local_paths(files)
-
-    def computed_partitions(
-        self,
-        pieces: Sequence[tuple[int, int, int]],
-        columns: Sequence[str],
-        *,
-        scheduler: Mapping[str, Any] | None = None,
-    ) -> list[Any] | None:
-        """For a Dask DataFrame: each piece's rows of its partition, computed (pandas, or
-        cudf for dask-cudf, whose partitions stay on the GPU; ``scheduler``: dask's
-        ``compute`` keywords for these computations only, not dask's configuration);
-        None for other sources."""
-        return self._source.computed_partitions(pieces, columns, scheduler=scheduler)
-
-    def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
-        """Arrow type of each column, checked to be present and of one type in every file
-        (widths that differ are widened: see `tabloader.columns.common_type`).
-
-        Raises:
-            ColumnNotFoundError: a column is missing from some file.
-            SchemaMismatchError: files store a column with conflicting types (numbers and
-                strings, lists and scalars, integers and floating point).
-        """
-        return self._source.column_types(columns)
-
-    def check_worker_processes(self, start_method: Any = None) -> None:
-        """Refuse worker processes that cannot read this dataset (before they start):
-        a Dask DataFrame with a dask.distributed Client cannot be computed in forked
-        processes. ``start_method``: a multiprocessing start method or context."""
-        self._source.check_worker_processes(start_method)
-
-    def null_partitions(self, column: str) -> NDArray[np.int8]:
-        """Per partition: 1 if the footer says the column holds nulls, 0 if none, -1 unknown."""
-        return self._source.null_flags(column)
-
-    def value_ranges(self, column: str) -> list[tuple[Any, Any] | None]:
-        """Per partition: the smallest and largest value of ``column`` (of its values, for
-        a list column) as the footers' statistics say, or None where they do not."""
-        return self._source.value_ranges(column)
-
-
-class Dataset(_Partitions):
+class Dataset(Partitioned):
     """The rows a loader draws from, split into partitions (parquet row groups).
 
     Constructing a dataset reads parquet footers only: the file list, row groups, row
@@ -396,14 +168,7 @@ class Dataset(_Partitions):
             raise InvalidArgumentError(
                 f"rows_per_partition must be a positive integer, got {rows_per_partition!r}"
             )
-        if not is_number(retry_seconds) or not 0 <= retry_seconds < float("inf"):
-            raise InvalidArgumentError(
-                f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}"
-            )
-        if not is_number(request_timeout) or not 0 < request_timeout < float("inf"):
-            raise InvalidArgumentError(
-                f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
-            )
+        remote = _remote_options(max_concurrent_reads, retry_seconds, request_timeout)
         self.refreshes = flag(refresh, "refresh")
         if on_missing not in ("raise", "skip"):
             raise InvalidArgumentError(f"on_missing must be 'raise' or 'skip', got {on_missing!r}")
@@ -411,11 +176,6 @@ class Dataset(_Partitions):
         self._skipped = _Skipped()
         self._listed_epoch: int | None = None
         checked_filters = normalize_filters(filters)
-        remote = {
-            "max_concurrent_reads": int_at_least(max_concurrent_reads, 1, "max_concurrent_reads"),
-            "retry_seconds": float(retry_seconds),
-            "request_timeout": float(request_timeout),
-        }
         self._source: Source = open_source(
             source,
             rows_per_partition=int(rows_per_partition),
@@ -425,20 +185,12 @@ class Dataset(_Partitions):
             refreshes=self.refreshes,
             verify_checksums=flag(verify_checksums, "verify_checksums"),
         )
-        if (self.refreshes or on_missing == "skip") and not self._source.refreshable:
-            raise InvalidArgumentError(
-                "refresh=True and on_missing='skip' apply to parquet files (paths, "
-                f"directories, globs, URLs), not to a {self._source.kind} source"
-            )
-        if checked_filters is not None and not self._source.refreshable:
-            raise InvalidArgumentError(
-                "filters select parquet files by partition key; an in-memory table or a Dask "
-                "DataFrame has no partition keys: filter it before passing it"
-            )
-        if verify_checksums and not self._source.refreshable:
-            raise InvalidArgumentError(
-                "verify_checksums checks the pages of parquet files as they are read; a "
-                f"{self._source.kind} source is not read from parquet pages here"
+        if not self._source.refreshable:
+            _refuse_file_options(
+                self._source,
+                lists_again=self.refreshes or on_missing == "skip",
+                filters=checked_filters is not None,
+                verify_checksums=bool(verify_checksums),
             )
 
     @classmethod
@@ -484,11 +236,8 @@ class Dataset(_Partitions):
         from tabloader.sources.delta import DeltaLog
 
         log = DeltaLog(uri, version=version, storage_options=storage_options)
-        if flag(refresh, "refresh") and version is not None:
-            raise InvalidArgumentError(
-                f"version={version} loads one version and refresh=True follows the latest; "
-                "pass one of them"
-            )
+        pinned = None if version is None else f"version={version} loads one version"
+        _refuse_pinned_and_refresh(refresh, pinned, follows="latest")
         return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     @classmethod
@@ -534,11 +283,8 @@ class Dataset(_Partitions):
         from tabloader.sources.iceberg import IcebergLog
 
         log = IcebergLog(table, snapshot_id=snapshot_id)
-        if flag(refresh, "refresh") and snapshot_id is not None:
-            raise InvalidArgumentError(
-                f"snapshot_id={snapshot_id} loads one snapshot and refresh=True follows the "
-                "current one; pass one of them"
-            )
+        pinned = None if snapshot_id is None else f"snapshot_id={snapshot_id} loads one snapshot"
+        _refuse_pinned_and_refresh(refresh, pinned, follows="current one")
         return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
 
     def refresh(self, *, epoch: int | None = None) -> bool:
@@ -554,14 +300,7 @@ class Dataset(_Partitions):
         if not self.refreshes or (epoch is not None and epoch == self._listed_epoch):
             return False
         self._listed_epoch = epoch
-        before = (source.listing(), source.rows.copy(), source.identities())
-        _list_on_rank_zero(source)
-        # A file rewritten in place (same name, same rows) is a change too: its rows are new.
-        return (
-            before[0] != source.listing()
-            or not np.array_equal(before[1], source.rows)
-            or before[2] != source.identities()
-        )
+        return _list_again(source)
 
     def iter_pieces(
         self, pieces: Sequence[tuple[int, int, int]], columns: Sequence[str]
@@ -613,7 +352,7 @@ class Dataset(_Partitions):
             >>> ds.cardinalities(["user", "item"])
             {'user': 8, 'item': 3}
         """
-        from tabloader.columns import id_ranges
+        from tabloader.embeddings import id_ranges
 
         ranges = id_ranges(self, columns, device=device)
         return {name: found.cardinality for name, found in ranges.items()}
@@ -651,38 +390,17 @@ class Dataset(_Partitions):
             >>> tables = {name: torch.nn.Embedding(rows, width)  # doctest: +SKIP
             ...           for name, (rows, width) in ds.embedding_sizes(["user"]).items()}
         """
-        from tabloader.columns import distinct_ids, embedding_advice, embedding_dim
-        from tabloader.errors import EmbeddingSizeWarning
-        from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
+        from tabloader.embeddings import embedding_sizes
 
-        min_dim = int_at_least(min_dim, 1, "min_dim")
-        max_dim = int_at_least(max_dim, min_dim, "max_dim")
-        budget_bytes = int_at_least(budget_bytes, 1, "budget_bytes")
-        names = column_names(columns, "columns")
-        held: dict[str, str] = {}
-        if vocabulary is not None:
-            directory = find_vocabulary_dir(vocabulary)
-            held = {n: directory for n in vocabulary_columns(directory) if n in names}
-        rows = {n: vocabulary_rows(held[n], n) for n in held}
-        counted = [n for n in names if n not in held]
-        if counted:
-            rows.update(self.cardinalities(counted, device=device))
-        sizes = {}
-        for name in names:
-            width = embedding_dim(rows[name], min_dim=min_dim, max_dim=max_dim)
-            sizes[name] = (rows[name], width)
-            if embedding_advice(name, rows[name], width, distinct=None, budget_bytes=budget_bytes):
-                distinct = None if name in held else distinct_ids(self, name)
-                advice = embedding_advice(
-                    name,
-                    rows[name],
-                    width,
-                    distinct=distinct,
-                    budget_bytes=budget_bytes,
-                    from_vocabulary=name in held,
-                )
-                warnings.warn(str(advice), EmbeddingSizeWarning, stacklevel=2)
-        return sizes
+        return embedding_sizes(
+            self,
+            columns,
+            device=device,
+            min_dim=min_dim,
+            max_dim=max_dim,
+            vocabulary=vocabulary,
+            budget_bytes=budget_bytes,
+        )
 
     def __repr__(self) -> str:
         source = self._source
@@ -693,6 +411,68 @@ class Dataset(_Partitions):
             f"Dataset({kind}, files={len(source.files)}, "
             f"partitions={self.num_partitions}, rows={self.num_rows})"
         )
+
+
+def _refuse_pinned_and_refresh(refresh: bool, pinned: str | None, *, follows: str) -> None:
+    """Refuse a table's version pinned (``pinned`` says which; None: none) with
+    ``refresh=True``, which follows the ``follows`` version."""
+    if flag(refresh, "refresh") and pinned is not None:
+        raise InvalidArgumentError(
+            f"{pinned} and refresh=True follows the {follows}; pass one of them"
+        )
+
+
+def _remote_options(
+    max_concurrent_reads: int, retry_seconds: float, request_timeout: float
+) -> dict[str, Any]:
+    """The object store's request options, checked."""
+    if not is_number(retry_seconds) or not 0 <= retry_seconds < float("inf"):
+        raise InvalidArgumentError(
+            f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}"
+        )
+    if not is_number(request_timeout) or not 0 < request_timeout < float("inf"):
+        raise InvalidArgumentError(
+            f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
+        )
+    return {
+        "max_concurrent_reads": int_at_least(max_concurrent_reads, 1, "max_concurrent_reads"),
+        "retry_seconds": float(retry_seconds),
+        "request_timeout": float(request_timeout),
+    }
+
+
+def _refuse_file_options(
+    source: Source, *, lists_again: bool, filters: bool, verify_checksums: bool
+) -> None:
+    """Refuse the options that only parquet files take, given for another ``source``."""
+    if lists_again:
+        raise InvalidArgumentError(
+            "refresh=True and on_missing='skip' apply to parquet files (paths, "
+            f"directories, globs, URLs), not to a {source.kind} source"
+        )
+    if filters:
+        raise InvalidArgumentError(
+            "filters select parquet files by partition key; an in-memory table or a Dask "
+            "DataFrame has no partition keys: filter it before passing it"
+        )
+    if verify_checksums:
+        raise InvalidArgumentError(
+            "verify_checksums checks the pages of parquet files as they are read; a "
+            f"{source.kind} source is not read from parquet pages here"
+        )
+
+
+def _list_again(source: Source) -> bool:
+    """List ``source`` again (rank 0's listing, under torch.distributed); returns whether
+    anything changed."""
+    before = (source.listing(), source.rows.copy(), source.identities())
+    _list_on_rank_zero(source)
+    # A file rewritten in place (same name, same rows) is a change too: its rows are new.
+    return (
+        before[0] != source.listing()
+        or not np.array_equal(before[1], source.rows)
+        or before[2] != source.identities()
+    )
 
 
 def _list_on_rank_zero(source: Source) -> None:

@@ -7,8 +7,8 @@ infinities:
 - every row exactly once per epoch, with the requested dtypes;
 - on a GPU: the CPU and GPU backends deliver bit-identical batches for a seed, shuffled
   and in order, in both layouts;
-- the PyTorch and Keras adapters, when installed: the same values, dtypes, and tensors
-  on the loader's device;
+- the adapter of every framework (`tabloader.frameworks`: PyTorch, Keras, JAX), when
+  installed: the same values and dtypes, and PyTorch's tensors on the loader's device;
 - memory flat over several epochs (device memory on a GPU, resident memory on the CPU);
 - throughput as a ratio to the decode limit of the same row groups (cudf's own read on
   a GPU, pyarrow's on the CPU). It is reported, not judged: on a few hundred thousand
@@ -32,13 +32,14 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -50,9 +51,13 @@ import pyarrow.parquet as pq
 import tabloader
 from tabloader.device import Device, resolve_device
 from tabloader.errors import TabloaderError
+from tabloader.frameworks import FRAMEWORKS
 
-__all__ = ["main", "run_selftest"]
+__all__ = ["run_selftest"]
 _CATS, _CONTS, _LABELS = ["id", "item"], ["x", "y"], ["label"]
+
+_Result = tuple[str, str]
+"""What a check found: PASS, FAIL, SKIP or INFO, and the detail."""
 
 
 @dataclass
@@ -133,23 +138,23 @@ def _same_batches(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]
     return ""
 
 
-def _check_rows(paths: list[str], device: Device, rows: int) -> _Check:
+def _check_rows(paths: list[str], device: Device, rows: int) -> _Result:
     loader = tabloader.Loader(paths, device=str(device), shuffle=True, **_options())
     batches = _epoch(loader)
     ids = np.sort(np.concatenate([b["id"] for b in batches]))
     if not np.array_equal(ids, np.arange(rows)):
-        return _Check("every row exactly once", "FAIL", f"{len(ids)} ids delivered of {rows}")
+        return "FAIL", f"{len(ids)} ids delivered of {rows}"
     dtypes = {k: str(v.dtype) for k, v in batches[0].items()}
     expected = {"id": "int64", "item": "int64", "x": "float32", "y": "float32"}
     expected["label"] = "float32"
     if dtypes != expected:
-        return _Check("every row exactly once", "FAIL", f"dtypes {dtypes}")
+        return "FAIL", f"dtypes {dtypes}"
     x = np.concatenate([b["x"] for b in batches])
     kept = f"{int(np.isnan(x).sum())} NaN and {int(np.isinf(x).sum())} infinities kept"
-    return _Check("every row exactly once", "PASS", f"{rows:,} rows on {device}, {kept}")
+    return "PASS", f"{rows:,} rows on {device}, {kept}"
 
 
-def _check_parity(paths: list[str], device: Device) -> _Check:
+def _check_parity(paths: list[str], device: Device) -> _Result:
     cases: list[dict[str, Any]] = [
         {"shuffle": True},
         {"shuffle": False},
@@ -159,24 +164,23 @@ def _check_parity(paths: list[str], device: Device) -> _Check:
     for case in cases:
         cpu = _epoch(tabloader.Loader(paths, device="cpu", **_options(**case)))
         gpu = _epoch(tabloader.Loader(paths, device=str(device), **_options(**case)))
-        check = _verdict("CPU/GPU parity", cpu, gpu, "")
-        if check.status == "FAIL":
-            check.detail = f"{case}: {check.detail}"
-            return check
-    return _Check("CPU/GPU parity", "PASS", f"bit-identical batches in {len(cases)} setups")
+        differs = _same_batches(cpu, gpu)
+        if differs:
+            return "FAIL", f"{case}: {differs}"
+    return "PASS", f"bit-identical batches in {len(cases)} setups"
 
 
-def _verdict(name: str, expected: list[dict[str, np.ndarray]], got: Any, passed: str) -> _Check:
+def _verdict(expected: list[dict[str, np.ndarray]], got: Any, passed: str) -> _Result:
     """PASS with ``passed`` when ``got`` equals ``expected`` bit for bit, else FAIL."""
     differs = _same_batches(expected, got)
-    return _Check(name, "FAIL", differs) if differs else _Check(name, "PASS", passed)
+    return ("FAIL", differs) if differs else ("PASS", passed)
 
 
-def _check_torch(paths: list[str], device: Device) -> _Check:
+def _check_torch(paths: list[str], device: Device) -> _Result:
     try:
         from tabloader.torch import DLDataLoader, TorchAsyncItr
     except ImportError:
-        return _Check("PyTorch adapter", "SKIP", "PyTorch is not installed")
+        return "SKIP", "PyTorch is not installed"
     options = _options(shuffle=True)
     cpu = _epoch(tabloader.Loader(paths, device="cpu", layout="stacked", **options))
     itr = TorchAsyncItr(paths, device=str(device), **options)
@@ -190,45 +194,47 @@ def _check_torch(paths: list[str], device: Device) -> _Check:
     for x_cat, x_cont, y in DLDataLoader(itr, batch_size=None, collate_fn=lambda b: b):
         where = {str(t.device) for t in (x_cat, x_cont, y)}
         if where != {expected}:
-            return _Check("PyTorch adapter", "FAIL", f"tensors on {where}, expected {expected}")
+            return "FAIL", f"tensors on {where}, expected {expected}"
         got.append({"cats": _host(x_cat), "conts": _host(x_cont), "labels": _host(y)[:, None]})
-    return _verdict("PyTorch adapter", cpu, got, f"tensors on {expected}, same values as the CPU")
+    return _verdict(cpu, got, f"tensors on {expected}, same values as the CPU")
 
 
-def _check_keras(paths: list[str], device: Device) -> _Check:
+def _check_keras(paths: list[str], device: Device) -> _Result:
     try:
         from tabloader.keras import _TENSORS, KerasSequenceLoader
     except ImportError:
-        return _Check("Keras adapter", "SKIP", "Keras or its backend is not installed")
-    options = _options(shuffle=True)
-    ids = _TENSORS.dtypes()["cat"]  # int32 on JAX in its 32-bit mode
-    cpu = _epoch(tabloader.Loader(paths, device="cpu", cat_dtype=ids, **options))
-    keras_loader = KerasSequenceLoader(
-        paths,
-        batch_size=options["batch_size"],
-        cat_names=_CATS,
-        cont_names=_CONTS,
-        label_names=_LABELS,
-        shuffle=True,
-        seed=options["seed"],
-        fill_null=options["fill_null"],
-        parts_per_chunk=options["parts_per_chunk"],
-        device=str(device),
-    )
-    got = []
-    for features, labels in keras_loader:
-        batch = {name: _framework_host(t) for name, t in features.items()}
-        batch["label"] = _framework_host(labels)
-        got.append(batch)
-    expected = [{k: b[k] for k in sorted(b)} for b in cpu]
-    return _verdict("Keras adapter", expected, got, "same values and dtypes as the CPU")
-
-
-def _framework_host(tensor: Any) -> np.ndarray:
-    """A Keras backend's tensor (on any device) as a numpy array."""
+        return "SKIP", "Keras or its backend is not installed"
     import keras
 
-    return np.asarray(keras.ops.convert_to_numpy(tensor))
+    ids = _TENSORS.dtypes()["cat"]  # int32 on JAX in its 32-bit mode
+    keras_loader = KerasSequenceLoader(paths, device=str(device), **_options(shuffle=True))
+    return _same_features(paths, ids, keras_loader, keras.ops.convert_to_numpy)
+
+
+def _check_jax(paths: list[str], device: Device) -> _Result:
+    try:
+        from tabloader.jax import JaxLoader
+        from tabloader.tensors import JaxTensors
+    except ImportError:
+        return "SKIP", "JAX is not installed"
+    ids = JaxTensors().dtypes()["cat"]  # int32 in JAX's 32-bit mode
+    jax_loader = JaxLoader(paths, device=str(device), **_options(shuffle=True))
+    return _same_features(paths, ids, jax_loader, np.asarray)
+
+
+def _same_features(
+    paths: list[str], ids: np.dtype[Any], adapter: Iterable[Any], host: Callable[[Any], Any]
+) -> _Result:
+    """Whether an adapter's ``(features, labels)`` hold the CPU loader's batches, with ids
+    of dtype ``ids``; ``host`` makes the framework's tensors numpy arrays."""
+    cpu = _epoch(tabloader.Loader(paths, device="cpu", cat_dtype=ids, **_options(shuffle=True)))
+    got = []
+    for features, labels in adapter:
+        batch = {name: np.asarray(host(t)) for name, t in features.items()}
+        batch["label"] = np.asarray(host(labels))
+        got.append(batch)
+    expected = [{k: b[k] for k in sorted(b)} for b in cpu]
+    return _verdict(expected, got, "same values and dtypes as the CPU")
 
 
 def _memory_in_use(device: Device, loader: tabloader.Loader) -> int:
@@ -243,7 +249,7 @@ def _memory_in_use(device: Device, loader: tabloader.Loader) -> int:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _check_memory(paths: list[str], device: Device, epochs: int = 6) -> _Check:
+def _check_memory(paths: list[str], device: Device, epochs: int = 6) -> _Result:
     loader = tabloader.Loader(paths, device=str(device), shuffle=True, **_options())
     seen = []
     for _ in range(epochs):
@@ -253,9 +259,7 @@ def _check_memory(paths: list[str], device: Device, epochs: int = 6) -> _Check:
     what = "device memory" if device.is_cuda else "resident memory"
     first, last = seen[1], seen[-1]  # epoch 0 fills the pools
     detail = f"{what} after epochs 2..{epochs}: {first / 2**20:.1f} -> {last / 2**20:.1f} MiB"
-    if last > first * 1.1 + 2**20:
-        return _Check("memory flat over epochs", "FAIL", detail)
-    return _Check("memory flat over epochs", "PASS", detail)
+    return ("FAIL" if last > first * 1.1 + 2**20 else "PASS"), detail
 
 
 def _decode_limit(paths: list[str], device: Device) -> Callable[[], int]:
@@ -291,7 +295,7 @@ def _decode_limit(paths: list[str], device: Device) -> Callable[[], int]:
     return gpu_read
 
 
-def _check_throughput(paths: list[str], device: Device, emulated: bool) -> _Check:
+def _check_throughput(paths: list[str], device: Device, emulated: bool) -> _Result:
     limit = _decode_limit(paths, device)
     batch_size = max(256, min(65_536, loader_rows(paths) // 16))
     loader = tabloader.Loader(
@@ -314,7 +318,7 @@ def _check_throughput(paths: list[str], device: Device, emulated: bool) -> _Chec
     )
     if emulated:
         detail += "; emulated device: not a GPU figure"
-    return _Check("throughput", "INFO", detail)
+    return "INFO", detail
 
 
 def loader_rows(paths: list[str]) -> int:
@@ -333,9 +337,8 @@ def _environment(device: Device) -> list[str]:
         f"numpy {np.__version__}, pyarrow {pa.__version__}",
     ]
     versions = []
-    for name in ("torch", "tensorflow", "cudf", "cupy", "rmm"):
-        if not device.is_cuda and name in ("cudf", "cupy", "rmm"):
-            continue
+    packages = [name for framework in FRAMEWORKS for name in framework.packages]
+    for name in [*packages, *(("cudf", "cupy", "rmm") if device.is_cuda else ())]:
         try:
             module = importlib.import_module(name)
         except Exception:
@@ -357,14 +360,26 @@ def _environment(device: Device) -> list[str]:
     return lines
 
 
+_ADAPTER_CHECKS: dict[str, Callable[[list[str], Device], _Result]] = {
+    "torch": _check_torch,
+    "tensorflow": _check_keras,
+    "jax": _check_jax,
+}
+"""Each framework's adapter check, by `tabloader.frameworks.Framework.name`."""
+
+
 def run_selftest(
     device: str | None = None,
     *,
     rows: int = 200_000,
     out: TextIO = sys.stdout,
-    frameworks: Iterable[str] = ("torch", "tensorflow"),
+    frameworks: Iterable[str] | None = None,
 ) -> int:
-    """Run the checks on ``device`` (None: the CPU); returns the exit code (0, 1 or 2)."""
+    """Run the checks on ``device`` (None: the CPU); returns the exit code (0, 1 or 2).
+
+    ``frameworks`` names the adapters to check (None: every one of
+    `tabloader.frameworks.FRAMEWORKS`), each skipped where its framework is not installed.
+    """
     try:
         resolved = resolve_device(device or "cpu")
     except TabloaderError as error:
@@ -380,20 +395,20 @@ def run_selftest(
     checks: list[_Check] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = _write_data(Path(tmp), rows)
-        steps: list[tuple[str, Callable[[], _Check]]] = [
+        steps: list[tuple[str, Callable[[], _Result]]] = [
             ("every row exactly once", lambda: _check_rows(paths, resolved, rows))
         ]
         if resolved.is_cuda:
             steps.append(("CPU/GPU parity", lambda: _check_parity(paths, resolved)))
-        if "torch" in frameworks:
-            steps.append(("PyTorch adapter", lambda: _check_torch(paths, resolved)))
-        if "tensorflow" in frameworks:
-            steps.append(("Keras adapter", lambda: _check_keras(paths, resolved)))
+        for framework in FRAMEWORKS:
+            if frameworks is None or framework.name in frameworks:
+                check_adapter = functools.partial(_ADAPTER_CHECKS[framework.name], paths, resolved)
+                steps.append((f"{framework.title} adapter", check_adapter))
         steps.append(("memory flat over epochs", lambda: _check_memory(paths, resolved)))
         steps.append(("throughput", lambda: _check_throughput(paths, resolved, emulated)))
         for name, step in steps:
             try:
-                check = step()
+                check = _Check(name, *step())
             except Exception as error:  # a crash is a failed check, reported like one
                 check = _Check(name, "FAIL", f"{type(error).__name__}: {error}")
             checks.append(check)
@@ -402,18 +417,3 @@ def run_selftest(
     failed = [c.name for c in checks if c.status == "FAIL"]
     out.write(f"{len(failed)} failed, {sum(c.status == 'PASS' for c in checks)} passed\n")
     return 1 if failed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``tabloader selftest [--device cuda] [--rows N]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="tabloader selftest", description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
-    parser.add_argument("--rows", type=int, default=200_000, help="rows of generated data")
-    args = parser.parse_args(argv)
-    return run_selftest(args.device, rows=args.rows)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,18 +6,5 @@ imported only when it is Keras' backend, or for ``feature_columns``.
 
 from __future__ import annotations
 
-from tabloader.keras import (
-    BACKEND,
-    KerasSequenceLoader,
-    KerasSequenceValidater,
-    apply_memory_allocation,
-    feature_column_names,
-)
-
-__all__ = [
-    "BACKEND",
-    "KerasSequenceLoader",
-    "KerasSequenceValidater",
-    "apply_memory_allocation",
-    "feature_column_names",
-]
+from tabloader.keras import *  # noqa: F403  (every name of tabloader.keras.__all__)
+from tabloader.keras import __all__ as __all__

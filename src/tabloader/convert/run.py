@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -284,31 +285,19 @@ def convert(
             if cluster is not None:
                 from tabloader.convert.cluster import convert_on_cluster
 
-                done = convert_on_cluster(
-                    cluster,
-                    inputs,
-                    plan,
-                    destination,
-                    given=given,
-                    min_count=min_count or 1,
-                    names_out=names_out,
-                    group_rows=group_rows,
-                    file_rows=file_rows,
-                )
+                convert_rows = functools.partial(convert_on_cluster, cluster)
             else:
-                done = _convert_here(
-                    inputs,
-                    plan,
-                    destination,
-                    work,
-                    given=given,
-                    min_count=min_count or 1,
-                    names_out=names_out,
-                    group_rows=group_rows,
-                    file_rows=file_rows,
-                    progress=progress,
-                )
-            rows_in, written, vocab, notes = done
+                convert_rows = functools.partial(_convert_here, work=work, progress=progress)
+            rows_in, written, vocab, notes = convert_rows(
+                inputs,
+                plan,
+                destination,
+                given=given,
+                min_count=min_count or 1,
+                names_out=names_out,
+                group_rows=group_rows,
+                file_rows=file_rows,
+            )
             rows_out = {name: rows for name, (rows, _) in written.items()}
             counted = {
                 name: sum(pq.read_metadata(destination.staged(f)).num_rows for f in files)

@@ -2,7 +2,8 @@
 
 Every kind implements one protocol, `tabloader.sources.base.Source` (rows, schema,
 reading pieces, footer statistics, file identities, listing again), and `open_source`
-picks the kind for what a user gives ``Dataset``:
+picks the kind for what a user gives ``Dataset``
+(`table_format_at` recognises a Delta or Iceberg table by its layout):
 
 - `tabloader.sources.parquet`: parquet files, directories, globs and URLs, Hive keys,
   listing again (``refresh=True``);
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -35,7 +36,7 @@ from tabloader.sources.partitions import Filters, TableLog
 from tabloader.sources.remote import RemoteStore
 from tabloader.sources.table import TableSource, is_pandas_frame, is_polars_frame, table_of
 
-__all__ = ["Source", "open_source"]
+__all__ = ["Source", "open_source", "table_format_at"]
 
 
 def open_source(
@@ -92,6 +93,25 @@ def open_source(
         filters=filters,
         verify_checksums=verify_checksums,
     )
+
+
+def table_format_at(path: str) -> Literal["delta", "iceberg"] | None:
+    """The table format whose layout ``path`` has: ``"delta"`` for a local directory
+    holding ``_delta_log``, ``"iceberg"`` for a ``*.metadata.json`` file or a local
+    directory holding ``metadata/``; None for anything else (files, globs, other URLs).
+
+    Examples:
+        >>> table_format_at("s3://bucket/t/metadata/v3.metadata.json"), table_format_at("s3://b/t")
+        ('iceberg', None)
+    """
+    local = path.removeprefix("file://") if "://" not in path.removeprefix("file://") else ""
+    if path.endswith(".metadata.json"):
+        return "iceberg"
+    if local and os.path.isdir(os.path.join(local, "_delta_log")):
+        return "delta"
+    if local and os.path.isdir(os.path.join(local, "metadata")):
+        return "iceberg"
+    return None
 
 
 def _as_path_list(source: object) -> list[str]:

@@ -4,7 +4,7 @@ A footer records, per row group and leaf column, how many values are stored, how
 are null, and the smallest and largest value. Everything tabloader learns from them is
 read here, once: the loader's null check (`Source.null_flags`), the dtype check of
 values at construction (`Source.value_ranges`), the ids an embedding table needs
-(`tabloader.columns.id_ranges`) and ``tabloader inspect``'s null counts all start from
+(`tabloader.embeddings.id_ranges`) and ``tabloader inspect``'s null counts all start from
 `ColumnStats`, one per partition, built by `column_stats`.
 
 A footer also says which column chunks are encrypted (parquet's modular encryption).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -65,9 +66,12 @@ def fsspec_options(properties: dict[str, str]) -> dict[str, Any]:
 
 
 def static_table(location: str) -> Any:
-    """The pyiceberg ``StaticTable`` of a metadata file (or of a table directory whose
-    ``metadata/version-hint.text`` names it), with tabloader's errors for metadata that
-    is missing or that pyiceberg cannot parse."""
+    """The pyiceberg ``StaticTable`` of a metadata file, or of a local table directory (the
+    metadata file its ``metadata/version-hint.text`` names, else the one with the highest
+    version number), with tabloader's errors for metadata that is missing or that
+    pyiceberg cannot parse."""
+    if not location.endswith(".metadata.json") and "://" not in location:
+        location = _newest_metadata(location)
     pyiceberg = import_pyiceberg()
     from pyiceberg.table import StaticTable
 
@@ -90,6 +94,23 @@ def static_table(location: str) -> Any:
             "any commit by a current Iceberg writer (Spark, Trino, pyiceberg) writes "
             "metadata that reads"
         ) from None
+
+
+def _newest_metadata(table_directory: str) -> str:
+    """The metadata file of an Iceberg table directory with the highest version number."""
+    folder = os.path.join(table_directory, "metadata")
+    hint = os.path.join(folder, "version-hint.text")
+    if os.path.isfile(hint):
+        return table_directory  # pyiceberg follows the hint itself
+    names = [n for n in os.listdir(folder) if n.endswith(".metadata.json")]
+    if not names:
+        raise SourceNotFoundError(f"{folder} holds no *.metadata.json file")
+
+    def number(name: str) -> int:
+        digits = re.match(r"v?(\d+)", name)
+        return int(digits[1]) if digits else -1
+
+    return os.path.join(folder, max(names, key=lambda n: (number(n), n)))
 
 
 def local_path(uri: str) -> str | None:
