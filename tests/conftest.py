@@ -14,10 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import settings
 
 import tabloader
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Property tests check arithmetic, not speed (benchmarks/ measures that): no deadline, so
+# that a loaded machine's slow first example (imports, a cold cache) is not a failure.
+settings.register_profile("tabloader", deadline=None)
+settings.load_profile("tabloader")
 # Loaders given no device default to the GPU where one is usable; the suite's numpy-based
 # checks need host arrays, so its default is the CPU (GPU tests pass device="cuda").
 os.environ.setdefault("TABLOADER_DEVICE", "cpu")

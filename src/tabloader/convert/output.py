@@ -199,13 +199,15 @@ class Destination:
                 for rel in reversed(moved_out):
                     _move(os.path.join(trash, rel), os.path.join(self.root, rel))
                 raise
-        shutil.rmtree(trash, ignore_errors=True)
-        for rel in self.previous:  # directories the previous set alone used
-            parent = os.path.dirname(rel)
-            while parent:
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.join(self.root, parent))
-                parent = os.path.dirname(parent)
+            # Still held: a SIGINT that waited is raised as the block ends, and would
+            # leave the previous files behind in a hidden directory.
+            shutil.rmtree(trash, ignore_errors=True)
+            for rel in self.previous:  # directories the previous set alone used
+                parent = os.path.dirname(rel)
+                while parent:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(self.root, parent))
+                    parent = os.path.dirname(parent)
 
     def discard(self) -> None:
         """Remove the staging directory (a SIGINT waits: it would leave half of it)."""
