@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.batches import Block, Layout, cut_batches
+from tabloader.hostmem import BufferPool, PooledNumpy
 
 XP = PooledNumpy(BufferPool())
 I8, F4 = np.dtype("int64"), np.dtype("float32")
@@ -73,65 +73,3 @@ def test_indexed_parts_deliver_whole_rows_in_index_order(sizes, batch_size, seed
     for b in batches:
         np.testing.assert_array_equal(b["b"], b["a"] * 2)
         assert not np.shares_memory(b["a"], parts[0][0]["int64"])
-
-
-def test_pooled_memory_is_reused_only_once_free():
-    pool = BufferPool()
-    a = pool.empty((1 << 18,), "int64")
-    a[:] = 7
-    b = pool.empty((1 << 18,), "int64")
-    assert not np.shares_memory(a, b)  # a is still in use
-    view = a[10:20]
-    del a
-    c = pool.empty((1 << 18,), "int64")
-    assert not np.shares_memory(view, c)  # a view keeps the buffer lent
-    assert (view == 7).all()
-    del view, b, c
-    d = pool.empty((1 << 18,), "int64")
-    assert d.ctypes.data % 64 == 0
-    assert pool.idle_bytes() >= 1 << 21
-    del d
-
-
-def test_pooled_memory_is_bounded_by_what_is_lent_at_once():
-    # Requests of varying sizes, a few lent at a time (chunks and carried rows differ
-    # from one chunk to the next): the pool must not keep a buffer for every size seen.
-    pool = BufferPool()
-    rng = np.random.default_rng(0)
-    lent: list[np.ndarray] = []
-    most = 0
-    for _ in range(300):
-        lent.append(pool.empty((int(rng.integers(1 << 17, 1 << 20)),), "int64"))
-        if len(lent) > 3:
-            lent.pop(0)
-        most = max(most, sum(a.nbytes for a in lent))
-    # A lent buffer may be up to twice its request; in practice the pool stays near
-    # the memory in use (an unbounded one kept 2.7-3.9 times as much here).
-    assert pool.pooled_bytes() <= 2 * most
-    del lent
-    assert pool.idle_bytes() == pool.pooled_bytes()
-
-
-def test_pooled_memory_lets_go_of_a_buffer_it_no_longer_lends():
-    # Two chunks in flight as a rule, three at a rare moment: the third chunk's buffer
-    # is released once the pool has gone on without it, rather than kept for good.
-    pool = BufferPool()
-    chunk = (1 << 20,)  # 8 MiB of int64
-    lent = [pool.empty(chunk, "int64") for _ in range(3)]
-    assert pool.pooled_bytes() == 3 * (8 << 20)
-    del lent[1:]
-    for _ in range(40):
-        lent.append(pool.empty(chunk, "int64"))
-        lent.pop(0)
-    assert pool.pooled_bytes() == 2 * (8 << 20)
-    # Buffers in use all along are kept.
-    del lent
-    assert pool.idle_bytes() == pool.pooled_bytes() == 2 * (8 << 20)
-
-
-def test_pooled_memory_is_mapped_in_ahead_and_page_aligned():
-    pool = BufferPool()
-    a = pool.empty((3, 1 << 17), "float32")
-    assert a.ctypes.data % 4096 == 0 and a.flags.writeable and a.shape == (3, 1 << 17)
-    a[:] = 1.5
-    assert float(a.sum()) == 1.5 * 3 * (1 << 17)

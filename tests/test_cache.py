@@ -829,8 +829,8 @@ def test_the_cache_benchmark_cases_write_the_cache_then_read_only_it(tmp_path, m
 def test_cache_files_are_valid_npy_whatever_the_size_and_alignment(tmp_path, rows, aligned):
     # Page-aligned arrays of full pages are written directly where the system allows;
     # the rest (the tail, unaligned arrays) through the page cache: the file is the same.
-    from tabloader.backends.cpu import populated_empty
     from tabloader.cache import write_npy
+    from tabloader.hostmem import populated_empty
 
     values = np.arange(rows * 3, dtype=np.int64).reshape(rows, 3) * 7 - 5
     if aligned:

@@ -280,7 +280,7 @@ def test_free_device_memory_counts_only_what_the_driver_has_free():
     import cupy
     import rmm
 
-    from tabloader.backends.gpu import free_device_memory
+    from tabloader.memory import free_device_memory
 
     pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=2**24)
     rmm.mr.set_per_device_resource(0, rmm.mr.StatisticsResourceAdaptor(pool))

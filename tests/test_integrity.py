@@ -843,7 +843,7 @@ FILE_LIMIT = """
 import resource, signal, sys, warnings
 import numpy as np
 from pathlib import Path
-from tabloader.backends.cpu import populated_empty
+from tabloader.hostmem import populated_empty
 from tabloader.cache.store import write_npy
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))

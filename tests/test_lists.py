@@ -486,7 +486,7 @@ LISTS = st.lists(st.one_of(st.none(), st.lists(st.integers(-5, 5), max_size=6)),
 
 
 def ragged_of(rows: list[list[int] | None]) -> Any:
-    from tabloader.backends.cpu import list_column_to_ragged
+    from tabloader.decode.host import list_column_to_ragged
 
     return list_column_to_ragged(pa.array(rows, pa.list_(pa.int64())), "g", None, "here")
 

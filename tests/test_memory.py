@@ -7,7 +7,6 @@ loader's pool) does not hide another's growth.
 from __future__ import annotations
 
 import gc
-import itertools
 import json
 import os
 import subprocess
@@ -147,7 +146,7 @@ def test_arrow_memory_is_given_back_when_an_epoch_ends(tmp_path):
 def test_a_slow_consumer_holds_two_shuffled_chunks_not_three(tmp_path):
     # Batches are views of their chunk. The reader lays out the next chunk only once the
     # one before the last is let go: prefetch=1 means the chunk being cut and one more.
-    from tabloader.backends.cpu import _size_class
+    from tabloader.hostmem import _size_class
 
     paths = _write(tmp_path / "data", 1)
     loader = tabloader.Loader(
@@ -264,59 +263,3 @@ def test_torch_tensors_wrap_the_gathered_blocks():
         assert x_cat.is_contiguous() and x_cat.shape == (len(y), 2)
         assert torch.equal(x_cat, torch.from_numpy(batch["cats"]))
         assert torch.equal(x_cat[:, 1], 2 * x_cat[:, 0])
-
-
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="pages mapped in by madvise(2) on Linux")
-def test_a_lazily_mapped_array_takes_memory_as_each_part_is_mapped_in():
-    from tabloader.backends.cpu import map_in, populated_empty
-
-    array = populated_empty(((64 << 20) // 8,), "int64", populate=False)
-    before = _resident_bytes()
-    if not map_in(array[: len(array) // 2]):
-        pytest.skip("this kernel does not map pages in ahead (MADV_POPULATE_WRITE)")
-    grown = _resident_bytes() - before
-    assert 30 << 20 <= grown <= 40 << 20  # half of the 64 MiB, not all of it
-    with pytest.raises(ValueError, match="contiguous"):
-        map_in(array.reshape(-1, 2)[:, 0])
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="pages mapped in by madvise(2) on Linux")
-def test_mapping_memory_in_lets_the_other_threads_run():
-    """Mapping in a cache's gigabyte took a quarter of a second: with the GIL held
-    (``mmap.madvise``), every other thread of the loader stood still meanwhile."""
-    from tabloader.backends.cpu import map_in, populated_empty
-
-    array = populated_empty(((512 << 20) // 8,), "int64", populate=False)
-    stamps = np.zeros(1 << 22)  # written in place: the thread allocates nothing meanwhile
-    stop = threading.Event()
-
-    def spin() -> None:
-        for i in range(len(stamps)):
-            if stop.is_set():
-                return
-            stamps[i] = time.perf_counter()
-
-    thread = threading.Thread(target=spin)
-    thread.start()
-    try:
-        time.sleep(0.05)
-        started = time.perf_counter()
-        mapped = map_in(array)
-        ended = time.perf_counter()
-    finally:
-        stop.set()
-        thread.join()
-    if not mapped:
-        pytest.skip("this kernel does not map pages in ahead (MADV_POPULATE_WRITE)")
-    # The other thread ran all along, not only between the switches of the GIL around
-    # the call: no pause in its stamps as long as half of the call.
-    during = [started, *stamps[(stamps > started) & (stamps < ended)].tolist(), ended]
-    longest = max(b - a for a, b in itertools.pairwise(during))
-    assert longest < (ended - started) / 2, (
-        f"{longest:.3f} s without Python in {ended - started:.3f} s"
-    )

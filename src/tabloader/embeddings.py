@@ -313,33 +313,34 @@ def _read_ranges_cpu(dataset: Partitioned, name: str, partitions: list[int]) -> 
 def _read_ranges_gpu(
     dataset: Partitioned, name: str, partitions: list[int], device: Device
 ) -> list[_Span]:
-    """Read the partitions' column with cudf, one read per file, and find each partition's
-    extremes with cupy: a few numbers per partition cross to the host, never the column."""
-    import contextlib
-
+    """Read the partitions' column on the GPU, one read per file (the GPU backend's
+    reader, `tabloader.decode.gpu.DeviceReader`), and find each partition's extremes with
+    cupy: a few numbers per partition cross to the host, never the column."""
     from tabloader._deps import import_gpu
+    from tabloader.decode.gpu import DeviceReader, plan_read
 
     cudf, cupy, index = import_gpu(device.index)
     lists = is_list_type(dataset.column_types([name])[name])
     layout = dataset.parquet_layout()
     assert layout is not None  # parquet files, checked by the caller
-    part_file, part_row_group, rows = layout
+    rows = layout[2]
     by_file: dict[int, list[int]] = {}
     for p in partitions:
-        by_file.setdefault(int(part_file[p]), []).append(p)
+        by_file.setdefault(int(layout[0][p]), []).append(p)
+    reader = DeviceReader(cudf, cupy, index)
     spans: list[_Span] = []
     with cupy.cuda.Device(index):
         for f, parts in by_file.items():
-            groups = [int(part_row_group[p]) for p in parts]
-            with contextlib.ExitStack() as opened:
-                local = dataset.local_paths([f])
-                path: Any = local[0] if local is not None else None
-                if local is None:
-                    path = opened.enter_context(dataset.open_row_groups(f, groups, [name]))
-                frame = cudf.read_parquet(
-                    [path], columns=[name], row_groups=[groups], use_pandas_metadata=False
-                )
-            series = frame[name]
+            constants = dataset.file_columns(f, [name]).constants
+            if name in constants:  # a partition key, or a column the file predates
+                value = constants[name]
+                spans += [] if value is None else [(p, int(value), int(value)) for p in parts]
+                continue
+            read = plan_read([(p, 0, int(rows[p])) for p in parts], *layout)
+            # (read as a list column: cudf's Series, whatever the column holds)
+            (frame,), _ = reader.read_row_groups(dataset, read, [name], {name})
+            series = frame[name].series
+            parts = read.partitions[0]
             lengths = [int(rows[p]) for p in parts]
             if lists:  # the ids inside each partition's lists
                 counts = series.list.len().fillna(0).values

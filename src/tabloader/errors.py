@@ -121,3 +121,25 @@ class CacheWarning(PerformanceWarning):
 
     The loader then streams from the files, which is correct but slower.
     """
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a GPU allocation failure from cudf, rmm, cupy or CUDA.
+
+    rmm and cudf raise ``MemoryError`` (``std::bad_alloc: out_of_memory``), cupy its
+    ``OutOfMemoryError`` (a ``MemoryError``); some CUDA paths raise ``RuntimeError``.
+
+    Examples:
+        >>> is_out_of_memory(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
+        True
+        >>> is_out_of_memory(RuntimeError("cudaErrorMemoryAllocation out of memory"))
+        True
+        >>> is_out_of_memory(ValueError("bad value"))
+        False
+    """
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in text or "out_of_memory" in text or "memoryallocation" in text
+    )

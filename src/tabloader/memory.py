@@ -3,8 +3,9 @@
 64-byte aligned buffers, and handing Arrow's cached memory back when an epoch ends.
 
 Rows per chunk from a fraction of *free* GPU memory (the GPU backend's sizing) are
-`tabloader.backends.gpu.chunk_rows_for_fraction`; `chunk_rows_for` sizes
-chunks from a fraction of *total* memory, as NVTabular's ``buffer_size`` does.
+`chunk_rows_for_fraction` (`free_device_memory`: what the driver says is free);
+`chunk_rows_for` sizes chunks from a fraction of *total* memory, as NVTabular's
+``buffer_size`` does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ __all__ = [
     "aligned_rows",
     "chunk_rows_for",
     "chunk_rows_for_buffer",
+    "chunk_rows_for_device",
+    "chunk_rows_for_fraction",
+    "free_device_memory",
     "gpu_total_mb",
     "memory_limit_mb",
     "release_arrow_memory",
@@ -160,6 +164,70 @@ def gpu_total_mb(index: int) -> float | None:
         return float(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / 2**20
     except Exception:
         return None
+
+
+def free_device_memory(device: int | None = None) -> int:
+    """Bytes another allocation on ``device`` (None: the current device) can count on: the
+    free memory the driver reports.
+
+    Memory pools hold unused memory (cupy's, rmm's, the framework's), but only their own
+    allocations can use it, and only where its blocks are large enough and free on the
+    allocating stream: it is not counted.
+    """
+    _, cupy, device = _deps.import_gpu(device)
+    with cupy.cuda.Device(device):
+        free, _total = cupy.cuda.runtime.memGetInfo()
+    return int(free)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def chunk_rows_for_fraction(
+    fraction: float, free_bytes: int, row_bytes: int, batch_size: int
+) -> int:
+    """Rows per chunk so that one chunk takes about ``fraction`` of ``free_bytes``.
+
+    The result is a whole number of batches, and at least one batch. The loader holds
+    about ``prefetch + 2`` chunks at once (see ``docs/gpu.md``), so the memory it uses
+    is about ``(prefetch + 2) * fraction`` of the free memory: 0.1 with the default
+    ``prefetch=1`` uses about 30%.
+
+    Args:
+        fraction: Share of the free memory one chunk may take, in (0, 1] (the Keras
+            loader's ``buffer_size``).
+        free_bytes: Free device memory (`free_device_memory`).
+        row_bytes: Bytes per delivered row (the sum of the delivered dtypes' sizes).
+        batch_size: Rows per batch.
+
+    Examples:
+        >>> chunk_rows_for_fraction(0.1, 16 * 2**30, 160, 65536)
+        10682368
+        >>> chunk_rows_for_fraction(0.1, 2**20, 160, 65536)  # less than a batch fits: one batch
+        65536
+    """
+    if not _is_number(fraction) or not 0 < fraction <= 1:
+        raise InvalidArgumentError(
+            f"buffer_size (the share of free GPU memory one chunk may take) must be a "
+            f"number in (0, 1], got {fraction!r}; for example 0.1"
+        )
+    for name, value, least in (
+        ("free_bytes", free_bytes, 0),
+        ("row_bytes", row_bytes, 1),
+        ("batch_size", batch_size, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise InvalidArgumentError(f"{name} must be an integer >= {least}, got {value!r}")
+    rows = int(float(fraction) * int(free_bytes)) // int(row_bytes)
+    return max(rows // batch_size, 1) * int(batch_size)
+
+
+def chunk_rows_for_device(
+    fraction: float, *, row_bytes: int, batch_size: int, device: int | None = None
+) -> int:
+    """`chunk_rows_for_fraction` of the memory free on ``device`` right now."""
+    return chunk_rows_for_fraction(fraction, free_device_memory(device), row_bytes, batch_size)
 
 
 def address(array: Any) -> int:

@@ -46,15 +46,15 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from tabloader.batches import cut_batches, detached
 from tabloader.errors import TabloaderError
 
 if TYPE_CHECKING:
-    from tabloader.backends import Backend
     from tabloader.batches import Block, Layout, Part
     from tabloader.dataset import Dataset
     from tabloader.plan import EpochPlan
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BATCH_QUEUE_DEPTH",
     "GATHER_THREADS",
+    "Backend",
     "LOADER_THREADS",
     "Prefetcher",
     "ReadRequest",
@@ -426,6 +427,37 @@ class ReadRequest:
     """Set while the consumer of the chunks waits for one (see ``Backend.read_chunks``)."""
     threads: Threads = Threads(1)
     """How many threads each stage may run (the loader's, sized once)."""
+
+
+class Backend(Protocol):
+    """What the stages need from an array backend (`tabloader.backends`): the reader's
+    ``read_chunks`` and the array namespace the batcher cuts batches with."""
+
+    name: str
+    xp: Any
+    groups_columns: bool
+    """Whether the ``"columns"`` layout keeps columns of one dtype in one block
+    (see `Layout.build`)."""
+
+    def scope(self) -> AbstractContextManager[None]:
+        """Set up the calling thread to work with this backend's arrays (a GPU backend's
+        device, stream and allocator), for as long as the block runs."""
+        ...
+
+    def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        """Read the plan's chunks in turn, each block cast to its dtype.
+
+        Unshuffled, a chunk is one part per piece, its rows in stored order (zero-copy
+        where the layout allows). Shuffled, it is parts that deliver the chunk's rows in
+        [`EpochPlan.batch_order`][tabloader.plan.EpochPlan.batch_order]: reordered
+        up front, or gathered batch by batch through an index.
+
+        A backend whose batches are views of their chunk (the CPU's, shuffled) holds
+        at most ``chunks_ahead`` chunks besides the one being cut, waiting for an older
+        chunk to be let go before laying out a new one, unless ``consumer_waiting`` says
+        the consumer has run out (it keeps batches, so the old chunk stays).
+        """
+        ...
 
 
 def decode_ahead(

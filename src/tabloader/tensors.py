@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tabloader import _deps
-from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.backends.gpu_memory import ConsumerFence, HostFence, MarkerFence, StreamFence
 from tabloader.batches import host_int
 from tabloader.device import Device
 from tabloader.errors import InvalidArgumentError
+from tabloader.hostmem import BufferPool, PooledNumpy
 from tabloader.memory import ALIGN, address, aligned_columns, aligned_rows
 
 if TYPE_CHECKING:

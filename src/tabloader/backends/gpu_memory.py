@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from tabloader.errors import GPUMemoryError, InvalidArgumentError
+from tabloader.errors import GPUMemoryError, InvalidArgumentError, is_out_of_memory
 
 __all__ = [
     "DEFAULT_MEMORY_SHARE",
@@ -80,7 +80,6 @@ __all__ = [
     "StreamFence",
     "acquire_pool",
     "device_bytes_in_use",
-    "free_device_memory",
     "is_out_of_memory",
     "memory_budget",
     "memory_error_message",
@@ -446,28 +445,6 @@ def _leaves(arrays: Any) -> Iterator[Any]:
 # -- running out -------------------------------------------------------------------------------
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is a GPU allocation failure from cudf, rmm, cupy or CUDA.
-
-    rmm and cudf raise ``MemoryError`` (``std::bad_alloc: out_of_memory``), cupy its
-    ``OutOfMemoryError`` (a ``MemoryError``); some CUDA paths raise ``RuntimeError``.
-
-    Examples:
-        >>> is_out_of_memory(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
-        True
-        >>> is_out_of_memory(RuntimeError("cudaErrorMemoryAllocation out of memory"))
-        True
-        >>> is_out_of_memory(ValueError("bad value"))
-        False
-    """
-    if isinstance(error, MemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and (
-        "out of memory" in text or "out_of_memory" in text or "memoryallocation" in text
-    )
-
-
 def memory_error_message(error: BaseException, *, device: int, doing: str) -> str:
     """The [`GPUMemoryError`][tabloader.errors.GPUMemoryError] message: what failed, and
     how to make chunks smaller or the loader's share of the GPU larger."""
@@ -617,22 +594,6 @@ def device_bytes_in_use(rmm: Any, cupy: Any, device: int) -> int:
     with cupy.cuda.Device(device):
         free, total = cupy.cuda.runtime.memGetInfo()
     return int(total) - int(free)
-
-
-def free_device_memory(device: int | None = None) -> int:
-    """Bytes another allocation on ``device`` (None: the current device) can count on: the
-    free memory the driver reports.
-
-    Memory pools hold unused memory (cupy's, rmm's, the framework's), but only their own
-    allocations can use it, and only where its blocks are large enough and free on the
-    allocating stream: it is not counted.
-    """
-    from tabloader._deps import import_gpu
-
-    _, cupy, device = import_gpu(device)
-    with cupy.cuda.Device(device):
-        free, _total = cupy.cuda.runtime.memGetInfo()
-    return int(free)
 
 
 @contextlib.contextmanager

@@ -49,15 +49,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tabloader.backends.cpu import BufferPool, PooledNumpy
 from tabloader.batches import Ragged
 from tabloader.cache.serve import CacheBackend, CachedList, gather_list
 from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError
+from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
 from tabloader.stages import GATHER_THREADS, SplitWork, drawn_ahead, usable_cores
 
 if TYPE_CHECKING:
-    from numpy.typing import DTypeLike, NDArray
+    from numpy.typing import NDArray
 
     from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Part, Segment
@@ -69,7 +69,6 @@ __all__ = [
     "RESERVE_ENV",
     "CachePlacement",
     "DeviceCacheBackend",
-    "PinnedNumpy",
     "device_reserve",
     "device_share",
 ]
@@ -130,23 +129,6 @@ def device_reserve() -> float:
         "the share of the GPU's memory a decoded cache there leaves free for the training "
         "step; below it the cache moves to pinned host memory",
     )
-
-
-class PinnedNumpy(PooledNumpy):
-    """numpy, its new arrays in page-locked (pinned) host memory: copied to the device
-    asynchronously, at the bus's full speed."""
-
-    def __init__(self, cupy: Any) -> None:
-        super().__init__(BufferPool())
-        self.cupy = cupy
-
-    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape))
-        if count == 0:
-            return np.empty(shape, dtype)
-        memory = self.cupy.cuda.alloc_pinned_memory(count * dtype.itemsize)
-        return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
 class _HostSide:
@@ -428,7 +410,7 @@ class DeviceCacheBackend(CacheBackend):
         cache leaves the device), one column at a time: no block is on the device twice.
         None, with a warning, when the driver refuses the memory (a ``"device"``
         placement raises `GPUMemoryError` instead)."""
-        from tabloader.backends.gpu import is_out_of_memory, memory_error_message
+        from tabloader.backends.gpu_memory import is_out_of_memory, memory_error_message
 
         cupy = self.xp.cupy
         blocks = {b.name: b for b in self.cache.blocks}

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tabloader.backends.cpu import interleave, map_in, populated_empty
 from tabloader.cache import store as _store
 from tabloader.cache.device import CachePlacement, serving_backend
 from tabloader.cache.key import FORMAT, cache_key, digest, file_identities, lineage
@@ -41,7 +40,9 @@ from tabloader.cache.store import (
     shrunk,
     write_npy,
 )
+from tabloader.decode.host import interleave
 from tabloader.errors import CacheWarning, InvalidArgumentError
+from tabloader.hostmem import map_in, populated_empty
 from tabloader.plan import fixed_share
 
 if TYPE_CHECKING:

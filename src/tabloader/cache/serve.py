@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tabloader.backends.cpu import decode_pieces
 from tabloader.batches import Ragged, empty_segment, host_int, segment_rows
+from tabloader.decode.host import decode_pieces
 from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead
 
 if TYPE_CHECKING:
@@ -308,7 +308,11 @@ class CacheBackend:
         fill = made
         columns = [c for b in cache.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
-        decoded = decode_ahead(plan, partial(decode_pieces, request, columns=columns))
+        decode = partial(
+            decode_pieces, request.dataset, columns=columns, blocks=request.blocks,
+            fill_null=request.fill_null, stats=stats,
+        )  # fmt: skip
+        decoded = decode_ahead(plan, decode)
         work = SplitWork(request.threads.fill, name="tabloader-cache-fill")
         delivered = 0  # rows of the plan's delivery order handed on
 
@@ -334,9 +338,7 @@ class CacheBackend:
                     delivered += sum(segment_rows(segment) for segment, _ in parts)
                     yield parts
             missing = cache.missing_pieces(pieces)
-            for (p, a, _), piece in zip(
-                missing, decode_pieces(request, missing, columns), strict=True
-            ):
+            for (p, a, _), piece in zip(missing, decode(missing), strict=True):
                 fill.write(int(rows.base[p]) + a, piece, work)
             fill.complete(request.dataset)
             stats.cache_bytes = cache.nbytes

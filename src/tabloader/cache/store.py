@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tabloader.backends.cpu import interleave
 from tabloader.batches import column_width
+from tabloader.decode.host import interleave
 from tabloader.errors import InvalidArgumentError
 from tabloader.memory import address
 from tabloader.stages import usable_cores
