@@ -436,9 +436,9 @@ def test_a_published_cache_cut_short_while_served_is_dropped_not_a_crash(files, 
 
 
 def test_the_checksums_cover_every_segment(files, tmp_path, monkeypatch):
-    import tabloader.cache.store
+    import tabloader.cache.files
 
-    monkeypatch.setattr(tabloader.cache.store, "SEGMENT_BYTES", 512)
+    monkeypatch.setattr(tabloader.cache.files, "SEGMENT_BYTES", 512)
     directory = _publish(files, tmp_path / "c")
     manifest = json.loads((directory / MANIFEST).read_text())
     entry = manifest["files"][0]
@@ -844,7 +844,7 @@ import resource, signal, sys, warnings
 import numpy as np
 from pathlib import Path
 from tabloader.hostmem import populated_empty
-from tabloader.cache.store import write_npy
+from tabloader.cache.files import write_npy
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 array = populated_empty((1 << 18, 2), "int64")  # 4 MiB, page-aligned: written directly

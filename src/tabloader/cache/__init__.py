@@ -15,9 +15,12 @@ The parts:
 
 - `key`: what a cache is keyed by (the files' content-decided
   identities, the blocks, the share);
-- `store`: the files on disk (private, checksummed, published by
-  one rename, cleaned up by owner record);
+- `files`: the files on disk (private, ``.npy``, checksummed);
+- `store`: the directory of disk caches (one per key, published by one rename, cleaned
+  up by owner record);
+- `fill`: filling a cache from an epoch, and publishing it;
 - `serve`: gathering an epoch's batches from the cached rows;
+- `device`: a GPU loader's cache, placed in GPU or pinned host memory;
 - `policy`: `DecodedCache`, which decides each epoch
   between memory, disk and streaming.
 
@@ -31,10 +34,12 @@ Examples:
     ([[0.5, 1.5], [2.5, 3.5]], True)
 """
 
+from tabloader.cache.files import CacheFiles, FileSpec, write_npy
+from tabloader.cache.fill import CachedList, Fill
 from tabloader.cache.key import FORMAT, cache_key, file_identities
-from tabloader.cache.policy import CacheMode, DecodedCache, Fill, cache_directory
-from tabloader.cache.serve import CacheBackend, CachedList, take_transposed
-from tabloader.cache.store import MANIFEST, CacheFiles, FileSpec, write_npy
+from tabloader.cache.policy import CacheMode, DecodedCache, cache_directory
+from tabloader.cache.serve import CacheBackend, take_transposed
+from tabloader.cache.store import MANIFEST
 
 __all__ = [
     "FORMAT",

@@ -42,15 +42,16 @@ import contextlib
 import os
 import warnings
 from collections import deque
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from tabloader.batches import Ragged
-from tabloader.cache.serve import CacheBackend, CachedList, gather_list
+from tabloader.cache.fill import CachedList
+from tabloader.cache.serve import CacheBackend, CacheHandle, gather_list
 from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError
 from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
@@ -59,9 +60,8 @@ from tabloader.stages import GATHER_THREADS, SplitWork, drawn_ahead, usable_core
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Part, Segment
-    from tabloader.cache.policy import DecodedCache
+    from tabloader.stages import Backend, ReadRequest
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -69,6 +69,8 @@ __all__ = [
     "RESERVE_ENV",
     "CachePlacement",
     "DeviceCacheBackend",
+    "DeviceCacheHandle",
+    "Placements",
     "device_reserve",
     "device_share",
 ]
@@ -158,12 +160,105 @@ class _Placed:
         return self.where == "device"
 
 
+class Placements:
+    """The complete cache placed for each GPU (device index -> its arrays, and where they
+    live): kept by the cache across epochs, written by the epochs served from it."""
+
+    def __init__(self) -> None:
+        self._placed: dict[int, _Placed] = {}
+
+    def get(self, device: int) -> _Placed | None:
+        return self._placed.get(device)
+
+    def put(self, device: int, placed: _Placed) -> None:
+        self._placed[device] = placed
+
+    def clear(self) -> None:
+        """Let go of every copy (their memory goes back once no window is gathered from it)."""
+        self._placed = {}
+
+
+class DeviceCacheHandle(CacheHandle, Protocol):
+    """What a GPU loader's epoch asks of the cache besides `CacheHandle`'s: whether its rows
+    are complete, and its copies placed for each GPU."""
+
+    placements: Placements
+
+    @property
+    def complete(self) -> bool:
+        """Whether every row is cached."""
+        ...
+
+
+class _Copies:
+    """Host arrays copied to the device asynchronously, on the reader's stream: each
+    copy's host memory is kept alive until the copy is done, and at most
+    `_COPIES_IN_FLIGHT` copies are waited for before the next starts."""
+
+    def __init__(self, xp: Any, layout_blocks: Sequence[Block]) -> None:
+        self.xp = xp
+        self._blocks = {b.name: b for b in layout_blocks}
+        self._pending: deque[tuple[Any, Any]] = deque()  # (event, host array being copied)
+
+    def block(self, host: NDArray[Any], block: Block | None) -> Any:
+        """A block on the device, laid out as a streamed chunk's (column-major where
+        ``block`` is)."""
+        cupy = self.xp.cupy
+        if _by_column(host, block):
+            # gathered row by row on the host: made column-major on the device, as
+            # streamed chunks are, one column copied at a time
+            out = cupy.empty((host.shape[1], host.shape[0]), dtype=host.dtype)
+            for j in range(host.shape[1]):
+                self.array(host[:, j], out=out[j])
+            return out.T
+        return self.array(host)
+
+    def array(self, host: NDArray[Any], out: Any = None) -> Any:
+        """``host`` on the device (in ``out``, or new memory): an asynchronous copy on the
+        reader's stream (pinned memory is kept alive until its copy is done)."""
+        cupy, stream = self.xp.cupy, self.xp.reader_stream
+        host = np.ascontiguousarray(host)
+        if out is None:
+            out = cupy.empty(host.shape, dtype=host.dtype)
+        out.set(host, stream=stream)
+        self._pending.append((stream.record(), host))
+        while self._pending:  # let go of the copies done; wait only when too many are not
+            event = self._pending[0][0]
+            if not event.done:
+                if len(self._pending) <= _COPIES_IN_FLIGHT:
+                    break
+                event.synchronize()
+            self._pending.popleft()
+        return out
+
+    def part(self, part: Part) -> Part:
+        """A part gathered on the host, on the device (laid out as the layout's blocks)."""
+        segment, index = part
+        moved: Segment = {}
+        for name, array in segment.items():
+            if _is_device(array):
+                moved[name] = array
+            elif isinstance(array, Ragged):
+                moved[name] = Ragged(
+                    self.array(np.asarray(array.values)),
+                    self.array(np.asarray(array.offsets)),
+                    None if array.rows is None else self.array(np.asarray(array.rows)),
+                )
+            else:
+                moved[name] = self.block(np.asarray(array), self._blocks.get(name))
+        if index is not None and not _is_device(index):
+            index = self.array(np.asarray(index))
+        return moved, index
+
+
 class DeviceCacheBackend(CacheBackend):
     """A GPU loader's backend for one epoch through the cache (see the module's text)."""
 
+    cache: DeviceCacheHandle
+
     def __init__(
         self,
-        cache: DecodedCache,
+        cache: DeviceCacheHandle,
         backend: Backend,
         *,
         write: bool,
@@ -173,7 +268,7 @@ class DeviceCacheBackend(CacheBackend):
         super().__init__(cache, backend, write=write)
         self.placement = placement
         self.stats = stats
-        self._copies: deque[tuple[Any, Any]] = deque()  # (event, host arrays being copied)
+        self._copies = _Copies(self.xp, cache.rows.layout.blocks)
         self._work = SplitWork(min(GATHER_THREADS, usable_cores()), name="tabloader-gather")
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
@@ -187,8 +282,8 @@ class DeviceCacheBackend(CacheBackend):
             if self.write:
                 host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
                 for parts in host.read_chunks(request):
-                    yield [self._upload(part) for part in parts]
-                if self.cache.arrays is not None:
+                    yield [self._copies.part(part) for part in parts]
+                if self.cache.complete:
                     self._placed()
                 return
             yield from self._serve(self._placed(), request.plan)
@@ -261,7 +356,7 @@ class DeviceCacheBackend(CacheBackend):
             first = int(rows.base[pieces[0][0]]) + pieces[0][1] if pieces else 0
             n = sum(b - a for _, a, b in pieces)
             view = (rows.view(placed.arrays, first, first + n), None)
-            yield [view if placed.on_device else self._upload(view)]
+            yield [view if placed.on_device else self._copies.part(view)]
             return None
         if begins is None:
             begins = plan.rows_before(chunk)
@@ -309,7 +404,7 @@ class DeviceCacheBackend(CacheBackend):
         per block), or on the host by a few threads into pinned memory and copied in."""
         if placed.on_device:
             index = self.xp.cupy.asarray(rows)  # one copy a window, on the reader's stream
-            blocks = {b.name: b for b in self.cache.blocks}
+            blocks = {b.name: b for b in self.cache.rows.blocks}
             segment: Segment = {
                 name: gather_list(a, index)
                 if isinstance(a, CachedList)
@@ -332,7 +427,7 @@ class DeviceCacheBackend(CacheBackend):
                 job = partial(np.take, a, rows[share], axis=0, out=out[share], mode="clip")
                 jobs.append((share.stop - share.start, job))
         self._work.run(jobs)
-        return self._upload((gathered, None))
+        return self._copies.part((gathered, None))
 
     def _take(self, array: Any, index: Any, block: Block | None) -> Any:
         """``array[index]`` on the device, laid out as a streamed chunk's block: each
@@ -346,19 +441,17 @@ class DeviceCacheBackend(CacheBackend):
     def _placed(self) -> _Placed:
         """The complete cache placed for this device, once per cache and device (and
         again in pinned memory if the device's memory grew short, see `_give_way`)."""
-        cache = self.cache
-        device = self.xp.device
-        placed: _Placed | None = cache.placed.get(device)
+        placed = self.cache.placements.get(self.xp.device)
         if placed is not None and placed.on_device and self._short_of_memory():
             placed = self._give_way()
         if placed is None:
-            assert cache.arrays is not None
-            arrays = self._to_device(cache.arrays) if self._fits_on_device() else None
+            served = self.cache.served()
+            arrays = self._to_device(served) if self._fits_on_device() else None
             if arrays is None:
-                placed = _Placed(self._to_pinned(cache.arrays), "pinned host")
+                placed = _Placed(self._to_pinned(served), "pinned host")
             else:
                 placed = _Placed(arrays, "device")
-            cache.placed[device] = placed
+            self.cache.placements.put(self.xp.device, placed)
         self.stats.cache_placement = placed.where
         return placed
 
@@ -386,8 +479,6 @@ class DeviceCacheBackend(CacheBackend):
     def _give_way(self) -> _Placed:
         """Move the cache from GPU memory to pinned host memory, with a warning; its GPU
         memory goes back to the driver once the windows gathered from it are done."""
-        cache = self.cache
-        assert cache.arrays is not None
         free, total = self._memory()
         warnings.warn(
             f"the GPU's free memory fell to {free:,} bytes, below the {device_reserve():.0%} "
@@ -398,8 +489,8 @@ class DeviceCacheBackend(CacheBackend):
             CacheWarning,
             stacklevel=2,
         )
-        placed = _Placed(self._to_pinned(cache.arrays), "pinned host")
-        cache.placed[self.xp.device] = placed
+        placed = _Placed(self._to_pinned(self.cache.served()), "pinned host")
+        self.cache.placements.put(self.xp.device, placed)
         self.stats.cache_placement = placed.where
         return placed
 
@@ -413,16 +504,16 @@ class DeviceCacheBackend(CacheBackend):
         from tabloader.backends.gpu_memory import is_out_of_memory, memory_error_message
 
         cupy = self.xp.cupy
-        blocks = {b.name: b for b in self.cache.blocks}
+        blocks = {b.name: b for b in self.cache.rows.blocks}
         out: dict[str, Any] = {}
         try:
             with cupy.cuda.using_allocator(None):  # cudaMalloc, cudaFree: the driver's
                 for name, array in arrays.items():
                     if isinstance(array, CachedList):
-                        values, spans = self._copy_in(array.values), self._copy_in(array.spans)
-                        out[name] = CachedList(values, spans)
+                        copy = self._copies.array
+                        out[name] = CachedList(copy(array.values), copy(array.spans))
                     else:
-                        out[name] = self._block_to_device(np.asarray(array), blocks[name])
+                        out[name] = self._copies.block(np.asarray(array), blocks[name])
         except Exception as err:
             if not is_out_of_memory(err):
                 raise
@@ -461,62 +552,11 @@ class DeviceCacheBackend(CacheBackend):
                 out[name] = array
         return out
 
-    # -- host arrays to the device -------------------------------------------------------
 
-    def _block_to_device(self, host: NDArray[Any], block: Block | None) -> Any:
-        cupy = self.xp.cupy
-        if _by_column(host, block):
-            # gathered row by row on the host: made column-major on the device, as
-            # streamed chunks are, one column copied at a time
-            out = cupy.empty((host.shape[1], host.shape[0]), dtype=host.dtype)
-            for j in range(host.shape[1]):
-                self._copy_in(host[:, j], out=out[j])
-            return out.T
-        return self._copy_in(host)
-
-    def _copy_in(self, host: NDArray[Any], out: Any = None) -> Any:
-        """``host`` on the device (in ``out``, or new memory): an asynchronous copy on the
-        reader's stream (pinned memory is kept alive until its copy is done)."""
-        cupy, stream = self.xp.cupy, self.xp.reader_stream
-        host = np.ascontiguousarray(host)
-        if out is None:
-            out = cupy.empty(host.shape, dtype=host.dtype)
-        out.set(host, stream=stream)
-        self._copies.append((stream.record(), host))
-        while self._copies:  # let go of the copies done; wait only when too many are not
-            event = self._copies[0][0]
-            if not event.done:
-                if len(self._copies) <= _COPIES_IN_FLIGHT:
-                    break
-                event.synchronize()
-            self._copies.popleft()
-        return out
-
-    def _upload(self, part: Part) -> Part:
-        """A part gathered on the host, on the device (laid out as the layout's blocks)."""
-        segment, index = part
-        blocks = {b.name: b for b in self.cache.layout.blocks}
-        moved: Segment = {}
-        for name, array in segment.items():
-            if _is_device(array):
-                moved[name] = array
-            elif isinstance(array, Ragged):
-                moved[name] = Ragged(
-                    self._copy_in(np.asarray(array.values)),
-                    self._copy_in(np.asarray(array.offsets)),
-                    None if array.rows is None else self._copy_in(np.asarray(array.rows)),
-                )
-            else:
-                moved[name] = self._block_to_device(np.asarray(array), blocks.get(name))
-        if index is not None and not _is_device(index):
-            index = self._copy_in(np.asarray(index))
-        return moved, index
-
-
-def window_rows(cache: DecodedCache, batch_size: int) -> int:
+def window_rows(cache: CacheHandle, batch_size: int) -> int:
     """Rows of ``cache`` gathered at once: whole batches, about `DEFAULT_CHUNK_BYTES` of
     them."""
-    row_bytes = max(1, cache.nbytes // max(1, cache.num_rows))
+    row_bytes = max(1, cache.nbytes // max(1, cache.rows.num_rows))
     return max(1, DEFAULT_CHUNK_BYTES // row_bytes // batch_size) * batch_size
 
 
@@ -539,7 +579,7 @@ def _pinned_copy(pinned: PinnedNumpy, array: Any) -> NDArray[Any]:
 
 
 def serving_backend(
-    cache: DecodedCache,
+    cache: DeviceCacheHandle,
     backend: Backend,
     *,
     write: bool,

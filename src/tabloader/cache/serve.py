@@ -9,66 +9,49 @@ served from a complete cache, or filled from the files while serving them (see
 cache left off.
 
 The code takes the array module ``xp`` (numpy here; cupy for a cache in GPU memory)
-and the cached arrays as values, so the same gathers can serve from either.
+and the cached arrays as values, so the same gathers can serve from either. What an
+epoch asks of the cache itself is `CacheHandle`: the policy's decisions stay the policy's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from tabloader.batches import Ragged, empty_segment, host_int, segment_rows
+from tabloader.cache.fill import CachedList, FillFailed
 from tabloader.decode.host import decode_pieces
 from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from tabloader.backends import Backend, ReadRequest
     from tabloader.batches import Block, Layout, Part, Segment
-    from tabloader.cache.policy import DecodedCache
+    from tabloader.cache.fill import Fill
+    from tabloader.dataset import Dataset
     from tabloader.plan import EpochPlan
+    from tabloader.sources.base import Piece
+    from tabloader.stages import Backend, ReadRequest
 
 __all__ = [
     "CacheBackend",
-    "CachedList",
+    "CacheHandle",
     "CachedRows",
-    "FillFailed",
     "gather_list",
+    "stream_rest",
     "take_transposed",
 ]
 
 TILE_ROWS = 2048
 """Rows gathered at a time by `take_transposed`: a tile of a wide block (26
 int64 columns: 416 KiB) stays in a core's L2 cache."""
-
-
-class FillFailed(Exception):
-    """Writing a cache being filled failed (the cause is ``__cause__``): the epoch goes on
-    streaming from the files."""
-
-
-@dataclass(frozen=True)
-class CachedList:
-    """A cached list column: row ``i`` is ``values[spans[i, 0]:spans[i, 1]]``.
-
-    The values are stored in the order they were decoded (the first epoch's), each row's
-    span pointing at its own, so a cache is filled piece by piece in any order.
-    """
-
-    values: Any
-    spans: Any
-    """``[rows, 2]`` int64: where each row's values start and stop."""
-
-    def __len__(self) -> int:
-        return int(self.spans.shape[0])
 
 
 def gather_list(cached: CachedList, rows: Any) -> Ragged:
@@ -108,14 +91,57 @@ class CachedRows:
         blocks: The stored blocks (one per kind, or one per column; list columns each
             a `CachedList`).
         layout: How batches are delivered.
-        base: Per partition, the cache row of its row 0 (-1 outside the rank's share):
-            row ``j`` of partition ``p`` is cache row ``base[p] + j``.
+        share: The rank's share, as ``(partitions, first rows, stop rows)`` in stored
+            order (`tabloader.plan.fixed_share`): the cache holds these rows, in order.
+        partitions: Partitions of the dataset.
     """
 
-    def __init__(self, blocks: tuple[Block, ...], layout: Layout, base: NDArray[np.int64]) -> None:
+    def __init__(
+        self,
+        blocks: tuple[Block, ...],
+        layout: Layout,
+        share: tuple[NDArray[Any], NDArray[np.int64], NDArray[np.int64]],
+        partitions: int,
+    ) -> None:
         self.blocks = blocks
         self.layout = layout
-        self.base = base
+        self.share = share
+        parts, starts, stops = share
+        lengths = stops - starts
+        offsets = np.cumsum(lengths) - lengths
+        self.num_rows = int(lengths.sum())
+        """Rows the cache holds."""
+        self.base = np.full(partitions, -1, dtype=np.int64)
+        """Per partition, the cache row of its row 0 (-1 outside the rank's share): row
+        ``j`` of partition ``p`` is cache row ``base[p] + j``."""
+        self.base[parts] = offsets - starts
+
+    def missing(self, written: Sequence[Piece]) -> list[Piece]:
+        """The share's rows not in ``written`` pieces, as ``(partition, start, stop)``.
+
+        An epoch leaves rows out with ``drop_last`` or when a worker process reads only
+        its part: the cache must hold them all the same.
+
+        Examples:
+            >>> rows = CachedRows((), None, (np.array([0, 2]), np.array([0, 5]),
+            ...                   np.array([10, 8])), partitions=3)
+            >>> rows.missing([(0, 2, 6), (2, 5, 8)])
+            [(0, 0, 2), (0, 6, 10)]
+        """
+        by_partition: dict[int, list[tuple[int, int]]] = {}
+        for p, a, b in written:
+            by_partition.setdefault(p, []).append((a, b))
+        missing = []
+        parts, starts, stops = self.share
+        for p, lo, hi in zip(parts.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            at = lo
+            for a, b in sorted(by_partition.get(p, [])):
+                if a > at:
+                    missing.append((p, at, a))
+                at = max(at, b)
+            if at < hi:
+                missing.append((p, at, hi))
+        return missing
 
     def delivery_rows(self, plan: EpochPlan, chunk: int, *, xp: Any = np, order: Any = None) -> Any:
         """The cache rows of chunk ``chunk`` of ``plan`` in delivery order, an array of
@@ -253,21 +279,32 @@ def take_transposed(stored: NDArray[Any], rows: NDArray[np.int64], out: NDArray[
         out[lo : lo + len(part)] = tile[: len(part)]
 
 
-def read_only(arrays: Mapping[str, Any]) -> dict[str, Any]:
-    """Read-only views: a batch that is a view of the cache cannot change it."""
-    views: dict[str, Any] = {}
-    for name, array in arrays.items():
-        if isinstance(array, CachedList):
-            views[name] = CachedList(_read_only(array.values), _read_only(array.spans))
-        else:
-            views[name] = _read_only(array)
-    return views
+class CacheHandle(Protocol):
+    """What an epoch through the cache asks of it (the `DecodedCache` that chose the
+    epoch's backend): where its rows live, the complete rows, a new `Fill` for an epoch
+    that writes them, and the verdicts such an epoch reaches: its rows complete (`adopt`)
+    or writing them failed (`refuse`)."""
 
+    rows: CachedRows
+    nbytes: int
+    """The cache's bytes (list columns' values counted once read)."""
 
-def _read_only(array: Any) -> Any:
-    view = array.view()
-    view.flags.writeable = False
-    return view
+    def served(self) -> dict[str, Any]:
+        """The complete cache, read-only."""
+        ...
+
+    def start_fill(self, dataset: Dataset) -> Fill | None:
+        """A new fill of the cache for an epoch over ``dataset``, or None (said) when its
+        files cannot be made."""
+        ...
+
+    def adopt(self, arrays: Mapping[str, Any]) -> None:
+        """Serve ``arrays`` (block name -> complete rows) from now on."""
+        ...
+
+    def refuse(self, reason: str, *, stacklevel: int = 2) -> None:
+        """Stop caching (every epoch streams from now on), and say why, once."""
+        ...
 
 
 class CacheBackend:
@@ -281,7 +318,7 @@ class CacheBackend:
     the epoch is streamed from the files, from the first row not delivered yet.
     """
 
-    def __init__(self, cache: DecodedCache, backend: Backend, *, write: bool) -> None:
+    def __init__(self, cache: CacheHandle, backend: Backend, *, write: bool) -> None:
         self.cache = cache
         self.backend = backend
         self.name = backend.name
@@ -301,12 +338,12 @@ class CacheBackend:
                 tasks = rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
                 yield from run_ahead(tasks, request.threads.gather)
             return
-        made = cache.start_fill(request)
+        made = cache.start_fill(request.dataset)
         if made is None:  # its files could not be made (said once): stream
             yield from self.backend.read_chunks(request)
             return
         fill = made
-        columns = [c for b in cache.blocks for c in b.columns]
+        columns = [c for b in rows.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
         decode = partial(
             decode_pieces, request.dataset, columns=columns, blocks=request.blocks,
@@ -337,10 +374,12 @@ class CacheBackend:
                 for parts in run_ahead(tasks, request.threads.gather):
                     delivered += sum(segment_rows(segment) for segment, _ in parts)
                     yield parts
-            missing = cache.missing_pieces(pieces)
+            missing = rows.missing(pieces)
             for (p, a, _), piece in zip(missing, decode(missing), strict=True):
                 fill.write(int(rows.base[p]) + a, piece, work)
-            fill.complete(request.dataset)
+            complete = fill.complete(request.dataset)
+            if complete is not None:
+                cache.adopt(complete)
             stats.cache_bytes = cache.nbytes
         except FillFailed as error:
             failure = error
