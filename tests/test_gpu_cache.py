@@ -360,9 +360,9 @@ def test_a_cached_epoch_is_gathered_in_whole_windows_across_chunks(tmp_path, mon
     joined: list[int] = []
     gather, concatenate = device_module.DeviceCacheBackend._gather, DeviceArrays.concatenate
 
-    def counted_gather(self, placed, rows):
+    def counted_gather(self, placed, rows, *helpers):
         gathered.append(len(rows))
-        return gather(self, placed, rows)
+        return gather(self, placed, rows, *helpers)
 
     def counted_concatenate(self, arrays, axis=0, out=None):
         joined.append(len(arrays))

@@ -3,15 +3,24 @@
 An epoch runs in these threads (the picture in docs/architecture.md, "The pipeline"),
 each a stage fed by the one before through a bounded queue:
 
-- **decoder** (`decode_ahead`): decodes the plan's pieces one ahead of the reader;
-- **order** (`drawn_ahead`): draws the next chunk's row order while the current
-  one is laid out or gathered;
-- **reader** (`chunks_ahead`): the backend's ``read_chunks``, laying out ``prefetch``
-  chunks ahead of the batcher, with `SplitWork` helpers taking a share of each
-  piece's columns (``tabloader-layout``, ``tabloader-cache-fill``), or, for an epoch
-  served from a decoded cache, `run_ahead`'s gather threads;
-- **batcher** (`batches_ahead`, `batch_stream`): cuts the chunks into batches, runs
-  the ``transform``, and keeps `BATCH_QUEUE_DEPTH` batches ready for the consumer.
+- **decoder** (`decode_ahead`, ``tabloader-decoder``): decodes the plan's pieces one
+  ahead of the reader;
+- **order** (`drawn_ahead`, ``tabloader-order``): draws the next chunk's row order (on
+  a GPU: plans its read) while the current one is laid out or gathered;
+- **reader** (`chunks_ahead`, ``tabloader-reader``): the backend's ``read_chunks``,
+  laying out ``prefetch`` chunks ahead of the batcher, with `SplitWork` helpers taking
+  a share of each step (``tabloader-layout``, ``tabloader-cache-fill``, a GPU cache's
+  ``tabloader-gather``), or, for an epoch served from a decoded cache, `run_ahead`'s
+  gather threads (``tabloader-gather``);
+- **batcher** (`batches_ahead`, `batch_stream`, ``tabloader-batcher``): cuts the chunks
+  into batches, runs the ``transform``, and keeps `BATCH_QUEUE_DEPTH` batches ready for
+  the consumer.
+
+Every way of reading (streamed on the CPU or a GPU, filling or served from a decoded
+cache) is a `Reading`: what its decoder, order thread, reader, helpers and gather
+threads each do; `read_in_stages` starts those threads and ends them. A decoded cache's
+files are checksummed by `map_on_threads` (``tabloader-checksum``) and written out by a
+thread of its own, `start_thread` (``tabloader-cache-writer``), which outlives the epoch.
 
 `Prefetcher` is the primitive every stage is built on: a producer in a daemon thread
 feeding a bounded queue. Decoding (pyarrow) and laying out (numpy, cupy) release the
@@ -38,8 +47,10 @@ sits below them in the package's layering.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -67,6 +78,7 @@ __all__ = [
     "LOADER_THREADS",
     "Prefetcher",
     "ReadRequest",
+    "Reading",
     "SplitWork",
     "Threads",
     "balanced_groups",
@@ -75,7 +87,10 @@ __all__ = [
     "chunks_ahead",
     "decode_ahead",
     "drawn_ahead",
+    "map_on_threads",
+    "read_in_stages",
     "run_ahead",
+    "start_thread",
     "thread_advice",
     "usable_cores",
 ]
@@ -86,6 +101,9 @@ GATHER_THREADS = 4
 """Most threads gathering a GPU cache's windows at once (the CPU's: `Threads`)."""
 
 T = TypeVar("T")
+D = TypeVar("D")
+Ord = TypeVar("Ord")
+R = TypeVar("R")
 
 _POLL_SECONDS = 0.05
 _JOIN_SECONDS = 30.0
@@ -501,6 +519,90 @@ def run_ahead(tasks: Iterator[Callable[[], list[Part]]], threads: int) -> Iterat
             yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Reading(Generic[D, Ord]):
+    """One way of reading an epoch's chunks, stage by stage; `read_in_stages` starts its
+    threads. Every path (streamed on the CPU or a GPU, filling or served from a decoded
+    cache, in GPU memory or pinned) is one of these:
+
+    - ``decode``: the decoder thread's work (`decode_ahead`): every piece of the plan,
+      one ahead of the reader (None: the reader reads by itself);
+    - ``order``: the order thread's work (`drawn_ahead`): each chunk's, one ahead of the
+      reader (None: drawn by the reader, on a GPU);
+    - ``lay_out``: the reader's work, given the decoded pieces, the orders and the
+      helpers: each chunk's parts, or (with ``gathers``) tasks that gather them;
+    - ``helpers``: threads of one step (`SplitWork`), the reader's own included, named
+      ``helper_name``;
+    - ``gathers``: threads running the reader's tasks ahead of the batcher (`run_ahead`;
+      0: none);
+    - ``finish``: the reader's work once every part is handed on, with the helpers still
+      there (the rows a decoded cache still lacks).
+    """
+
+    lay_out: Callable[[Iterator[D] | None, Iterator[Ord] | None, SplitWork], Iterator[Any]]
+    decode: Callable[[Sequence[tuple[int, int, int]]], Iterator[D]] | None = None
+    order: Callable[[int], Ord] | None = None
+    helpers: int = 1
+    helper_name: str = "tabloader-layout"
+    gathers: int = 0
+    finish: Callable[[SplitWork], None] | None = None
+
+
+def read_in_stages(plan: EpochPlan, reading: Reading[Any, Any]) -> Iterator[list[Part]]:
+    """Reader thread: ``plan``'s chunks read as ``reading`` says, its decoder, order,
+    helper and gather threads started here and ended with it."""
+    decoded = None if reading.decode is None else decode_ahead(plan, reading.decode)
+    orders = None if reading.order is None else drawn_ahead(plan, reading.order)
+    work = SplitWork(reading.helpers, name=reading.helper_name)
+    try:
+        made = reading.lay_out(decoded, orders, work)
+        yield from run_ahead(made, reading.gathers) if reading.gathers else made
+        if reading.finish is not None:
+            reading.finish(work)
+    finally:
+        work.close()
+        if orders is not None:
+            orders.close()
+        if decoded is not None:
+            decoded.close()
+
+
+def map_on_threads(
+    function: Callable[[T], R], items: Sequence[T], threads: int, *, name: str
+) -> list[R]:
+    """``function`` of each of ``items``, in order, computed by at most ``threads`` threads
+    named ``name`` (the checksum pools of a decoded cache's files), or in the calling
+    thread alone for one.
+
+    Examples:
+        >>> map_on_threads(len, ["a", "bc", "def"], 2, name="example")
+        [1, 2, 3]
+    """
+    threads = max(1, min(threads, len(items)))
+    if threads == 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(threads, thread_name_prefix=name) as pool:
+        return list(pool.map(function, items))
+
+
+def start_thread(
+    target: Callable[..., None], *args: Any, name: str, niceness: int = 0
+) -> threading.Thread:
+    """A daemon thread running ``target(*args)``, started (the decoded cache's writer:
+    ``niceness`` lowers its priority, on Linux, where a thread has its own, so that it
+    yields to the threads serving epochs)."""
+
+    def run() -> None:
+        if niceness and sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+        target(*args)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _read_chunks(backend: Backend, request: ReadRequest) -> Iterator[tuple[list[Part], Any]]:

@@ -22,7 +22,7 @@ from tabloader.batches import Ragged, empty_segment
 from tabloader.decode.host import INTERLEAVE_ROWS, decode_pieces, interleave, put_column
 from tabloader.hostmem import BufferPool, PooledNumpy
 from tabloader.plan import inverse_permutation
-from tabloader.stages import SplitWork, decode_ahead, drawn_ahead
+from tabloader.stages import Reading, SplitWork, read_in_stages
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -53,32 +53,44 @@ class CPUBackend:
         return contextlib.nullcontext()
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        plan, blocks, stats = request.plan, request.blocks, request.stats
-        columns = [c for b in blocks for c in b.columns]
+        plan = request.plan
+        columns = [c for b in request.blocks for c in b.columns]
         decode = partial(
-            decode_pieces, request.dataset, columns=columns, blocks=blocks,
-            fill_null=request.fill_null, stats=stats,
+            decode_pieces, request.dataset, columns=columns, blocks=request.blocks,
+            fill_null=request.fill_null, stats=request.stats,
         )  # fmt: skip
-        decoded = decode_ahead(plan, decode)
-        places = drawn_ahead(plan, partial(_chunk_places, plan))
+        reading = Reading(
+            partial(self._lay_out, request),
+            decode=decode,
+            order=partial(_chunk_places, plan),
+            helpers=request.threads.layout,
+        )
+        return read_in_stages(plan, reading)
+
+    def _lay_out(
+        self,
+        request: ReadRequest,
+        decoded: Iterator[dict[str, NDArray[Any]]] | None,
+        places: Iterator[tuple[NDArray[np.int64], NDArray[np.int64]] | None] | None,
+        work: SplitWork,
+    ) -> Iterator[list[Part]]:
+        """The reader: each chunk's decoded pieces laid out, in stored order or each row
+        at its place in the chunk's delivery order."""
+        assert decoded is not None
+        assert places is not None
+        plan, blocks, stats = request.plan, request.blocks, request.stats
         held: deque[weakref.ref[Any]] = deque()  # the memory of the chunks laid out
-        work = SplitWork(request.threads.layout, name="tabloader-layout")
-        try:
-            for chunk, chunk_places in zip(range(plan.num_chunks), places, strict=True):
-                s = plan.chunk_pieces(chunk)
-                arrays = islice(decoded, s.stop - s.start)
-                if chunk_places is None:
-                    yield [(self._piece_segment(a, blocks, stats, work), None) for a in arrays]
-                    continue
-                _wait_for_room(held, request)
-                segment = self._ordered_segment(arrays, *chunk_places, blocks, stats, work)
-                held.append(weakref.ref(_owner(next(iter(segment.values())))))
-                yield [(segment, None)]
-                del segment
-        finally:
-            work.close()
-            places.close()
-            decoded.close()
+        for chunk, chunk_places in zip(range(plan.num_chunks), places, strict=True):
+            s = plan.chunk_pieces(chunk)
+            arrays = islice(decoded, s.stop - s.start)
+            if chunk_places is None:
+                yield [(self._piece_segment(a, blocks, stats, work), None) for a in arrays]
+                continue
+            _wait_for_room(held, request)
+            segment = self._ordered_segment(arrays, *chunk_places, blocks, stats, work)
+            held.append(weakref.ref(_owner(next(iter(segment.values())))))
+            yield [(segment, None)]
+            del segment
 
     def _ordered_segment(
         self,

@@ -91,7 +91,7 @@ from tabloader.decode.gpu import DeviceReader, delivery_rows, reader_setting
 from tabloader.decode.gpu_columns import assemble_frames
 from tabloader.errors import GPUMemoryError, GPUUnavailableError, is_out_of_memory
 from tabloader.memory import chunk_rows_for_device, chunk_rows_for_fraction, free_device_memory
-from tabloader.stages import drawn_ahead
+from tabloader.stages import Reading, read_in_stages
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -99,7 +99,7 @@ if TYPE_CHECKING:
     from tabloader.batches import Part, Segment
     from tabloader.decode.gpu import ChunkPlan
     from tabloader.sources.base import Piece
-    from tabloader.stages import ReadRequest
+    from tabloader.stages import ReadRequest, SplitWork
 
 __all__ = [
     "DEFAULT_POOL_BYTES",
@@ -346,17 +346,30 @@ class GPUBackend:
         return self.xp.scope()
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        plan, dataset = request.plan, request.dataset
-        chunk_plans = drawn_ahead(plan, partial(self._reader.plan_chunk, dataset, plan))
-        try:
-            with self.xp.reading():
-                for chunk, chunk_plan in zip(range(plan.num_chunks), chunk_plans, strict=True):
-                    # the shuffled order, drawn on the device (the host's draw, exactly)
-                    with _out_of_memory_as_error(self.device, f"drawing chunk {chunk}'s order"):
-                        order = plan.batch_order(chunk, xp=self._cupy)
-                    yield self.load_chunk(request, plan.pieces(chunk), chunk_plan, order)
-        finally:
-            chunk_plans.close()
+        plan = request.plan
+        # The order thread plans each chunk's read; the reader draws the chunk's order on
+        # the device, reads and lays the chunk out.
+        reading = Reading(
+            partial(self._lay_out, request),
+            order=partial(self._reader.plan_chunk, request.dataset, plan),
+        )
+        return read_in_stages(plan, reading)
+
+    def _lay_out(
+        self,
+        request: ReadRequest,
+        decoded: Iterator[Any] | None,
+        chunk_plans: Iterator[ChunkPlan] | None,
+        work: SplitWork,
+    ) -> Iterator[list[Part]]:
+        assert chunk_plans is not None
+        plan = request.plan
+        with self.xp.reading():
+            for chunk, chunk_plan in zip(range(plan.num_chunks), chunk_plans, strict=True):
+                # the shuffled order, drawn on the device (the host's draw, exactly)
+                with _out_of_memory_as_error(self.device, f"drawing chunk {chunk}'s order"):
+                    order = plan.batch_order(chunk, xp=self._cupy)
+                yield self.load_chunk(request, plan.pieces(chunk), chunk_plan, order)
 
     def load_chunk(
         self,

@@ -55,13 +55,13 @@ from tabloader.cache.serve import CacheBackend, CacheHandle, gather_list
 from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError
 from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
-from tabloader.stages import GATHER_THREADS, SplitWork, drawn_ahead, usable_cores
+from tabloader.stages import GATHER_THREADS, Reading, read_in_stages, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from tabloader.batches import Block, Part, Segment
-    from tabloader.stages import Backend, ReadRequest
+    from tabloader.stages import Backend, ReadRequest, SplitWork
     from tabloader.stats import StatsRecorder
 
 __all__ = [
@@ -269,15 +269,8 @@ class DeviceCacheBackend(CacheBackend):
         self.placement = placement
         self.stats = stats
         self._copies = _Copies(self.xp, cache.rows.layout.blocks)
-        self._work = SplitWork(min(GATHER_THREADS, usable_cores()), name="tabloader-gather")
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        try:
-            yield from self._read_chunks(request)
-        finally:
-            self._work.close()
-
-    def _read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
         with self.xp.reading():
             if self.write:
                 host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
@@ -286,9 +279,27 @@ class DeviceCacheBackend(CacheBackend):
                 if self.cache.complete:
                     self._placed()
                 return
-            yield from self._serve(self._placed(), request.plan)
+            placed, plan = self._placed(), request.plan
+            window = window_rows(self.cache, plan.batch_size)
+            on_host = not placed.on_device and not self._stages_chunks(placed, plan, window)
+            reading = Reading(
+                partial(self._serve, placed, plan, window),
+                # rows gathered on the host: their order drawn a chunk ahead
+                order=partial(self.cache.rows.delivery_rows, plan) if on_host else None,
+                helpers=min(GATHER_THREADS, usable_cores()),
+                helper_name="tabloader-gather",
+            )
+            yield from read_in_stages(plan, reading)
 
-    def _serve(self, placed: _Placed, plan: EpochPlan) -> Iterator[list[Part]]:
+    def _serve(
+        self,
+        placed: _Placed,
+        plan: EpochPlan,
+        window: int,
+        decoded: Iterator[Any] | None,
+        ahead: Iterator[Any] | None,
+        work: SplitWork,
+    ) -> Iterator[list[Part]]:
         """``plan``'s chunks from the placed cache, in three ways, the order of a chunk
         (the host's draw, exactly) drawn where its rows are gathered:
 
@@ -301,10 +312,9 @@ class DeviceCacheBackend(CacheBackend):
           gathered on the host, the order drawn a chunk ahead on the order thread.
 
         Rows are gathered a window at a time, so a global shuffle's chunk of every row
-        is never gathered at once.
+        is never gathered at once; ``work``'s helpers gather a window on the host.
         """
-        rows, window = self.cache.rows, window_rows(self.cache, plan.batch_size)
-        cupy = self.xp.cupy
+        rows, cupy = self.cache.rows, self.xp.cupy
         if placed.on_device:
             # next() rather than zip(): zip keeps its last items, here an order the index
             # may no longer need
@@ -319,17 +329,16 @@ class DeviceCacheBackend(CacheBackend):
                     index, begins = cupy.concatenate([carried, index]), begins - len(carried)
                 carry = chunk + 1 < plan.num_chunks
                 carried = yield from self._windows(
-                    placed, plan, chunk, index, window, begins, carry=carry
+                    placed, plan, chunk, index, (window, work), begins, carry=carry
                 )
-        elif self._stages_chunks(placed, plan, window):
+        elif ahead is None:
             orders = plan.batch_orders(xp=cupy)
             for chunk in range(plan.num_chunks):
                 staged = _Placed(self._staged(placed, plan, chunk), "device")
-                yield from self._windows(staged, plan, chunk, next(orders), window)
+                yield from self._windows(staged, plan, chunk, next(orders), (window, work))
         else:
-            with contextlib.closing(drawn_ahead(plan, partial(rows.delivery_rows, plan))) as ahead:
-                for chunk, index in enumerate(ahead):
-                    yield from self._windows(placed, plan, chunk, index, window)
+            for chunk, index in enumerate(ahead):
+                yield from self._windows(placed, plan, chunk, index, (window, work))
 
     def _windows(
         self,
@@ -337,15 +346,16 @@ class DeviceCacheBackend(CacheBackend):
         plan: EpochPlan,
         chunk: int,
         index: Any,
-        window: int,
+        windows: tuple[int, SplitWork],
         begins: int | None = None,
         *,
         carry: bool = False,
     ) -> Generator[list[Part], None, Any]:
         """The rows ``index`` of ``placed`` (the epoch's delivery from row ``begins`` on,
-        chunk ``chunk``'s first row by default) gathered a window at a time, each window
-        ending where a batch does (its batches then slices); or without an index, chunk
-        ``chunk`` as views of the cache (copied in).
+        chunk ``chunk``'s first row by default) gathered a window at a time (``windows``:
+        its rows, and the helpers gathering one on the host), each window ending where a
+        batch does (its batches then slices); or without an index, chunk ``chunk`` as
+        views of the cache (copied in).
 
         With ``carry``, only whole windows are gathered, and the rows after the last one
         are returned (None when there are none), for the next chunk's first window: a
@@ -358,6 +368,7 @@ class DeviceCacheBackend(CacheBackend):
             view = (rows.view(placed.arrays, first, first + n), None)
             yield [view if placed.on_device else self._copies.part(view)]
             return None
+        window, work = windows
         if begins is None:
             begins = plan.rows_before(chunk)
         # the first window ends where a batch does, when the index begins inside one
@@ -368,7 +379,7 @@ class DeviceCacheBackend(CacheBackend):
             index, rest = index[:keep], (index[keep:] if keep < len(index) else None)
         for lo, hi in pairwise([0, *ends, len(index)]):
             if hi > lo:
-                yield [self._gather(placed, index[lo:hi])]
+                yield [self._gather(placed, index[lo:hi], work)]
         return rest
 
     def _stages_chunks(self, placed: _Placed, plan: EpochPlan, window: int) -> bool:
@@ -399,7 +410,7 @@ class DeviceCacheBackend(CacheBackend):
             staged[name] = out
         return staged
 
-    def _gather(self, placed: _Placed, rows: Any) -> Part:
+    def _gather(self, placed: _Placed, rows: Any, work: SplitWork) -> Part:
         """The cache's ``rows``, in that order, on the device: gathered there (one gather
         per block), or on the host by a few threads into pinned memory and copied in."""
         if placed.on_device:
@@ -423,10 +434,10 @@ class DeviceCacheBackend(CacheBackend):
                 continue
             out = pinned.empty((len(rows), *a.shape[1:]), a.dtype)
             gathered[name] = out
-            for share in self._work.shares(len(rows)):
+            for share in work.shares(len(rows)):
                 job = partial(np.take, a, rows[share], axis=0, out=out[share], mode="clip")
                 jobs.append((share.stop - share.start, job))
-        self._work.run(jobs)
+        work.run(jobs)
         return self._copies.part((gathered, None))
 
     def _take(self, array: Any, index: Any, block: Block | None) -> Any:

@@ -22,7 +22,6 @@ import os
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ import numpy as np
 from tabloader.batches import column_width
 from tabloader.decode.host import interleave
 from tabloader.memory import address
-from tabloader.stages import usable_cores
+from tabloader.stages import map_on_threads, usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -199,16 +198,12 @@ def checksums(arrays: Sequence[NDArray[Any]], segment: int | None = None) -> lis
     """
     segment = segment or SEGMENT_BYTES
     jobs = [(i, view) for i, array in enumerate(arrays) for view in _segments(array, segment)]
-    threads = max(1, min(usable_cores(), len(jobs)))
 
     def digest(view: memoryview) -> str:
         return hashlib.sha256(view).hexdigest()
 
-    if threads == 1:
-        digests = [digest(view) for _, view in jobs]
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="tabloader-checksum") as pool:
-            digests = list(pool.map(digest, [view for _, view in jobs]))
+    views = [view for _, view in jobs]
+    digests = map_on_threads(digest, views, usable_cores(), name="tabloader-checksum")
     out: list[list[str]] = [[] for _ in arrays]
     for (i, _), d in zip(jobs, digests, strict=True):
         out[i].append(d)
@@ -250,12 +245,7 @@ def file_checksums(
         finally:
             os.close(fd)
 
-    threads = max(1, min(usable_cores(), len(jobs)))
-    if threads == 1:
-        digests = [digest(job) for job in jobs]
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="tabloader-checksum") as pool:
-            digests = list(pool.map(digest, jobs))
+    digests = map_on_threads(digest, jobs, usable_cores(), name="tabloader-checksum")
     out: list[list[str]] = [[] for _ in files]
     for job, d in zip(jobs, digests, strict=True):
         out[job[0]].append(d)

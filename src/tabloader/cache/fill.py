@@ -12,9 +12,6 @@ for one filled in memory, which is served from memory meanwhile.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import threading
 import time
 import warnings
@@ -42,6 +39,7 @@ from tabloader.cache.key import FORMAT, lineage
 from tabloader.decode.host import interleave
 from tabloader.errors import CacheWarning
 from tabloader.hostmem import map_in, populated_empty
+from tabloader.stages import start_thread
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -62,7 +60,9 @@ __all__ = [
 ]
 
 WRITER_NICENESS = 10
-"""Niceness of the thread writing a disk cache out while epochs are served (Linux)."""
+"""Niceness of the thread writing a disk cache out while epochs are served (Linux):
+copying a gigabyte into the page cache takes seconds of CPU, and this thread yields to
+the epochs being served."""
 _WRITERS: dict[str, threading.Thread] = {}
 """Background writers of disk caches, by key digest, until a loader waits for one."""
 _WRITERS_LOCK = threading.Lock()
@@ -218,14 +218,11 @@ class Publisher:
     ) -> None:
         """Write ``files`` into ``temp`` and publish them, in a thread of their own
         (``tabloader-cache-writer``); a loader on the same cache waits for it first."""
-        writer = threading.Thread(
-            target=self._persist_or_warn,
-            args=(stored, dict(files), temp),
-            name="tabloader-cache-writer",
-            daemon=True,
-        )
         with _WRITERS_LOCK:  # started before it is found: join() refuses a thread not started
-            writer.start()
+            writer = start_thread(
+                self._persist_or_warn, stored, dict(files), temp,
+                name="tabloader-cache-writer", niceness=WRITER_NICENESS,
+            )  # fmt: skip
             _WRITERS[self.digest] = writer
         # Wait for the files at exit, rather than leave them unpublished.
         weakref.finalize(writer, writer.join)
@@ -240,11 +237,6 @@ class Publisher:
     def _persist_or_warn(
         self, stored: StoredBlocks, files: dict[str, NDArray[Any]], temp: Path
     ) -> None:
-        if sys.platform.startswith("linux"):
-            # Copying a gigabyte into the page cache takes seconds of CPU: on Linux a
-            # thread has its own priority, so this one yields to the epochs being served.
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         try:
             sums = [write_npy(temp / name, array) for name, array in files.items()]
             self.publish(stored, temp, files, sums)

@@ -15,7 +15,6 @@ epoch asks of the cache itself is `CacheHandle`: the policy's decisions stay the
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -28,7 +27,7 @@ import numpy as np
 from tabloader.batches import Ragged, empty_segment, host_int, segment_rows
 from tabloader.cache.fill import CachedList, FillFailed
 from tabloader.decode.host import decode_pieces
-from tabloader.stages import SplitWork, decode_ahead, drawn_ahead, run_ahead
+from tabloader.stages import Reading, SplitWork, read_in_stages
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -328,33 +327,65 @@ class CacheBackend:
         self.write = write
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        cache, plan, stats = self.cache, request.plan, request.stats
-        rows = cache.rows
+        cache, plan, rows = self.cache, request.plan, self.cache.rows
         # Each chunk's delivery rows, the next chunk's drawn while this one is gathered.
-        rows_ahead = partial(drawn_ahead, plan, partial(rows.delivery_rows, plan))
+        order = partial(rows.delivery_rows, plan)
+        gathers = request.threads.gather
         if not self.write:
             served = cache.served()
-            with contextlib.closing(rows_ahead()) as orders:
-                tasks = rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
-                yield from run_ahead(tasks, request.threads.gather)
+
+            def gather(
+                _: Iterator[Any] | None, orders: Iterator[Any] | None, __: SplitWork
+            ) -> Iterator[Any]:
+                assert orders is not None
+                return rows.batch_tasks(lambda: served, plan, enumerate(orders), self.xp)
+
+            yield from read_in_stages(plan, Reading(gather, order=order, gathers=gathers))
             return
-        made = cache.start_fill(request.dataset)
-        if made is None:  # its files could not be made (said once): stream
+        fill = cache.start_fill(request.dataset)
+        if fill is None:  # its files could not be made (said once): stream
             yield from self.backend.read_chunks(request)
             return
-        fill = made
+        delivered = 0  # rows of the plan's delivery order handed on
+        failure: FillFailed | None = None
+        try:
+            for parts in read_in_stages(plan, self._filling(request, fill, order, gathers)):
+                delivered += sum(segment_rows(segment) for segment, _ in parts)
+                yield parts
+        except FillFailed as error:
+            failure = error
+        finally:
+            fill.close()
+        if failure is not None:
+            cause = failure.__cause__
+            cache.refuse(
+                f"writing it failed ({type(cause).__name__}: {cause}); this epoch goes on "
+                "from the files",
+                stacklevel=1,
+            )
+            yield from stream_rest(self.backend, request, delivered)
+
+    def _filling(
+        self,
+        request: ReadRequest,
+        fill: Fill,
+        order: Callable[[int], Any],
+        gathers: int,
+    ) -> Reading[dict[str, Any], Any]:
+        """An epoch that fills the cache: the decoder decodes the plan's pieces, the
+        reader writes each chunk's into the fill (helpers taking a share of the rows),
+        and the gather threads gather its batches once they are written; then the rows the
+        epoch left out are written and the fill completed."""
+        cache, plan, stats, rows = self.cache, request.plan, request.stats, self.cache.rows
         columns = [c for b in rows.blocks for c in b.columns]
         pieces = [p for chunk in range(plan.num_chunks) for p in plan.pieces(chunk)]
         decode = partial(
             decode_pieces, request.dataset, columns=columns, blocks=request.blocks,
             fill_null=request.fill_null, stats=stats,
         )  # fmt: skip
-        decoded = decode_ahead(plan, decode)
-        work = SplitWork(request.threads.fill, name="tabloader-cache-fill")
-        delivered = 0  # rows of the plan's delivery order handed on
 
         def written(
-            orders: Iterator[NDArray[np.int64] | None],
+            decoded: Iterator[dict[str, Any]], orders: Iterator[Any], work: SplitWork
         ) -> Iterator[tuple[int, NDArray[np.int64] | None]]:
             # A chunk's batches are gathered once its rows are written; meanwhile the
             # gather threads still work on the previous chunk's.
@@ -367,13 +398,16 @@ class CacheBackend:
                     stats.assemble_seconds += time.perf_counter() - started
                 yield chunk, chunk_rows
 
-        failure: FillFailed | None = None
-        try:
-            with contextlib.closing(rows_ahead()) as orders:
-                tasks = rows.batch_tasks(fill.served, plan, written(orders), self.xp)
-                for parts in run_ahead(tasks, request.threads.gather):
-                    delivered += sum(segment_rows(segment) for segment, _ in parts)
-                    yield parts
+        def lay_out(
+            decoded: Iterator[dict[str, Any]] | None,
+            orders: Iterator[Any] | None,
+            work: SplitWork,
+        ) -> Iterator[Any]:
+            assert decoded is not None
+            assert orders is not None
+            return rows.batch_tasks(fill.served, plan, written(decoded, orders, work), self.xp)
+
+        def finish(work: SplitWork) -> None:
             missing = rows.missing(pieces)
             for (p, a, _), piece in zip(missing, decode(missing), strict=True):
                 fill.write(int(rows.base[p]) + a, piece, work)
@@ -381,20 +415,16 @@ class CacheBackend:
             if complete is not None:
                 cache.adopt(complete)
             stats.cache_bytes = cache.nbytes
-        except FillFailed as error:
-            failure = error
-        finally:
-            work.close()
-            decoded.close()
-            fill.close()
-        if failure is not None:
-            cause = failure.__cause__
-            cache.refuse(
-                f"writing it failed ({type(cause).__name__}: {cause}); this epoch goes on "
-                "from the files",
-                stacklevel=1,
-            )
-            yield from stream_rest(self.backend, request, delivered)
+
+        return Reading(
+            lay_out,
+            decode=decode,
+            order=order,
+            helpers=request.threads.fill,
+            helper_name="tabloader-cache-fill",
+            gathers=gathers,
+            finish=finish,
+        )
 
 
 def stream_rest(backend: Backend, request: ReadRequest, rows: int) -> Iterator[list[Part]]:
