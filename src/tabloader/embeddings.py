@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from tabloader.columns import is_list_type, value_type
 from tabloader.errors import ColumnTypeError, EmbeddingSizeWarning, InvalidArgumentError
 from tabloader.options import column_names, int_at_least
+from tabloader.sources.formats import RowGroups
 from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
 if TYPE_CHECKING:
@@ -251,8 +252,9 @@ def id_ranges(
             resolved = resolve_device(device)
             # (cudf does not check page checksums: verified reads are pyarrow's)
             gpu = resolved.is_cuda and not dataset.verify_checksums
-            if gpu and dataset.parquet_layout() is not None:
-                ranges += _read_ranges_gpu(dataset, name, unread, resolved)
+            files = dataset.format
+            if gpu and isinstance(files, RowGroups):  # read by the GPU's parquet reader
+                ranges += _read_ranges_gpu(dataset, files, name, unread, resolved)
             else:
                 ranges += _read_ranges_cpu(dataset, name, unread)
         found[name] = _combine(dataset, name, ranges, len(unread))
@@ -311,18 +313,17 @@ def _read_ranges_cpu(dataset: Partitioned, name: str, partitions: list[int]) -> 
 
 
 def _read_ranges_gpu(
-    dataset: Partitioned, name: str, partitions: list[int], device: Device
+    dataset: Partitioned, files: RowGroups, name: str, partitions: list[int], device: Device
 ) -> list[_Span]:
     """Read the partitions' column on the GPU, one read per file (the GPU backend's
     reader, `tabloader.decode.gpu.DeviceReader`), and find each partition's extremes with
     cupy: a few numbers per partition cross to the host, never the column."""
     from tabloader._deps import import_gpu
-    from tabloader.decode.gpu import DeviceReader, plan_read
+    from tabloader.decode.gpu import DeviceReader
 
     cudf, cupy, index = import_gpu(device.index)
     lists = is_list_type(dataset.column_types([name])[name])
-    layout = dataset.parquet_layout()
-    assert layout is not None  # parquet files, checked by the caller
+    layout = files.layout
     rows = layout[2]
     by_file: dict[int, list[int]] = {}
     for p in partitions:
@@ -331,16 +332,17 @@ def _read_ranges_gpu(
     spans: list[_Span] = []
     with cupy.cuda.Device(index):
         for f, parts in by_file.items():
-            constants = dataset.file_columns(f, [name]).constants
+            constants = files.file_columns(f, [name]).constants
             if name in constants:  # a partition key, or a column the file predates
                 value = constants[name]
                 spans += [] if value is None else [(p, int(value), int(value)) for p in parts]
                 continue
-            read = plan_read([(p, 0, int(rows[p])) for p in parts], *layout)
+            chunk = reader.plan_row_groups([(p, 0, int(rows[p])) for p in parts], files)
             # (read as a list column: cudf's Series, whatever the column holds)
-            (frame,), _ = reader.read_row_groups(dataset, read, [name], {name})
+            (frame,), _ = reader.read_row_groups(dataset, files, chunk, [name], {name})
             series = frame[name].series
-            parts = read.partitions[0]
+            assert chunk.read is not None
+            parts = chunk.read.partitions[0]
             lengths = [int(rows[p]) for p in parts]
             if lists:  # the ids inside each partition's lists
                 counts = series.list.len().fillna(0).values

@@ -1,23 +1,25 @@
 """A source's rows seen as partitions: the queries every reader of a dataset asks.
 
 `Partitioned` answers them from the source (`tabloader.sources.base.Source`): rows per
-partition, the schema, files, versions and partition keys, what the footers say, and
-the reads a backend makes. [`Dataset`][tabloader.Dataset] is one, with where its rows
-come from besides; `tabloader.embeddings` reads a dataset through these queries alone,
-which is why they sit below the dataset.
+partition, the schema, files, versions and partition keys, what the footers say, the
+reads a backend makes, and the format a GPU reads through.
+[`Dataset`][tabloader.Dataset] is one, with where its rows come from besides;
+`tabloader.embeddings` and `tabloader.decode` read a dataset through these queries
+alone, which is why they sit below the dataset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from tabloader.errors import ReadError
+from tabloader.errors import InvalidArgumentError, ReadError
 from tabloader.sources.base import Source, read_error
-from tabloader.sources.partitions import FileColumns, Filters
+from tabloader.sources.formats import Format, RowGroups
+from tabloader.sources.partitions import Filters
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -182,10 +184,11 @@ class Partitioned:
         except Exception as err:
             raise read_error(self.describe_partition(index), err) from err
 
-    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
-        """How to get ``columns`` from parquet file ``file_index``: the names to read,
-        renames and constant columns (see `tabloader.sources.partitions.FileColumns`)."""
-        return self._source.file_columns(file_index, columns)
+    @property
+    def format(self) -> Format:
+        """How the readers read the partitions besides as Arrow tables: the format object
+        a GPU reads through (see `tabloader.sources.formats`)."""
+        return self._source.format
 
     def open_row_groups(
         self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
@@ -204,28 +207,13 @@ class Partitioned:
             ...     pq.ParquetFile(f).read_row_groups([1], columns=["b"])["b"].to_pylist()
             [3, 4, 5]
         """
-        return self._source.open_row_groups(file_index, row_groups, columns)
-
-    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]] | None:
-        """For parquet files: each partition's file index, row group and rows (else None)."""
-        return self._source.parquet_layout()
-
-    def local_paths(self, files: Sequence[int]) -> list[str] | None:
-        """The local paths of these files (by index), or None for object storage."""
-        return self._source.local_paths(files)
-
-    def computed_partitions(
-        self,
-        pieces: Sequence[tuple[int, int, int]],
-        columns: Sequence[str],
-        *,
-        scheduler: Mapping[str, Any] | None = None,
-    ) -> list[Any] | None:
-        """For a Dask DataFrame: each piece's rows of its partition, computed (pandas, or
-        cudf for dask-cudf, whose partitions stay on the GPU; ``scheduler``: dask's
-        ``compute`` keywords for these computations only, not dask's configuration);
-        None for other sources."""
-        return self._source.computed_partitions(pieces, columns, scheduler=scheduler)
+        files = self.format
+        if not isinstance(files, RowGroups):
+            raise InvalidArgumentError(
+                f"open_row_groups reads parquet files; this dataset is a {self._source.kind} "
+                "source"
+            )
+        return files.open_row_groups(file_index, row_groups, columns)
 
     def column_types(self, columns: Sequence[str]) -> dict[str, pa.DataType]:
         """Arrow type of each column, checked to be present and of one type in every file

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from tabloader.partitioned import Partitioned
     from tabloader.plan import EpochPlan
     from tabloader.sources.base import Piece
+    from tabloader.sources.formats import Computation, RowGroups
 
 __all__ = [
     "READER_ENV",
@@ -264,24 +265,28 @@ class DeviceReader:
         ``"cudf"`` (``cudf.read_parquet``, on the default stream)."""
         return "cudf" if self._plc is None else "pylibcudf"
 
-    @staticmethod
-    def plan_chunk(dataset: Partitioned, plan: EpochPlan, chunk: int) -> ChunkPlan:
+    def plan_chunk(self, dataset: Partitioned, plan: EpochPlan, chunk: int) -> ChunkPlan:
         """The read of chunk ``chunk``, and where its pieces lie in it (host work done a
-        chunk ahead in a thread of its own)."""
-        pieces = plan.pieces(chunk)
-        layout = dataset.parquet_layout()
-        if layout is not None:
-            read = plan_read(pieces, *layout)
-            frame_rows = [sum(int(layout[2][p]) for p in parts) for parts in read.partitions]
-            spans = [
-                (f, p, start - read.starts[f], stop - read.starts[f])
-                for f, p, start, stop in read.spans
-            ]
-            return ChunkPlan(read, spans, frame_rows, sum(b - a for _, _, a, b in spans))
-        # one frame per piece, holding exactly its rows
+        chunk ahead in a thread of its own), as the dataset's format plans it."""
+        chunk_plan: ChunkPlan = dataset.format.plan_on_device(self, plan.pieces(chunk))
+        return chunk_plan
+
+    def plan_pieces(self, pieces: Sequence[Piece]) -> ChunkPlan:
+        """One frame per piece, holding exactly its rows."""
         frame_rows = [last - first for _, first, last in pieces]
         spans = [(i, int(pieces[i][0]), 0, n) for i, n in enumerate(frame_rows)]
         return ChunkPlan(None, spans, frame_rows, sum(frame_rows))
+
+    def plan_row_groups(self, pieces: Sequence[Piece], files: RowGroups) -> ChunkPlan:
+        """One read of the row groups the pieces touch, each once (`plan_read`)."""
+        layout = files.layout
+        read = plan_read(pieces, *layout)
+        frame_rows = [sum(int(layout[2][p]) for p in parts) for parts in read.partitions]
+        spans = [
+            (f, p, start - read.starts[f], stop - read.starts[f])
+            for f, p, start, stop in read.spans
+        ]
+        return ChunkPlan(read, spans, frame_rows, sum(b - a for _, _, a, b in spans))
 
     def read_columns(
         self,
@@ -298,8 +303,8 @@ class DeviceReader:
         columns = [c for b in blocks for c in b.columns]
         lists = {c for b in blocks if b.ragged for c in b.columns}
         vectors = {c: k for b in blocks for c, k in b.vectors}  # read as lists by cudf
-        frames, on_default = self.read_frames(
-            dataset, pieces, chunk_plan.read, columns, lists | set(vectors)
+        frames, on_default = dataset.format.read_on_device(
+            self, dataset, pieces, chunk_plan, columns, lists | set(vectors)
         )
         cupy = self._cupy
         with cupy.cuda.Stream.null if on_default else contextlib.nullcontext():
@@ -311,39 +316,53 @@ class DeviceReader:
             ]
         return frames, converted, on_default
 
-    def read_frames(
-        self,
-        dataset: Partitioned,
-        pieces: Sequence[Piece],
-        read: ChunkRead | None,
-        columns: list[str],
-        lists: set[str],
+    def read_tables(
+        self, dataset: Partitioned, pieces: Sequence[Piece], columns: list[str], lists: set[str]
     ) -> tuple[list[dict[str, Any]], bool]:
-        """The chunk's columns by name, frame after frame: one read of all its parquet
-        row groups (or one frame per file, see `read_row_groups`), else one frame per
-        piece; and whether they were made on the default stream (else on the loader's)."""
+        """Each piece read as Arrow on the host and copied to the device: an in-memory
+        table lives on the host, and one copy is unavoidable."""
         cudf = self._cudf
-        if read is not None:
-            return self.read_row_groups(dataset, read, columns, lists)
-        # dask's threads on this GPU, not GPU 0
-        scheduler = dask_compute_options(self.device, self._cupy)
-        partitions = dataset.computed_partitions(pieces, columns, scheduler=scheduler)
-        if partitions is not None:  # dask-cudf partitions stay on the device
-            frames = [
-                frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)
-                for frame in partitions
-            ]
-        else:  # an in-memory table lives on the host: one copy to the device is unavoidable
-            frames = [
-                cudf.DataFrame.from_arrow(
-                    as_cudf_lists(dataset.read_partition(p, columns).slice(first, last - first))
-                )
-                for p, first, last in pieces
-            ]
+        frames = [
+            cudf.DataFrame.from_arrow(
+                as_cudf_lists(dataset.read_partition(p, columns).slice(first, last - first))
+            )
+            for p, first, last in pieces
+        ]
+        return [cudf_frame(frame, lists) for frame in frames], True
+
+    def read_computed(
+        self, pieces: Sequence[Piece], columns: list[str], lists: set[str], compute: Computation
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Each piece computed by dask's threads on this GPU, not GPU 0: dask-cudf
+        partitions stay on the device, pandas ones are copied in."""
+        cudf = self._cudf
+        partitions = compute(pieces, columns, dask_compute_options(self.device, self._cupy))
+        frames = [
+            frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)
+            for frame in partitions
+        ]
         return [cudf_frame(frame, lists) for frame in frames], True
 
     def read_row_groups(
-        self, dataset: Partitioned, read: ChunkRead, columns: list[str], lists: set[str]
+        self,
+        dataset: Partitioned,
+        files: RowGroups,
+        plan: ChunkPlan,
+        columns: list[str],
+        lists: set[str],
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """A chunk's row groups (``plan``, from `plan_row_groups`) as one frame, or one
+        per file (see `_read_files`); whether they were made on the default stream."""
+        assert plan.read is not None
+        return self._read_files(dataset, files, plan.read, columns, lists)
+
+    def _read_files(
+        self,
+        dataset: Partitioned,
+        files: RowGroups,
+        read: ChunkRead,
+        columns: list[str],
+        lists: set[str],
     ) -> tuple[list[dict[str, Any]], bool]:
         """``read``'s row groups as one frame, or one per file (see below)."""
         parts = [p for file_parts in read.partitions for p in file_parts]
@@ -353,20 +372,20 @@ class DeviceReader:
         if dataset.verify_checksums:  # cudf's reader does not check page checksums
             return [self._decode_on_host(dataset, read, columns, lists)], True
         # Partition keys and renamed or added table columns: what each file stores.
-        how = [dataset.file_columns(f, columns) for f in read.files]
+        how = [files.file_columns(f, columns) for f in read.files]
         if len(how) > 1 and not same_reads(how):
-            return self._read_each_file(dataset, read, columns, lists)
+            return self._read_each_file(dataset, files, read, columns, lists)
         stored = list(how[0].read)
         expected = int(sum(dataset.partition_rows[p] for p in parts))
         try:
             with contextlib.ExitStack() as opened:
-                paths = dataset.local_paths(read.files)
+                paths = files.local_paths(read.files)
                 if paths is None:
                     # Only the footer and the byte ranges of these row groups and columns
                     # cross the network (retried like the CPU's reads); cudf reads them
                     # from sparse local copies.
                     handles = [
-                        opened.enter_context(dataset.open_row_groups(f, groups, stored))
+                        opened.enter_context(files.open_row_groups(f, groups, stored))
                         for f, groups in zip(read.files, read.row_groups, strict=True)
                     ]
                     paths = opened.enter_context(_local_copies(handles))
@@ -379,11 +398,11 @@ class DeviceReader:
             if is_out_of_memory(err):
                 raise
             if len(read.files) > 1:
-                return self._read_each_file(dataset, read, columns, lists)
+                return self._read_each_file(dataset, files, read, columns, lists)
             raise read_error(where, err) from err
         if rows != expected:
             if len(read.files) > 1:
-                return self._read_each_file(dataset, read, columns, lists)
+                return self._read_each_file(dataset, files, read, columns, lists)
             raise ReadError(
                 f"cudf read {rows} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
@@ -471,14 +490,19 @@ class DeviceReader:
         return frame, rows, stream is None
 
     def _read_each_file(
-        self, dataset: Partitioned, read: ChunkRead, columns: list[str], lists: set[str]
+        self,
+        dataset: Partitioned,
+        files: RowGroups,
+        read: ChunkRead,
+        columns: list[str],
+        lists: set[str],
     ) -> tuple[list[dict[str, Any]], bool]:
         """``read`` one file at a time: files that fail together may each read alone (their
         schemas may differ in columns not read), and a file at fault is named."""
         frames, on_default = [], False
         for f, groups, ps in zip(read.files, read.row_groups, read.partitions, strict=True):
             one = ChunkRead([f], [groups], [ps], [0], [])
-            (frame,), default = self.read_row_groups(dataset, one, columns, lists)
+            (frame,), default = self._read_files(dataset, files, one, columns, lists)
             frames.append(frame)
             on_default = on_default or default
         return frames, on_default

@@ -10,13 +10,16 @@ pandas, polars) and ``dask.py``. Adding a kind is one more module implementing t
 protocol; nothing outside `tabloader.sources` names a source class.
 
 Members a kind does not have keep the defaults here: no files, no footers, nothing to
-refresh.
+refresh, read as Arrow tables alone. What a reader needs beyond Arrow tables (a parquet
+reader on a GPU, a Dask partition computed there) is the source's `format`
+(`tabloader.sources.formats`), which the readers read through without asking what kind
+of source they read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -29,17 +32,16 @@ from tabloader.errors import (
     ReadError,
     SchemaMismatchError,
 )
+from tabloader.sources.formats import Format, Piece
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from tabloader.sources.footers import ColumnStats
-    from tabloader.sources.partitions import ColumnSources, FileColumns, Filters
+    from tabloader.sources.partitions import ColumnSources, Filters
 
 __all__ = ["Piece", "PieceResult", "Source", "read_error"]
 
-Piece = tuple[int, int, int]
-"""``(partition, first row, stop row)``: a slice of one partition."""
 PieceResult = tuple[Piece, "pa.Table | BaseException"]
 """A piece with its rows, or the error reading it raised."""
 
@@ -210,44 +212,17 @@ class Source(Protocol):
         """List again and rebuild the partitions (from rank 0's ``listing`` if given)."""
         raise InvalidArgumentError(f"a {self.kind} source is not listed again")
 
-    # -- what readers of the files themselves need (the GPU backend) ------------------------
-
     def partition_values(self, partition: int) -> dict[str, Any]:
         """The partition keys' values for every row of ``partition``."""
         return {}
 
-    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]] | None:
-        """For parquet files: each partition's file index, row group and rows (else None)."""
-        return None
+    # -- how the readers read it ------------------------------------------------------------
 
-    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
-        """How to get ``columns`` from parquet file ``file_index``."""
-        raise InvalidArgumentError(
-            f"file_columns describes parquet files; this dataset is a {self.kind} source"
-        )
-
-    def open_row_groups(
-        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
-    ) -> IO[bytes]:
-        """A binary file from which a parquet reader reads these row groups."""
-        raise InvalidArgumentError(
-            f"open_row_groups reads parquet files; this dataset is a {self.kind} source"
-        )
-
-    def local_paths(self, files: Sequence[int]) -> list[str] | None:
-        """The local paths of these files, or None (object storage, no files)."""
-        return None
-
-    def computed_partitions(
-        self,
-        pieces: Sequence[Piece],
-        columns: Sequence[str],
-        *,
-        scheduler: Mapping[str, Any] | None = None,
-    ) -> list[Any] | None:
-        """For a Dask DataFrame: each piece's rows, computed (with ``scheduler``: dask's
-        ``compute`` keywords for these computations only); None for other sources."""
-        return None
+    @property
+    def format(self) -> Format:
+        """How the readers read the partitions besides `read`: the format object a GPU
+        reads through (see `tabloader.sources.formats`)."""
+        return Format()
 
     def check_worker_processes(self, start_method: Any) -> None:
         """Raise [`InvalidArgumentError`][tabloader.errors.InvalidArgumentError] when worker

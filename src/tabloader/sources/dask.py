@@ -1,10 +1,11 @@
 """A Dask DataFrame as a source (dask or dask-cudf): one partition per Dask partition.
 
 Row counts are computed once, at construction; a partition's columns are computed when
-it is read. dask-cudf partitions stay on the GPU for the GPU backend
-(`DaskSource.computed_partitions`). A dask.distributed Client cannot be used from a
-forked process: worker processes started with ``fork`` are refused before they start,
-and a forked copy refuses to compute rather than wait forever.
+it is read. dask-cudf partitions stay on the GPU for the GPU backend (the source's
+format, `tabloader.sources.formats.ComputedPartitions`). A dask.distributed Client
+cannot be used from a forked process: worker processes started with ``fork`` are
+refused before they start, and a forked copy refuses to compute rather than wait
+forever.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from tabloader.errors import InvalidArgumentError, TabloaderError
 from tabloader.sources.base import Piece, Source, read_error
+from tabloader.sources.formats import ComputedPartitions
 
 __all__ = ["DaskSource", "forked_dask_message", "is_dask_frame"]
 
@@ -127,13 +129,19 @@ class DaskSource(Source):
         )
         return table
 
+    @property
+    def format(self) -> ComputedPartitions:
+        return ComputedPartitions(self.computed_partitions)
+
     def computed_partitions(
         self,
         pieces: Sequence[Piece],
         columns: Sequence[str],
-        *,
         scheduler: Mapping[str, Any] | None = None,
     ) -> list[Any]:
+        """Each piece's rows of its partition, computed (pandas, or cudf for dask-cudf;
+        ``scheduler``: dask's ``compute`` keywords for these computations only, not
+        dask's configuration)."""
         frames = []
         for partition, first, last in pieces:
             try:

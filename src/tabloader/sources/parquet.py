@@ -15,11 +15,10 @@ files that are new or changed.
 
 from __future__ import annotations
 
-import glob as globlib
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -28,7 +27,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tabloader.errors import (
-    InvalidArgumentError,
     InvalidFileError,
     ReadError,
     SourceNotFoundError,
@@ -45,9 +43,10 @@ from tabloader.sources.footers import (
     encrypted_footer_message,
     refuse_encrypted,
 )
+from tabloader.sources.formats import RowGroups
+from tabloader.sources.listing import below_root, expand
 from tabloader.sources.partitions import (
     ColumnSources,
-    FileColumns,
     Filters,
     check_filters,
     describe_filters,
@@ -59,26 +58,21 @@ from tabloader.sources.partitions import (
 from tabloader.sources.remote import (
     RangeFile,
     RemoteStore,
-    access_denied_error,
     column_chunk_ranges,
     footer_metadata,
     merge_ranges,
 )
-from tabloader.splits import refuse_mixed_splits
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "PARQUET_SUFFIXES",
     "ParquetSource",
-    "expand",
     "identity",
     "read_footer",
     "read_footers",
 ]
 
-PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 _FOOTER_THREADS = 16
 
 
@@ -162,7 +156,7 @@ class ParquetSource(Source):
 
     def _select(self, files: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
         """The files ``filters`` keep, and their partition values (Hive directories)."""
-        texts = [hive_values(self._below_root(p)) for p in files]
+        texts = [hive_values(below_root(p, self._roots)) for p in files]
         self.key_types = infer_key_types(texts)
         if self.filters is not None:
             check_filters(self.filters, self.key_types, what=", ".join(repr(s) for s in self.specs))
@@ -175,14 +169,6 @@ class ParquetSource(Source):
                 f"files of {', '.join(map(repr, self.specs))}"
             )
         return [files[i] for i in keep], [values[i] for i in keep]
-
-    def _below_root(self, path: str) -> str:
-        """``path`` relative to the directory or glob it was found by (its name alone
-        for a file named directly): where its ``key=value`` directories are read."""
-        for root in sorted(self._roots.values(), key=len, reverse=True):
-            if path.startswith(root):
-                return path[len(root) :]
-        return os.path.basename(path)
 
     def _set_columns(self, metadata: list[pq.FileMetaData], values: list[dict[str, Any]]) -> None:
         """Where each column comes from: the files, or the directories' key values."""
@@ -244,28 +230,8 @@ class ParquetSource(Source):
         self._footers = [e[4] for e in entries] if self.remote is not None else None
         self._digests = [e[5] for e in entries]
 
-        schema_ids: dict[pa.Schema, int] = {}
-        self.schemas = []
-        self._schema_first_file: list[int] = []
-        file_schema = np.empty(len(self.files), dtype=np.int32)
-        file_idx, rg_idx, rows = [], [], []
-        for f, md in enumerate(metadata):
-            schema = md.schema.to_arrow_schema().remove_metadata()
-            sid = schema_ids.setdefault(schema, len(schema_ids))
-            if sid == len(self.schemas):
-                self.schemas.append(schema)
-                self._schema_first_file.append(f)
-            file_schema[f] = sid
-            for g in range(md.num_row_groups):
-                n = md.row_group(g).num_rows
-                if n > 0:
-                    file_idx.append(f)
-                    rg_idx.append(g)
-                    rows.append(n)
-        self.file_schema = file_schema
-        self.part_file = np.asarray(file_idx, dtype=np.int32)
-        self.part_row_group = np.asarray(rg_idx, dtype=np.int32)
-        self.rows = np.asarray(rows, dtype=np.int64)
+        self.schemas, self._schema_first_file, self.file_schema = _schemas(metadata)
+        self.part_file, self.part_row_group, self.rows = _row_groups(metadata)
         value_of = dict(zip(files, values, strict=True))
         self._set_columns(metadata, [value_of[path] for path in self.files])
 
@@ -447,22 +413,44 @@ class ParquetSource(Source):
         values = self.columns.values[int(self.part_file[partition])]
         return {k: values.get(k) for k in self.columns.keys}
 
-    def parquet_layout(self) -> tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]:
-        return self.part_file, self.part_row_group, self.rows
+    @property
+    def format(self) -> RowGroups:
+        return RowGroups(self)
 
-    def file_columns(self, file_index: int, columns: Sequence[str]) -> FileColumns:
-        return self.columns.file_columns(file_index, columns)
 
-    def open_row_groups(
-        self, file_index: int, row_groups: Sequence[int], columns: Sequence[str]
-    ) -> IO[bytes]:
-        if self.remote is None:
-            return open(self.files[file_index], "rb")
-        handle = self.fetch_row_groups(file_index, list(row_groups), list(columns))
-        return cast(IO[bytes], handle)
+def _schemas(metadata: list[pq.FileMetaData]) -> tuple[list[pa.Schema], list[int], Any]:
+    """The distinct Arrow schemas of the files' footers, the first file of each, and each
+    file's schema (its index among them)."""
+    ids: dict[pa.Schema, int] = {}
+    schemas: list[pa.Schema] = []
+    first_file: list[int] = []
+    file_schema = np.empty(len(metadata), dtype=np.int32)
+    for f, md in enumerate(metadata):
+        schema = md.schema.to_arrow_schema().remove_metadata()
+        sid = ids.setdefault(schema, len(ids))
+        if sid == len(schemas):
+            schemas.append(schema)
+            first_file.append(f)
+        file_schema[f] = sid
+    return schemas, first_file, file_schema
 
-    def local_paths(self, files: Sequence[int]) -> list[str] | None:
-        return None if self.remote is not None else [self.files[f] for f in files]
+
+def _row_groups(metadata: list[pq.FileMetaData]) -> tuple[Any, Any, Any]:
+    """Each non-empty row group of the files, a partition: its file, its index in the file
+    and its rows."""
+    file_idx, rg_idx, rows = [], [], []
+    for f, md in enumerate(metadata):
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            if n > 0:
+                file_idx.append(f)
+                rg_idx.append(g)
+                rows.append(n)
+    return (
+        np.asarray(file_idx, dtype=np.int32),
+        np.asarray(rg_idx, dtype=np.int32),
+        np.asarray(rows, dtype=np.int64),
+    )
 
 
 def file_stamps(files: list[str], remote: RemoteStore | None) -> list[Any]:
@@ -574,85 +562,6 @@ def read_footers(
         return list(pool.map(read, files))
 
 
-def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list[str]:
-    """The files a path, directory, glob or URL names now, sorted; ``roots`` records
-    where each directory's or glob's ``key=value`` parts start."""
-    if remote is None:
-        path = os.path.expanduser(spec)
-        # A path that exists is itself, even with glob characters: "a[1].parquet".
-        if globlib.has_magic(path) and not os.path.exists(path):
-            found = sorted(
-                p
-                for p in globlib.glob(path, recursive=True)
-                if os.path.isfile(p) and not _hidden(p)
-            )
-            if not found:
-                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
-            roots[spec] = _glob_root(path)
-            return found
-        if os.path.isdir(path):
-            _refuse_table_directory(spec, _table_markers(path))
-            roots[spec] = path.rstrip("/") + "/"
-            return _from_directory(spec, _walk_local(path))
-        if os.path.isfile(path):
-            return [path]
-        raise SourceNotFoundError(f"{spec!r} does not exist")
-    store = remote
-    path = store.filesystem._strip_protocol(spec)
-
-    def call(name: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return store.call(name, *args, what=f"the listing of {spec}", **kwargs)
-        except PermissionError as err:
-            raise access_denied_error(spec, err) from err
-        except FileNotFoundError:
-            return None
-
-    literal = call("info", path) if globlib.has_magic(path) else None
-    if globlib.has_magic(path) and literal is None:
-        listing = call("glob", path, detail=True) or {}
-        found = sorted(
-            p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
-        )
-        if not found:
-            raise SourceNotFoundError(
-                f"the glob {spec!r} matched no files; check the bucket name, the path "
-                "and the endpoint"
-            )
-        roots[spec] = _glob_root(path)
-        return found
-    info = literal if literal is not None else call("info", path)
-    if info is not None and info.get("type") == "directory":
-        listing = sorted(call("find", path) or [])
-        root = path.rstrip("/") + "/"
-        _refuse_table_directory(spec, [p[len(root) :] for p in listing if p.startswith(root)])
-        roots[spec] = root
-        return _from_directory(spec, listing, root=path)
-    if info is not None:
-        return [path]
-    raise SourceNotFoundError(
-        f"{spec!r} does not exist; check the bucket name, the path and the endpoint"
-    )
-
-
-def _from_directory(spec: str, listing: list[str], root: str | None = None) -> list[str]:
-    base = root if root is not None else spec
-    found = []
-    for p in listing:
-        rel = p[len(base) :].lstrip("/") if p.startswith(base) else os.path.basename(p)
-        if any(part.startswith(("_", ".")) for part in rel.split("/")) or _hidden(p):
-            continue
-        if p.endswith(PARQUET_SUFFIXES):
-            found.append(p)
-    if not found:
-        raise SourceNotFoundError(
-            f"the directory {spec!r} holds no parquet files (looked for "
-            f"{', '.join('*' + s for s in PARQUET_SUFFIXES)}); pass the files explicitly"
-        )
-    refuse_mixed_splits(spec, base, found)
-    return sorted(found)
-
-
 def _local_stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
@@ -678,67 +587,9 @@ def _local_footer(path: str) -> tuple[tuple[int, int, int, int], bytes]:
         return stamp, f.read(length + 8)
 
 
-TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
-
-
-def _hidden(path: str) -> bool:
-    """Files writers leave beside the data (``_SUCCESS``, ``_metadata``, ``.crc``) or are
-    still writing (``*.tmp``, ``*.inprogress``)."""
-    name = os.path.basename(path)
-    return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
-
-
-def _glob_root(pattern: str) -> str:
-    """The directory a glob's matches start below: where their ``key=value`` parts begin."""
-    parts = pattern.replace("\\", "/").split("/")
-    fixed = []
-    for part in parts[:-1]:
-        if globlib.has_magic(part):
-            break
-        fixed.append(part)
-    return "/".join(fixed) + "/" if fixed else ""
-
-
-def _table_markers(directory: str) -> list[str]:
-    """The names below ``directory`` that tell a Delta or Iceberg table's directory."""
-    found = []
-    if os.path.isdir(os.path.join(directory, "_delta_log")):
-        found.append("_delta_log/")
-    metadata = os.path.join(directory, "metadata")
-    if os.path.isdir(metadata):
-        found.extend(f"metadata/{name}" for name in os.listdir(metadata))
-    return found
-
-
-def _refuse_table_directory(spec: str, names: Iterable[str]) -> None:
-    """A table's directory holds the files of every version: refuse to read them all."""
-    for name in names:
-        if name.startswith("_delta_log/"):
-            raise InvalidArgumentError(
-                f"{spec!r} is a Delta Lake table: its directory also holds files that older "
-                "versions replaced or deleted, so reading every file would duplicate and "
-                f"resurrect rows. Load it with tabloader.Dataset.from_delta({spec!r})"
-            )
-        if name.startswith("metadata/") and name.endswith(".metadata.json"):
-            raise InvalidArgumentError(
-                f"{spec!r} is an Apache Iceberg table: its data directory also holds files "
-                "that older snapshots replaced or deleted. Load it with "
-                "tabloader.Dataset.from_iceberg(catalog.load_table(...)), or for a table "
-                "without a catalog pyiceberg.table.StaticTable.from_metadata(...)"
-            )
-
-
 def _with_keys(schema: pa.Schema, keys: dict[str, pa.DataType]) -> pa.Schema:
     """``schema`` with the partition keys it does not store appended."""
     for name, key_type in keys.items():
         if schema.get_field_index(name) < 0:
             schema = schema.append(pa.field(name, key_type))
     return schema
-
-
-def _walk_local(root: str) -> list[str]:
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
-        found.extend(os.path.join(dirpath, name) for name in filenames)
-    return sorted(found)

@@ -1,0 +1,177 @@
+"""Listing what a user names: paths, directories, globs and URLs, as parquet files.
+
+`expand` turns one spec into the files it names now, sorted: directories searched
+recursively for ``*.parquet``, ``*.parq`` and ``*.pq``, skipping names that start with
+``_`` or ``.`` and files still being written (``*.tmp``, ``*.inprogress``); a path that
+exists is itself, even with glob characters; a Delta or Iceberg table's directory is
+refused (it holds the files of every version). It records where each directory's or
+glob's ``key=value`` directories start (`below_root`).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from tabloader.errors import InvalidArgumentError, SourceNotFoundError
+from tabloader.sources.remote import access_denied_error
+from tabloader.splits import refuse_mixed_splits
+
+if TYPE_CHECKING:
+    from tabloader.sources.remote import RemoteStore
+
+__all__ = ["PARQUET_SUFFIXES", "TEMPORARY_SUFFIXES", "below_root", "expand"]
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
+
+
+def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list[str]:
+    """The files a path, directory, glob or URL names now, sorted; ``roots`` records
+    where each directory's or glob's ``key=value`` parts start."""
+    if remote is None:
+        path = os.path.expanduser(spec)
+        # A path that exists is itself, even with glob characters: "a[1].parquet".
+        if globlib.has_magic(path) and not os.path.exists(path):
+            found = sorted(
+                p
+                for p in globlib.glob(path, recursive=True)
+                if os.path.isfile(p) and not _hidden(p)
+            )
+            if not found:
+                raise SourceNotFoundError(f"the glob {spec!r} matched no files")
+            roots[spec] = _glob_root(path)
+            return found
+        if os.path.isdir(path):
+            _refuse_table_directory(spec, _table_markers(path))
+            roots[spec] = path.rstrip("/") + "/"
+            return _from_directory(spec, _walk_local(path))
+        if os.path.isfile(path):
+            return [path]
+        raise SourceNotFoundError(f"{spec!r} does not exist")
+    store = remote
+    path = store.filesystem._strip_protocol(spec)
+
+    def call(name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return store.call(name, *args, what=f"the listing of {spec}", **kwargs)
+        except PermissionError as err:
+            raise access_denied_error(spec, err) from err
+        except FileNotFoundError:
+            return None
+
+    literal = call("info", path) if globlib.has_magic(path) else None
+    if globlib.has_magic(path) and literal is None:
+        listing = call("glob", path, detail=True) or {}
+        found = sorted(
+            p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
+        )
+        if not found:
+            raise SourceNotFoundError(
+                f"the glob {spec!r} matched no files; check the bucket name, the path "
+                "and the endpoint"
+            )
+        roots[spec] = _glob_root(path)
+        return found
+    info = literal if literal is not None else call("info", path)
+    if info is not None and info.get("type") == "directory":
+        listing = sorted(call("find", path) or [])
+        root = path.rstrip("/") + "/"
+        _refuse_table_directory(spec, [p[len(root) :] for p in listing if p.startswith(root)])
+        roots[spec] = root
+        return _from_directory(spec, listing, root=path)
+    if info is not None:
+        return [path]
+    raise SourceNotFoundError(
+        f"{spec!r} does not exist; check the bucket name, the path and the endpoint"
+    )
+
+
+def _from_directory(spec: str, listing: list[str], root: str | None = None) -> list[str]:
+    base = root if root is not None else spec
+    found = []
+    for p in listing:
+        rel = p[len(base) :].lstrip("/") if p.startswith(base) else os.path.basename(p)
+        if any(part.startswith(("_", ".")) for part in rel.split("/")) or _hidden(p):
+            continue
+        if p.endswith(PARQUET_SUFFIXES):
+            found.append(p)
+    if not found:
+        raise SourceNotFoundError(
+            f"the directory {spec!r} holds no parquet files (looked for "
+            f"{', '.join('*' + s for s in PARQUET_SUFFIXES)}); pass the files explicitly"
+        )
+    refuse_mixed_splits(spec, base, found)
+    return sorted(found)
+
+
+def below_root(path: str, roots: dict[str, str]) -> str:
+    """``path`` relative to the directory or glob it was found by (``roots``, from
+    `expand`; its name alone for a file named directly): where its ``key=value``
+    directories are read.
+
+    Examples:
+        >>> below_root("data/day=3/a.parquet", {"data/": "data/"})
+        'day=3/a.parquet'
+    """
+    for root in sorted(roots.values(), key=len, reverse=True):
+        if path.startswith(root):
+            return path[len(root) :]
+    return os.path.basename(path)
+
+
+def _hidden(path: str) -> bool:
+    """Files writers leave beside the data (``_SUCCESS``, ``_metadata``, ``.crc``) or are
+    still writing (``*.tmp``, ``*.inprogress``)."""
+    name = os.path.basename(path)
+    return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob's matches start below: where their ``key=value`` parts begin."""
+    parts = pattern.replace("\\", "/").split("/")
+    fixed = []
+    for part in parts[:-1]:
+        if globlib.has_magic(part):
+            break
+        fixed.append(part)
+    return "/".join(fixed) + "/" if fixed else ""
+
+
+def _table_markers(directory: str) -> list[str]:
+    """The names below ``directory`` that tell a Delta or Iceberg table's directory."""
+    found = []
+    if os.path.isdir(os.path.join(directory, "_delta_log")):
+        found.append("_delta_log/")
+    metadata = os.path.join(directory, "metadata")
+    if os.path.isdir(metadata):
+        found.extend(f"metadata/{name}" for name in os.listdir(metadata))
+    return found
+
+
+def _refuse_table_directory(spec: str, names: Iterable[str]) -> None:
+    """A table's directory holds the files of every version: refuse to read them all."""
+    for name in names:
+        if name.startswith("_delta_log/"):
+            raise InvalidArgumentError(
+                f"{spec!r} is a Delta Lake table: its directory also holds files that older "
+                "versions replaced or deleted, so reading every file would duplicate and "
+                f"resurrect rows. Load it with tabloader.Dataset.from_delta({spec!r})"
+            )
+        if name.startswith("metadata/") and name.endswith(".metadata.json"):
+            raise InvalidArgumentError(
+                f"{spec!r} is an Apache Iceberg table: its data directory also holds files "
+                "that older snapshots replaced or deleted. Load it with "
+                "tabloader.Dataset.from_iceberg(catalog.load_table(...)), or for a table "
+                "without a catalog pyiceberg.table.StaticTable.from_metadata(...)"
+            )
+
+
+def _walk_local(root: str) -> list[str]:
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
+        found.extend(os.path.join(dirpath, name) for name in filenames)
+    return sorted(found)
