@@ -3,9 +3,10 @@
 The pages under ``reference/`` are generated, never written by hand: an overview
 (``reference/index.md``), one page per name in ``tabloader.__all__`` (``Dataset``,
 ``Loader``, ...; the exceptions together on the ``errors`` page) and one per public
-module that exists (the framework adapters, ``convert``, ``synthetic``, ``plan``,
-``errors``). A class added to ``__all__``, or an adapter module added to the package,
-gets its page and its place in the navigation without editing anything. The names are
+module that exists (the framework adapters, ``convert``, ``synthetic``, the epoch
+plan's ``plan``, ``permutation`` and ``elastic``, ``errors``). A class added to
+``__all__``, or an adapter module added to the package, gets its page and its place in
+the navigation without editing anything. The names are
 read from the sources, so building the docs imports nothing (PyTorch, TensorFlow and
 cudf need not be installed).
 
@@ -19,7 +20,18 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tabloader"
-MODULES = ("torch", "keras", "tensorflow", "jax", "convert", "synthetic", "plan", "errors")
+MODULES = (
+    "torch",
+    "keras",
+    "tensorflow",
+    "jax",
+    "convert",
+    "synthetic",
+    "plan",
+    "permutation",
+    "elastic",
+    "errors",
+)
 """Public modules, in the order the reference shows them (those that exist)."""
 NAV_TITLE = "API reference"
 INTERNAL = {
@@ -74,7 +86,8 @@ def reference_pages() -> dict[str, str]:
         "# API reference",
         "",
         "Everything `import tabloader` offers, a page each, then each public module: the "
-        "framework adapters, the converter, the synthetic data, the epoch plan and the "
+        "framework adapters, the converter, the synthetic data, the epoch plan (its "
+        "chunks' permutations, and the rest of an epoch dealt to another world) and the "
         "exceptions. Names not listed here are implementation details and may change.",
         "",
         "## The `tabloader` package",

@@ -397,11 +397,11 @@ def test_a_chunk_of_exactly_2_to_the_32_rows_keeps_every_image_of_its_domain():
     """A permutation of 2**32 rows has a domain of 32-bit positions, which cannot hold the
     row count itself: the images kept are those up to the last row, which they can
     (the comparison with the count overflowed)."""
-    from tabloader import plan
+    from tabloader import permutation
 
     images = np.array([0, 2**31, 2**32 - 1], dtype=np.uint32)
-    assert (images <= plan._last_row(2**32, np.uint32)).tolist() == [True, True, True]
-    assert (images <= plan._last_row(2**31, np.uint32)).tolist() == [True, False, False]
+    assert (images <= permutation._last_row(2**32, np.uint32)).tolist() == [True, True, True]
+    assert (images <= permutation._last_row(2**31, np.uint32)).tolist() == [True, False, False]
 
 
 def test_out_of_memory_errors_become_one_error_with_the_remedy():
@@ -1155,7 +1155,7 @@ def test_a_dask_frame_on_the_gpu_matches_the_cpu():
 def test_counter_permutation_on_the_device_is_the_hosts(n: int) -> None:
     import cupy
 
-    from tabloader.plan import counter_permutation
+    from tabloader.permutation import counter_permutation
 
     keys = [2**64 - 1, 7, 2**40 + 3, 0]
     on_device = counter_permutation(n, keys, xp=cupy, block=max(1, n // 2))
@@ -1170,7 +1170,7 @@ def test_the_feistel_network_is_one_kernel_with_the_hosts_images(dtype, monkeypa
     computes (on the emulated device, its launches counted too)."""
     import cupy
 
-    from tabloader.plan import _network
+    from tabloader.permutation import _network
 
     width = 8 * np.dtype(dtype).itemsize
     half = width // 2 - 2
@@ -1210,7 +1210,7 @@ def test_chunk_permutations_drawn_together_on_the_device_are_each_chunks_own(
     host's draw, whatever the group's bound."""
     import cupy
 
-    from tabloader.plan import chunk_keys, counter_permutation, counter_permutations
+    from tabloader.permutation import chunk_keys, counter_permutation, counter_permutations
 
     rows = [base if s == "base" else others[i] for i, s in enumerate(sizes)]
     keys = [chunk_keys(seed=seed, epoch=1, rank=0, worker=0, chunk=c) for c in range(len(rows))]

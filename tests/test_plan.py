@@ -10,21 +10,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabloader.plan import (
-    Leg,
+from tabloader.elastic import Leg, plan_rest, round_robin
+from tabloader.permutation import (
     chunk_keys,
-    chunk_offsets,
     chunk_permutation,
-    count_batches,
     counter_permutation,
     deal_into_batches,
     inverse_permutation,
+)
+from tabloader.plan import (
+    chunk_offsets,
+    count_batches,
     partition_order,
     plan_cached_epoch,
     plan_epoch,
-    plan_rest,
     rank_rows,
-    round_robin,
     worker_row_range,
 )
 
@@ -326,7 +326,7 @@ def test_counter_permutation_of_wide_domains_is_a_bijection(n):
 
 
 def test_chunk_permutations_drawn_together_are_each_chunks_own_on_the_host():
-    from tabloader.plan import counter_permutations
+    from tabloader.permutation import counter_permutations
 
     sizes = [1000, 1000, 7, 0, 1, 1000]
     keys = [chunk_keys(seed=3, epoch=2, rank=1, worker=0, chunk=c) for c in range(6)]

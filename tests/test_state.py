@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tabloader
-from tabloader.plan import Leg
+from tabloader.elastic import Leg
 from tabloader.state import (
     STATE_FORMAT,
     Cursor,

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from tabloader.elastic import round_robin
 from tabloader.errors import InvalidArgumentError, TabloaderError
 from tabloader.options import int_at_least
-from tabloader.plan import round_robin
 from tabloader.state import Cursor, Position
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class HandedEpoch:
     def position(self, loader: Loader) -> Position:
         """Where the job stands: taken from the workers in turn, each worker share has
         handed out its share of the batches served (see
-        [`round_robin`][tabloader.plan.round_robin])."""
+        [`round_robin`][tabloader.elastic.round_robin])."""
         first = self.starts[0]
         if not self.in_order and self.served:
             raise InvalidArgumentError(

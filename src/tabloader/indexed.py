@@ -32,8 +32,8 @@ from tabloader.options import int_at_least
 from tabloader.state import Cursor
 
 if TYPE_CHECKING:
+    from tabloader.elastic import Leg
     from tabloader.loader import BatchIterator, Loader
-    from tabloader.plan import Leg
 
 __all__ = ["HEAD_BATCHES", "IndexedEpochs"]
 

@@ -29,16 +29,11 @@ from tabloader.config import (
 )
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
+from tabloader.elastic import Planner, plan_rest
 from tabloader.errors import InvalidArgumentError, SchemaMismatchError
 from tabloader.memory import release_arrow_memory
 from tabloader.options import int_at_least, keywords_of, reject_unknown
-from tabloader.plan import (
-    EpochPlan,
-    Planner,
-    plan_cached_epoch,
-    plan_epoch,
-    plan_rest,
-)
+from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
 from tabloader.stages import Prefetcher, Threads, batch_stream, batches_ahead
 from tabloader.state import WORLD_OPTIONS, Cursor, Fingerprint, Position, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
@@ -763,7 +758,7 @@ def _plan_of_share(
     num_workers: int,
     **options: Any,
 ) -> EpochPlan:
-    """``plan_for``'s plan for a rank's worker share (a `tabloader.plan.Planner`)."""
+    """``plan_for``'s plan for a rank's worker share (a `tabloader.elastic.Planner`)."""
     return plan_for(
         partition_rows, global_rank=global_rank, global_size=global_size, worker=worker,
         num_workers=num_workers, **options,

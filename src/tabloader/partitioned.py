@@ -210,8 +210,7 @@ class Partitioned:
         files = self.format
         if not isinstance(files, RowGroups):
             raise InvalidArgumentError(
-                f"open_row_groups reads parquet files; this dataset is a {self._source.kind} "
-                "source"
+                f"open_row_groups reads parquet files; this dataset is a {self._source.kind} source"
             )
         return files.open_row_groups(file_index, row_groups, columns)
 

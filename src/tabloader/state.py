@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tabloader._version import __version__
+from tabloader.elastic import Leg
 from tabloader.errors import InvalidArgumentError
 from tabloader.options import int_at_least
-from tabloader.plan import Leg
 
 if TYPE_CHECKING:
     from tabloader.dataset import Dataset
@@ -170,7 +170,7 @@ class Cursor:
     """A position in the epochs: ``batches`` batches of epoch ``epoch`` handed out, in
     worker share ``worker`` of ``num_workers``, the epoch shuffled with ``seed``; ``legs``
     are the worlds that served the epoch before this one (see
-    [`plan_rest`][tabloader.plan.plan_rest]), empty unless it was resumed on another.
+    [`plan_rest`][tabloader.elastic.plan_rest]), empty unless it was resumed on another.
 
     Immutable: moving on makes a new cursor (`at`, `next_epoch`, ``dataclasses.replace``).
     """

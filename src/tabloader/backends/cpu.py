@@ -21,7 +21,7 @@ import numpy as np
 from tabloader.batches import Ragged, empty_segment
 from tabloader.decode.host import INTERLEAVE_ROWS, decode_pieces, interleave, put_column
 from tabloader.hostmem import BufferPool, PooledNumpy
-from tabloader.plan import inverse_permutation
+from tabloader.permutation import inverse_permutation
 from tabloader.stages import Reading, SplitWork, read_in_stages
 
 if TYPE_CHECKING:
