@@ -11,13 +11,8 @@ import pyarrow as pa
 import pytest
 
 import tabloader
-from tabloader.config import (
-    ALIASES,
-    LOADER_KEYWORDS,
-    LoaderConfig,
-    LoaderOptions,
-    check_dataset,
-)
+from tabloader.checks import check_dataset
+from tabloader.config import ALIASES, LOADER_KEYWORDS, LoaderConfig, LoaderOptions
 from tabloader.options import keywords_of
 
 TABLE = pa.table({"user": [3, 1, 2], "x": [0.5, None, 1.5], "y": [0.0, 1.0, 0.0]})

@@ -19,7 +19,7 @@ smallest and largest value (two reductions over the column), and only where thos
 not fit (or for floats delivered as integers, whose fractions statistics cannot show)
 the values one by one, to name the first that does not fit. On a GPU a verdict is a
 wait for the device, so only the columns the statistics cannot vouch for are checked
-as they are read (`tabloader.config.DatasetChecks.read_checks` decides). Option values
+as they are read (`tabloader.checks.DatasetChecks.read_checks` decides). Option values
 that end up in the data (``fill_null``, ``sparse_pad``) follow the same rule, checked
 by `fits`.
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tabloader.checks import encoding_hint
 from tabloader.columns import type_difference
-from tabloader.config import encoding_hint
 from tabloader.dataset import (
     LARGE_ROW_GROUP_BYTES,
     SMALL_ROW_GROUP_ROWS,

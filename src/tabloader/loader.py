@@ -20,13 +20,8 @@ from tabloader.backends import get_backend
 from tabloader.batches import Layout
 from tabloader.cache import DecodedCache
 from tabloader.casting import checked_layout
-from tabloader.config import (
-    LOADER_KEYWORDS,
-    ConfigAttributes,
-    LoaderConfig,
-    LoaderOptions,
-    check_dataset,
-)
+from tabloader.checks import check_dataset
+from tabloader.config import LOADER_KEYWORDS, ConfigAttributes, LoaderConfig, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.elastic import Planner, plan_rest
@@ -455,7 +450,7 @@ class Loader(_Standing):
         checks = check_dataset(config, self.dataset, stacklevel=2)
         self._range_checks = checks.read_checks(self.device)
         """Columns whose values are checked to fit their dtype when read (see
-        `tabloader.config.DatasetChecks.read_checks`)."""
+        `tabloader.checks.DatasetChecks.read_checks`)."""
         config = self.config = config.with_widths(checks.widths)  # vectors' k, from the data
         self.layout_plan = self._layout(config.layout == "stacked")
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
