@@ -17,7 +17,8 @@ from tabloader._version import __version__
 from tabloader.config import LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.errors import *  # noqa: F403  (the exceptions and warnings: errors.__all__)
-from tabloader.loader import BatchIterator, Loader
+from tabloader.iterator import BatchIterator
+from tabloader.loader import Loader
 from tabloader.progress import Progress
 from tabloader.state import agreed_state
 from tabloader.stats import LoaderStats

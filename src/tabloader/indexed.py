@@ -33,7 +33,8 @@ from tabloader.state import Cursor
 
 if TYPE_CHECKING:
     from tabloader.elastic import Leg
-    from tabloader.loader import BatchIterator, Loader
+    from tabloader.iterator import BatchIterator
+    from tabloader.loader import Loader
 
 __all__ = ["HEAD_BATCHES", "IndexedEpochs"]
 

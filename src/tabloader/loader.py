@@ -10,8 +10,6 @@ deliver each epoch its plan (`tabloader.plan`) says. Where the epochs stand is a
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,10 +24,10 @@ from tabloader.dataset import Dataset
 from tabloader.device import Device, resolve_device
 from tabloader.elastic import Planner, plan_rest
 from tabloader.errors import InvalidArgumentError, SchemaMismatchError
-from tabloader.memory import release_arrow_memory
+from tabloader.iterator import BatchIterator, EpochProgress
 from tabloader.options import int_at_least, keywords_of, reject_unknown
 from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
-from tabloader.stages import Prefetcher, Threads, batch_stream, batches_ahead
+from tabloader.stages import Threads, batch_stream, batches_ahead
 from tabloader.state import WORLD_OPTIONS, Cursor, Fingerprint, Position, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
 
@@ -44,7 +42,7 @@ if TYPE_CHECKING:
 else:
     _Options = ConfigAttributes
 
-__all__ = ["LOADER_KEYWORDS", "BatchIterator", "Loader", "LoaderOptions"]
+__all__ = ["LOADER_KEYWORDS", "Loader", "LoaderOptions"]
 
 
 class _Standing(_Options):
@@ -637,111 +635,6 @@ class Loader(_Standing):
             f"columns={len(config.columns)}, rank={config.global_rank}/{config.global_size}, "
             f"device={self.device})"
         )
-
-
-class EpochProgress:
-    """How far one epoch's iterator got: the batches it handed out after its start, and
-    whether it ended. Its `BatchIterator` is its only writer."""
-
-    def __init__(self, start: Cursor) -> None:
-        self.start = start
-        self.served = 0
-        self.finished = False
-
-    @property
-    def cursor(self) -> Cursor:
-        return self.start.at(self.start.batches + self.served)
-
-
-class BatchIterator:
-    """One epoch in progress. Close it (or drop it) to stop its background threads.
-
-    ``len()`` is the number of batches still to come.
-    """
-
-    def __init__(
-        self,
-        stage: Prefetcher[tuple[int, Any]],
-        num_batches: int,
-        stats: StatsRecorder,
-        start: Cursor,
-    ):
-        self._stage = stage
-        self._remaining = num_batches
-        self._stats = stats
-        self._started: float | None = None
-        self.progress = EpochProgress(start)
-        """How far this epoch got; written by this iterator only, and kept by its loader
-        to say where the epoch stands after the iterator is gone."""
-
-    @property
-    def cursor(self) -> Cursor:
-        """Where this epoch stands: its epoch, seed and worker share, and the batches of it
-        handed out so far (counting any skipped on resume)."""
-        return self.progress.cursor
-
-    @property
-    def position(self) -> Cursor:
-        """The same as `cursor`."""
-        return self.progress.cursor
-
-    @property
-    def finished(self) -> bool:
-        """Whether the epoch ended (its last batch was handed out and asked past)."""
-        return self.progress.finished
-
-    def __iter__(self) -> BatchIterator:
-        return self
-
-    def __len__(self) -> int:
-        return self._remaining
-
-    def __next__(self) -> Any:
-        now = time.perf_counter()
-        if self._started is None:
-            self._started = now
-        try:
-            rows, batch = next(self._stage)
-        except StopIteration:
-            self.progress.finished = True
-            self._finish()
-            release_arrow_memory()  # the epoch's threads have ended
-            raise
-        except BaseException:
-            self._finish()
-            raise
-        self._stats.wait_seconds += time.perf_counter() - now
-        self._stats.rows += rows
-        self._stats.batches += 1
-        self._remaining -= 1
-        self.progress.served += 1
-        return batch
-
-    def _finish(self) -> None:
-        if self._started is not None:
-            self._stats.consume_seconds += time.perf_counter() - self._started
-            self._started = None
-
-    def close(self) -> None:
-        """Stop the background threads; the iterator yields nothing more."""
-        self._finish()
-        self._stage.close()
-        self._remaining = 0
-        release_arrow_memory()
-
-    def __enter__(self) -> BatchIterator:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self._finish()
-
-    @property
-    def threads(self) -> list[threading.Thread]:
-        """The background thread serving this iterator (for tests and debugging)."""
-        return [self._stage.thread]
 
 
 def _plan_of_share(
