@@ -20,7 +20,7 @@ from tabloader.cli.bench import _batches, _loader_options
 from tabloader.dataset import SMALL_ROW_GROUP_ROWS
 from tabloader.inspection import compact_names, inspect_dataset, layout_warnings
 from tabloader.progress import Progress
-from tabloader.stages import thread_advice
+from tabloader.threads import thread_advice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -282,7 +282,7 @@ def test_thread_oversubscription_is_named_with_what_to_set():
 def test_bench_with_torch_warns_when_threads_oversubscribe(dataset_dir, capsys):
     import torch
 
-    from tabloader.stages import usable_cores
+    from tabloader.threads import usable_cores
 
     (path,) = dataset_dir([[100]])
     before = torch.get_num_threads()

@@ -183,7 +183,7 @@ def test_balanced_groups_use_every_job_once_and_stay_near_the_mean(weights, coun
 
 @given(cores=st.integers(1, 512))
 def test_every_stage_gets_at_least_one_thread_and_never_more_than_the_cores(cores):
-    from tabloader.stages import Threads
+    from tabloader.threads import Threads
 
     threads = Threads(cores)
     for count in (threads.layout, threads.gather, threads.fill):
@@ -194,9 +194,9 @@ def test_every_stage_gets_at_least_one_thread_and_never_more_than_the_cores(core
 
 
 def test_threads_are_sized_from_the_cores_this_process_may_run_on(monkeypatch):
-    import tabloader.stages
-    from tabloader.stages import Threads
+    import tabloader.threads
+    from tabloader.threads import Threads
 
-    monkeypatch.setattr(tabloader.stages, "usable_cores", lambda: 12)
+    monkeypatch.setattr(tabloader.threads, "usable_cores", lambda: 12)
     assert Threads.sized().cores == 12
     assert Threads.sized(3).cores == 3

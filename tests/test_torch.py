@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tabloader  # noqa: E402
-from tabloader.stages import usable_cores  # noqa: E402
+from tabloader.threads import usable_cores  # noqa: E402
 from tabloader.torch import DLDataLoader, TorchAsyncItr, _as_tensor  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -27,9 +27,10 @@ from tabloader.errors import InvalidArgumentError, SchemaMismatchError
 from tabloader.iterator import BatchIterator, EpochProgress
 from tabloader.options import int_at_least, keywords_of, reject_unknown
 from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
-from tabloader.stages import Threads, batch_stream, batches_ahead
+from tabloader.stages import batch_stream, batches_ahead
 from tabloader.state import WORLD_OPTIONS, Cursor, Fingerprint, Position, dataset_fingerprint
 from tabloader.stats import LoaderStats, StatsRecorder
+from tabloader.threads import Threads
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -58,12 +58,13 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from tabloader.batches import cut_batches, detached
 from tabloader.errors import TabloaderError
+from tabloader.threads import Threads
 
 if TYPE_CHECKING:
     from tabloader.batches import Block, Layout, Part
@@ -73,14 +74,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_QUEUE_DEPTH",
-    "GATHER_THREADS",
     "Backend",
-    "LOADER_THREADS",
     "Prefetcher",
     "ReadRequest",
     "Reading",
     "SplitWork",
-    "Threads",
     "balanced_groups",
     "batch_stream",
     "batches_ahead",
@@ -91,14 +89,10 @@ __all__ = [
     "read_in_stages",
     "run_ahead",
     "start_thread",
-    "thread_advice",
-    "usable_cores",
 ]
 
 BATCH_QUEUE_DEPTH = 4
 """Ready batches waiting for the consumer."""
-GATHER_THREADS = 4
-"""Most threads gathering a GPU cache's windows at once (the CPU's: `Threads`)."""
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -349,81 +343,6 @@ def _run_all(jobs: Sequence[Callable[[], None]]) -> None:
         job()
 
 
-LOADER_THREADS = 2
-"""Background threads of one loader (a reader and a batcher), besides pyarrow's decode pool
-and the reader's short-lived layout helpers."""
-
-
-def thread_advice(torch_threads: int, cores: int) -> str | None:
-    """What to set when PyTorch's intra-op threads and the loader's threads exceed the cores.
-
-    Examples:
-        >>> thread_advice(2, 2).split(";")[0]
-        'PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores'
-        >>> thread_advice(6, 8) is None
-        True
-    """
-    if torch_threads + LOADER_THREADS <= cores:
-        return None
-    fit = max(1, cores - LOADER_THREADS)
-    return (
-        f"PyTorch uses {torch_threads} intra-op threads and the loader {LOADER_THREADS} "
-        f"background threads on {cores} cores; they will fight over the cores and an epoch "
-        f"can take several times longer. Call torch.set_num_threads({fit}) or set "
-        f"OMP_NUM_THREADS={fit} (see docs/performance.md)"
-    )
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class Threads:
-    """How many threads each CPU stage may run at once, all decided here from one number:
-    the cores the loader may keep busy (``Loader(threads=)``, by default the cores this
-    process may run on, `usable_cores`). `LoaderStats.threads` says which was taken.
-
-    Arrow decodes each row group on its own pool, as wide as the machine, beside these.
-    On 2 cores every stage gets both (alone, the reader laying out chunks was the
-    pipeline's slowest stage: the decoder, one piece ahead, waited for it a quarter of
-    the time). The limits beyond are where memory bandwidth, not cores, sets the pace
-    of a scatter or a gather; they await a measurement on many cores.
-
-    Examples:
-        >>> Threads(2).layout, Threads(2).gather, Threads(2).fill
-        (2, 2, 2)
-        >>> Threads(16).layout, Threads(16).gather, Threads(16).fill
-        (8, 8, 4)
-    """
-
-    cores: int
-
-    @classmethod
-    def sized(cls, threads: int | None = None) -> Threads:
-        """``threads`` when given, else the cores this process may run on."""
-        return cls(usable_cores() if threads is None else max(1, threads))
-
-    @property
-    def layout(self) -> int:
-        """Threads laying out a chunk's decoded pieces, the reader's own included."""
-        return min(self.cores, 8)
-
-    @property
-    def gather(self) -> int:
-        """Threads gathering a cached epoch's batches (`run_ahead`)."""
-        return min(self.cores, 8)
-
-    @property
-    def fill(self) -> int:
-        """Threads writing decoded pieces into a cache being filled, the reader's included
-        (the gather threads serve the epoch beside them)."""
-        return min(self.cores, 4)
-
-
 # -- the stages, in the order the data flows -------------------------------------------------
 
 
@@ -443,7 +362,7 @@ class ReadRequest:
     """Chunks the reader may lay out ahead of the one being cut into batches."""
     consumer_waiting: threading.Event | None = None
     """Set while the consumer of the chunks waits for one (see ``Backend.read_chunks``)."""
-    threads: Threads = Threads(1)
+    threads: Threads = field(default_factory=lambda: Threads(1))
     """How many threads each stage may run (the loader's, sized once)."""
 
 

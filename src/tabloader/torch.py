@@ -41,9 +41,9 @@ from tabloader.epochs import EpochRun, IterableEpochs
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
-from tabloader.stages import thread_advice, usable_cores
 from tabloader.state import STATE_FORMAT_KEY, merge_worker_states
 from tabloader.state import agreed_state as agreed_states
+from tabloader.threads import thread_advice, usable_cores
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -31,7 +31,8 @@ import numpy as np
 from tabloader.batches import column_width
 from tabloader.decode.host import interleave
 from tabloader.memory import address
-from tabloader.stages import map_on_threads, usable_cores
+from tabloader.stages import map_on_threads
+from tabloader.threads import usable_cores
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -31,7 +31,7 @@ from tabloader.inspection import counted, suggest_columns
 from tabloader.loader import Loader
 from tabloader.plan import rank_rows
 from tabloader.progress import Progress
-from tabloader.stages import thread_advice, usable_cores
+from tabloader.threads import thread_advice, usable_cores
 
 __all__ = ["MEASURED", "add_parser", "bench_columns", "run"]
 
