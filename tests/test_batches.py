@@ -33,21 +33,15 @@ LAYOUT = Layout(
 @given(
     sizes=st.lists(st.integers(0, 50), max_size=12),
     batch_size=st.integers(1, 40),
-    drop_last=st.booleans(),
 )
-def test_batches_are_full_in_order_and_carry_the_remainder(sizes, batch_size, drop_last):
+def test_batches_are_full_in_order_and_carry_the_remainder(sizes, batch_size):
     total = sum(sizes)
-    batches = list(
-        cut_batches(
-            segments_of(sizes), batch_size=batch_size, drop_last=drop_last, layout=LAYOUT, xp=XP
-        )
-    )
+    batches = list(cut_batches(segments_of(sizes), batch_size=batch_size, layout=LAYOUT, xp=XP))
     lengths = [len(b["a"]) for b in batches]
     assert all(n == batch_size for n in lengths[:-1])
-    kept = total - (total % batch_size if drop_last else 0)
-    assert sum(lengths) == kept
+    assert sum(lengths) == total
     a = np.concatenate([b["a"] for b in batches]) if batches else np.empty(0)
-    np.testing.assert_array_equal(a, np.arange(kept))
+    np.testing.assert_array_equal(a, np.arange(total))
     for b in batches:
         np.testing.assert_array_equal(b["b"], b["a"] * 2)
         np.testing.assert_array_equal(b["x"], b["a"] / 2)
@@ -55,7 +49,7 @@ def test_batches_are_full_in_order_and_carry_the_remainder(sizes, batch_size, dr
 
 def test_full_batches_inside_a_segment_are_views():
     (part,) = segments_of([100])
-    batches = list(cut_batches([part], batch_size=25, drop_last=False, layout=LAYOUT, xp=XP))
+    batches = list(cut_batches([part], batch_size=25, layout=LAYOUT, xp=XP))
     assert all(np.shares_memory(b["a"], part[0]["int64"]) for b in batches)
 
 
@@ -68,7 +62,7 @@ def test_indexed_parts_deliver_whole_rows_in_index_order(sizes, batch_size, seed
     rng = np.random.default_rng(seed)
     parts = [(segment, rng.permutation(len(segment["int64"]))) for segment, _ in segments_of(sizes)]
     expected = np.concatenate([segment["int64"][index, 0] for segment, index in parts])
-    batches = list(cut_batches(parts, batch_size=batch_size, drop_last=False, layout=LAYOUT, xp=XP))
+    batches = list(cut_batches(parts, batch_size=batch_size, layout=LAYOUT, xp=XP))
     np.testing.assert_array_equal(np.concatenate([b["a"] for b in batches]), expected)
     for b in batches:
         np.testing.assert_array_equal(b["b"], b["a"] * 2)

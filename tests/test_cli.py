@@ -478,7 +478,9 @@ def test_bench_with_nulls_needs_fill_null_and_says_how_to_give_it(user_data, cap
         (["--cats", "item", "--labels", "click"], lambda ld: ld.cats == ("item",) and not ld.conts),
         (
             ["--shuffle", "global", "--cache", "memory"],
-            lambda ld: ld.global_shuffle and ld.cache is not None and ld.cache.mode == "memory",
+            lambda ld: (
+                ld.shuffle == "global" and ld.cache is not None and ld.cache.mode == "memory"
+            ),
         ),
         (["--shuffle", "false"], lambda ld: not ld.shuffle),
         (["--no-shuffle"], lambda ld: not ld.shuffle),

@@ -46,7 +46,7 @@ def test_a_built_config_is_normalised_and_immutable():
         seed=5,
     )
     assert (config.cats, config.conts, config.labels) == (("user", "tags"), ("x",), ())
-    assert (config.shuffle, config.global_shuffle, config.cache_mode) == (True, True, "memory")
+    assert (config.shuffle, config.cache_mode) == ("global", "memory")
     assert config.fill_null == {"user": 0, "tags": 0, "x": 0}
     assert config.dtypes == {
         "user": np.dtype("int64"),

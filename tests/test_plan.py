@@ -88,6 +88,8 @@ def test_shards_are_disjoint_cover_the_data_and_agree_on_batch_counts(
             ids = global_rows(rows, plan)
             assert len(ids) == plan.num_rows
             assert plan.num_batches == count_batches(plan.num_rows, batch_size, drop_last=drop_last)
+            # drop_last is planned: the stream holds whole batches, none for the batcher to drop
+            assert not drop_last or plan.num_rows == plan.num_batches * batch_size
             # Only the last worker of a rank may hold a short batch.
             if worker < workers - 1:
                 assert plan.num_rows % batch_size == 0
@@ -474,6 +476,8 @@ def test_an_epoch_resumed_on_other_worlds_delivers_every_row_left_exactly_once(
             ids = stream_ids(plan, begins)
             assert len(ids) == plan.num_rows
             assert plan.num_batches == count_batches(plan.num_rows, batch_size, drop_last=drop_last)
+            # drop_last is planned: the stream holds whole batches, none for the batcher to drop
+            assert not drop_last or plan.num_rows == plan.num_batches * batch_size
             delivered.append(ids[: done[w] * batch_size])
             # only chunks holding its rows, each read once
             assert all(plan.chunk_rows(c) > 0 for c in range(plan.num_chunks))

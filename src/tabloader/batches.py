@@ -303,14 +303,14 @@ def cut_batches(
     parts: Iterable[Part],
     *,
     batch_size: int,
-    drop_last: bool,
     layout: Layout,
     xp: Any,
 ) -> Iterator[dict[str, Any]]:
     """Cut a stream of parts into batches of exactly ``batch_size`` rows.
 
     Rows left at the end of a part are carried into the next one; only the very last
-    batch may be short, and ``drop_last`` drops it. Without an index, full batches
+    batch may be short (with ``drop_last`` the plan holds no such rows: a rank keeps
+    whole batches' worth, see `tabloader.plan`). Without an index, full batches
     inside a segment are views of it (no copy); a batch that straddles parts is
     concatenated. On a GPU the gathers are only issued: the loader orders its consumer
     after them once the batch is finished (``xp.hand_over()``).
@@ -340,7 +340,7 @@ def cut_batches(
                 pending, pending_rows = [_cut(part, pos, rows, xp)], rows - pos
         # Let go of a finished chunk before waiting for the next one.
         del part
-    if pending_rows and not drop_last:
+    if pending_rows:
         yield complete(_concat(pending, xp))
 
 

@@ -126,7 +126,7 @@ class LoaderConfig:
 
     The fields are the [`Loader`][tabloader.Loader] keywords of the same names (see its
     documentation), as `build` leaves them: column options as tuples under one
-    spelling, ``shuffle=True`` also for ``"global"`` (then ``global_shuffle``), the seed
+    spelling, ``shuffle`` True, False or ``"global"``, the seed
     drawn when not given (``seed_given`` says which), ``fill_null`` a dict over the
     columns, ``chunk_rows`` the chunk size used (about 128 MiB of decoded rows when
     neither it nor ``parts_per_chunk`` is given), and ``dtypes`` each column's
@@ -136,7 +136,9 @@ class LoaderConfig:
     cats: tuple[str, ...] = field(default=(), metadata=_OPTION)
     conts: tuple[str, ...] = field(default=(), metadata=_OPTION)
     labels: tuple[str, ...] = field(default=(), metadata=_OPTION)
-    shuffle: bool = field(default=False, metadata=_OPTION)
+    shuffle: bool | Literal["global"] = field(default=False, metadata=_OPTION)
+    """``"global"``: permute all of the rank's rows every epoch (from a cache); True:
+    partitions and rows within chunks."""
     cache_mode: CacheMode | None = field(default=None, metadata={**_OPTION, "keyword": "cache"})
     """The ``cache`` option (a loader's ``cache`` is its `DecodedCache`)."""
     batch_size: int = field(default=1, metadata={"plan": True})
@@ -161,8 +163,6 @@ class LoaderConfig:
     sparse_as_dense: bool = field(default=False, metadata=_OPTION)
     sparse_pad: float = field(default=0, metadata=_OPTION)
     layout: Literal["columns", "stacked"] = "columns"
-    global_shuffle: bool = False
-    """``shuffle="global"``: permute all of the rank's rows every epoch."""
     seed_given: bool = False
     """Whether the seed was given (a loaded state's seed is adopted only when not)."""
     dtypes: Mapping[str, np.dtype[Any]] = dataclasses.field(default_factory=dict)
@@ -271,7 +271,7 @@ class LoaderConfig:
             "cats": list(self.cats),
             "conts": list(self.conts),
             "labels": list(self.labels),
-            "shuffle": "global" if self.global_shuffle else self.shuffle,
+            "shuffle": self.shuffle,
             # With a cache every rank keeps a fixed share: another order than streaming.
             "cache": self.cache_mode is not None,
             **self.plan_options(),
@@ -338,13 +338,14 @@ class LoaderConfig:
         if layout not in ("columns", "stacked"):
             raise InvalidArgumentError(f"layout must be 'columns' or 'stacked', got {layout!r}")
         shuffle, cache = options["shuffle"], options["cache"]
-        global_shuffle = isinstance(shuffle, str) and shuffle == "global"
-        if isinstance(shuffle, str) and not global_shuffle:
+        if isinstance(shuffle, str) and shuffle != "global":
             raise InvalidArgumentError(f"shuffle must be True, False or 'global', got {shuffle!r}")
-        shuffle = True if global_shuffle else flag(shuffle, "shuffle")
+        shuffle_as: bool | Literal["global"] = (
+            "global" if shuffle == "global" else flag(shuffle, "shuffle")
+        )
         if cache not in (None, "memory", "disk"):
             raise InvalidArgumentError(f"cache must be None, 'memory' or 'disk', got {cache!r}")
-        if global_shuffle and cache is None:
+        if shuffle == "global" and cache is None:
             raise InvalidArgumentError(
                 "shuffle='global' permutes all of the rank's rows every epoch, which needs "
                 "random access to decoded rows: pass cache='memory' or cache='disk' too, or "
@@ -396,8 +397,7 @@ class LoaderConfig:
             cats=cats,
             conts=conts,
             labels=labels,
-            shuffle=shuffle,
-            global_shuffle=global_shuffle,
+            shuffle=shuffle_as,
             cache_mode=cache,
             shuffle_within_batch=flag(options["shuffle_within_batch"], "shuffle_within_batch"),
             drop_last=flag(options["drop_last"], "drop_last"),

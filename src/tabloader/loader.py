@@ -194,7 +194,7 @@ class _Standing(_Options):
         the current value of whatever differs. With ``adopt_seed`` a different seed is taken, not
         refused (default: when this loader was created without ``seed``).
         """
-        if self.cache is not None and self.config.global_shuffle:
+        if self.cache is not None and self.config.shuffle == "global":
             # Whether this loader's epochs are shuffled globally depends on whether its
             # cache is used: found out now, as the first epoch would.
             _ = self.cache.lookup() or self.cache.decide(stacklevel=4)
@@ -230,7 +230,7 @@ class _Standing(_Options):
         decide the order of rows."""
         options = self.config.order_options()
         notes = {}
-        if self.config.global_shuffle and self.cache is not None and not self.cache.usable:
+        if self.config.shuffle == "global" and self.cache is not None and not self.cache.usable:
             # Its epochs stream with shuffle=True's chunks: what a state must say.
             options["shuffle"] = True
             notes["shuffle"] = (
@@ -504,11 +504,11 @@ class Loader(_Standing):
 
     def planner(self, epoch: int, seed: int) -> Planner:
         plan_for: Callable[..., EpochPlan] = plan_epoch
-        shuffle: bool | Literal["global"] = self.config.shuffle
+        shuffle = self.config.shuffle
         if self.cache is not None:
-            # Without a usable cache, "global" streams with shuffle=True's chunks.
-            global_shuffle = self.config.global_shuffle and self.cache.usable
-            plan_for, shuffle = plan_cached_epoch, "global" if global_shuffle else shuffle
+            plan_for = plan_cached_epoch
+            if shuffle == "global" and not self.cache.usable:
+                shuffle = True  # without a usable cache, "global" streams shuffled chunks
         options = {k: v for k, v in self.config.plan_options().items() if k not in WORLD_OPTIONS}
         return partial(
             _plan_of_share, plan_for, self.dataset.partition_rows,
@@ -564,8 +564,6 @@ class Loader(_Standing):
             plan=plan,
             layout=self.layout_plan,
             fill_null=self.config.fill_null,
-            batch_size=self.config.batch_size,
-            drop_last=self.config.drop_last,
             transform=self.config.delivered(self.transform),
             prefetch=self.config.prefetch,
             threads=self._threads,
@@ -632,7 +630,7 @@ class Loader(_Standing):
     def __repr__(self) -> str:
         config = self.config
         return (
-            f"Loader({self.dataset!r}, batch_size={config.batch_size}, shuffle={config.shuffle}, "
+            f"Loader({self.dataset!r}, batch_size={config.batch_size}, shuffle={config.shuffle!r}, "
             f"columns={len(config.columns)}, rank={config.global_rank}/{config.global_size}, "
             f"device={self.device})"
         )

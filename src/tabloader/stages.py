@@ -554,8 +554,6 @@ def batch_stream(
     plan: EpochPlan,
     layout: Layout,
     fill_null: Mapping[str, float],
-    batch_size: int,
-    drop_last: bool,
     transform: Callable[[dict[str, Any]], Any] | None,
     prefetch: int,
     threads: Threads,
@@ -588,8 +586,7 @@ def batch_stream(
     delivered = 0
     batches = cut_batches(
         parts(),
-        batch_size=batch_size,
-        drop_last=drop_last,
+        batch_size=plan.batch_size,
         layout=layout,
         xp=backend.xp,
     )

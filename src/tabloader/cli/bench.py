@@ -321,7 +321,7 @@ class _Repeatable:
 def _what_was_measured(args: argparse.Namespace, loader: Loader, rows: int) -> str:
     kinds = {"cats": len(loader.cats), "conts": len(loader.conts), "labels": len(loader.labels)}
     columns = ", ".join(f"{n} {k[:-1] if n == 1 else k}" for k, n in kinds.items() if n)
-    shuffle = "global" if loader.global_shuffle else "on" if loader.shuffle else "off"
+    shuffle = "global" if loader.shuffle == "global" else "on" if loader.shuffle else "off"
     if loader.shuffle and not loader.shuffle_within_batch:
         shuffle += " (rows in stored order within a batch)"
     cache = getattr(loader.cache, "mode", None) if loader.cache is not None else None
