@@ -39,13 +39,11 @@ __all__ = [
 def is_list_type(field_type: pa.DataType) -> bool:
     """Whether ``field_type`` is a list (``list``, ``large_list``, fixed-size, or a list
     view of either width)."""
-    return bool(
-        pa.types.is_list(field_type)
-        or pa.types.is_large_list(field_type)
-        or pa.types.is_fixed_size_list(field_type)
-        or pa.types.is_list_view(field_type)
-        or pa.types.is_large_list_view(field_type)
-    )
+    list_kinds = (
+        pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
+        pa.types.is_list_view, pa.types.is_large_list_view,
+    )  # fmt: skip
+    return any(is_kind(field_type) for is_kind in list_kinds)
 
 
 def vector_width(field_type: pa.DataType) -> int | None:

@@ -5,8 +5,10 @@ tabloader inspect data/train
 tabloader bench data/train --fill-null 0 --epochs 2
 
 Each command is a module of this package (`tabloader.cli.convert`, `tabloader.cli.inspect`,
-`tabloader.cli.bench`, `tabloader.cli.selftest`) that adds its own parser and runs it;
-`main` says every command's errors the same way.
+`tabloader.cli.bench`, `tabloader.cli.selftest`) that says its ``NAME``, ``HELP``,
+``DESCRIPTION`` and ``EPILOG``, adds its flags (``add_flags``) and runs (``run``);
+`build_parser` makes every command's parser the same way, and `main` says every
+command's errors the same way.
 """
 
 from __future__ import annotations
@@ -42,7 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tabloader {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        command.add_parser(commands)
+        sub = commands.add_parser(
+            command.NAME,
+            help=command.HELP,
+            description=command.DESCRIPTION,
+            epilog=command.EPILOG,
+            formatter_class=HelpFormatter,
+        )
+        sub.set_defaults(run=command.run)
+        command.add_flags(sub)
     return parser
 
 

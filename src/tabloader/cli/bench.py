@@ -13,7 +13,6 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from tabloader.cli.flags import (
-    add_command,
     column_flags,
     dataset_paths,
     fill_null_flag,
@@ -33,7 +32,14 @@ from tabloader.plan import rank_rows
 from tabloader.progress import Progress
 from tabloader.threads import thread_advice, usable_cores
 
-__all__ = ["MEASURED", "add_parser", "bench_columns", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "MEASURED", "add_flags", "bench_columns", "run"]
+
+NAME = "bench"
+HELP = "time full epochs on your data and say where the time goes"
+DESCRIPTION = wrap(
+    "Time full epochs of a loader on your data, with the loader's keywords as flags, "
+    "and say what was measured and where the time went."
+)
 
 MEASURED = {
     "none": "tabloader.Loader (numpy arrays per column)",
@@ -43,19 +49,8 @@ MEASURED = {
 a framework's adapter."""
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``tabloader bench`` and its flags."""
-    p = add_command(
-        commands,
-        "bench",
-        run,
-        help="time full epochs on your data and say where the time goes",
-        description=wrap(
-            "Time full epochs of a loader on your data, with the loader's keywords as flags, "
-            "and say what was measured and where the time went."
-        ),
-        epilog=_BENCH_EXAMPLES,
-    )
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """``tabloader bench``'s flags."""
     p.add_argument("path", nargs="+", help="files, directories, globs or URLs")
     group = p.add_argument_group("what to load")
     column_flags(group, "to load", "without these or --columns, the suggested ones")
@@ -347,3 +342,5 @@ each epoch's time, rows/s and batches/s end to end, and where the time went: the
 loader's background work (read, assemble, shuffle and slice) and the time the loop
 waited for data.
 """
+
+EPILOG = _BENCH_EXAMPLES

@@ -8,26 +8,22 @@ import argparse
 import os
 from typing import TextIO
 
-from tabloader.cli.flags import add_command, non_negative, positive, split_names, wrap
+from tabloader.cli.flags import non_negative, positive, split_names, wrap
 from tabloader.inspection import compact_names, counted
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_flags", "run"]
+
+NAME = "convert"
+HELP = "CSV, TSV, JSON lines or parquet files to loader-ready parquet, split if asked"
+DESCRIPTION = wrap(
+    "Convert files to parquet the loader reads fast: one schema for every file, row "
+    "groups sized for the loader, train/valid splits by a seeded hash of each row, "
+    "rows in = rows out."
+)
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``tabloader convert`` and its flags."""
-    p = add_command(
-        commands,
-        "convert",
-        run,
-        help="CSV, TSV, JSON lines or parquet files to loader-ready parquet, split if asked",
-        description=wrap(
-            "Convert files to parquet the loader reads fast: one schema for every file, row "
-            "groups sized for the loader, train/valid splits by a seeded hash of each row, "
-            "rows in = rows out."
-        ),
-        epilog=_CONVERT_EXAMPLES,
-    )
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """``tabloader convert``'s flags."""
     p.add_argument("src", nargs="+", metavar="SRC", help="input files, directories or globs")
     p.add_argument("dest", metavar="DEST", help="output directory (new or empty)")
     p.add_argument(
@@ -209,3 +205,5 @@ seeded hash of its values as read (DEST/train/, DEST/valid/, ...), which no enco
 changes. It checks that rows in = rows out, and puts the files in place only when all
 are written (docs/convert.md).
 """
+
+EPILOG = _CONVERT_EXAMPLES

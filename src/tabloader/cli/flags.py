@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import textwrap
-from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import Any
 
 from tabloader.errors import InvalidArgumentError
 
 __all__ = [
-    "Command",
     "HelpFormatter",
-    "add_command",
     "column_flags",
     "dataset_paths",
     "fill_null_flag",
@@ -56,28 +54,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         else:
             shown = str(default)
         return f"{text} (default: {shown})"
-
-
-Command = Callable[[argparse.Namespace, TextIO, TextIO], int]
-"""A command's run: the parsed flags, stdout and stderr in, the exit status out."""
-
-
-def add_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    run: Command,
-    *,
-    help: str,
-    description: str,
-    epilog: str | None = None,
-) -> argparse.ArgumentParser:
-    """The parser of command ``name``, in the help's format, which runs ``run``: each
-    command's module adds its flags to it."""
-    parser = commands.add_parser(
-        name, help=help, description=description, epilog=epilog, formatter_class=HelpFormatter
-    )
-    parser.set_defaults(run=run)
-    return parser
 
 
 def wrap(text: str) -> str:

@@ -16,7 +16,6 @@ import warnings
 from typing import Any, TextIO
 
 from tabloader.cli.flags import (
-    add_command,
     column_flags,
     dataset_paths,
     fill_null_flag,
@@ -29,22 +28,18 @@ from tabloader.cli.flags import (
 from tabloader.errors import InvalidArgumentError, TabloaderError
 from tabloader.inspection import compact_names, counted, inspect_dataset, open_inspected
 
-__all__ = ["add_parser", "parse_filter", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_flags", "parse_filter", "run"]
+
+NAME = "inspect"
+HELP = "preflight: schemas, unsupported columns, nulls, row groups, ids, rows per rank"
+DESCRIPTION = wrap(
+    "Report everything about the files that would make training fail or crawl, from "
+    "the parquet footers alone."
+)
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``tabloader inspect`` and its flags."""
-    p = add_command(
-        commands,
-        "inspect",
-        run,
-        help="preflight: schemas, unsupported columns, nulls, row groups, ids, rows per rank",
-        description=wrap(
-            "Report everything about the files that would make training fail or crawl, from "
-            "the parquet footers alone."
-        ),
-        epilog=_INSPECT_EXAMPLES,
-    )
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """``tabloader inspect``'s flags."""
     p.add_argument(
         "path",
         nargs="+",
@@ -291,3 +286,5 @@ Exit status: 0 when nothing would make training fail, 1 when something would (fi
 whose schemas conflict on those columns; columns missing, not numeric or holding nulls;
 no rows), 2 when the files cannot be found or read at all.
 """
+
+EPILOG = _INSPECT_EXAMPLES

@@ -42,6 +42,7 @@ from tabloader.errors import (
     is_out_of_memory,
 )
 from tabloader.sources.base import read_error
+from tabloader.sources.formats import DeviceChunk
 from tabloader.sources.partitions import same_reads
 
 if TYPE_CHECKING:
@@ -303,9 +304,8 @@ class DeviceReader:
         columns = [c for b in blocks for c in b.columns]
         lists = {c for b in blocks if b.ragged for c in b.columns}
         vectors = {c: k for b in blocks for c, k in b.vectors}  # read as lists by cudf
-        frames, on_default = dataset.format.read_on_device(
-            self, dataset, pieces, chunk_plan, columns, lists | set(vectors)
-        )
+        chunk = DeviceChunk(dataset, pieces, chunk_plan, columns, lists | set(vectors))
+        frames, on_default = dataset.format.read_on_device(self, chunk)
         cupy = self._cupy
         with cupy.cuda.Stream.null if on_default else contextlib.nullcontext():
             converted = [

@@ -28,7 +28,7 @@ from tabloader.errors import (
     UnsupportedTableError,
 )
 from tabloader.options import int_at_least
-from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot
+from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot, in_load_order
 
 __all__ = ["HONOURED_READER_FEATURES", "DeltaLog", "delta_storage_options", "import_deltalake"]
 
@@ -236,17 +236,8 @@ class DeltaLog(TableLog):
                     rows=None if rows is None else int(rows),
                 )
             )
-        files.sort(key=lambda f: f.path)
-        return TableSnapshot(
-            format="delta",
-            name=self.name,
-            version=version,
-            files=tuple(files),
-            schema=schema,
-            keys=keys,
-            field_ids=None,
-            stored_keys=False,
-        )
+        # Delta: columns under the table's names, partition values from the log alone
+        return TableSnapshot("delta", self.name, version, in_load_order(files), schema, keys)
 
     def _check_protocol(self, table: Any, where: str) -> None:
         protocol = table.protocol()

@@ -19,7 +19,7 @@ its partitions want from the GPU's reader (`DeviceReads`):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ComputedPartitions",
+    "DeviceChunk",
     "DeviceReads",
     "Format",
     "Piece",
@@ -72,6 +73,18 @@ class DeviceReads(Protocol):
         ...
 
 
+class DeviceChunk(NamedTuple):
+    """A chunk a GPU's reader reads: ``pieces`` of ``dataset`` (a
+    `tabloader.partitioned.Partitioned`) as its format planned them (``plan``), the
+    ``columns`` read, ``lists`` among them read as lists."""
+
+    dataset: Any
+    pieces: Sequence[Piece]
+    plan: Any
+    columns: list[str]
+    lists: set[str]
+
+
 Computation = Callable[[Sequence[Piece], Sequence[str], Mapping[str, Any] | None], list[Any]]
 """Each piece's rows computed: ``compute(pieces, columns, scheduler options)``."""
 
@@ -84,19 +97,10 @@ class Format:
         """How a GPU reads the chunk of ``pieces`` (planned a chunk ahead)."""
         return reads.plan_pieces(pieces)
 
-    def read_on_device(
-        self,
-        reads: DeviceReads,
-        dataset: Any,
-        pieces: Sequence[Piece],
-        plan: Any,
-        columns: list[str],
-        lists: set[str],
-    ) -> Any:
-        """The chunk of ``pieces`` read on a GPU, as ``plan`` (`plan_on_device`) says:
-        its frames of ``columns`` (``lists`` read as lists), and whether they were made
-        on the default stream."""
-        return reads.read_tables(dataset, pieces, columns, lists)
+    def read_on_device(self, reads: DeviceReads, chunk: DeviceChunk) -> Any:
+        """``chunk`` read on a GPU, as its plan (`plan_on_device`) says: its frames, and
+        whether they were made on the default stream."""
+        return reads.read_tables(chunk.dataset, chunk.pieces, chunk.columns, chunk.lists)
 
 
 class ComputedPartitions(Format):
@@ -106,16 +110,8 @@ class ComputedPartitions(Format):
     def __init__(self, compute: Computation) -> None:
         self.compute = compute
 
-    def read_on_device(
-        self,
-        reads: DeviceReads,
-        dataset: Any,
-        pieces: Sequence[Piece],
-        plan: Any,
-        columns: list[str],
-        lists: set[str],
-    ) -> Any:
-        return reads.read_computed(pieces, columns, lists, self.compute)
+    def read_on_device(self, reads: DeviceReads, chunk: DeviceChunk) -> Any:
+        return reads.read_computed(chunk.pieces, chunk.columns, chunk.lists, self.compute)
 
 
 class RowGroupFiles(Protocol):
@@ -171,13 +167,5 @@ class RowGroups(Format):
     def plan_on_device(self, reads: DeviceReads, pieces: Sequence[Piece]) -> Any:
         return reads.plan_row_groups(pieces, self)
 
-    def read_on_device(
-        self,
-        reads: DeviceReads,
-        dataset: Any,
-        pieces: Sequence[Piece],
-        plan: Any,
-        columns: list[str],
-        lists: set[str],
-    ) -> Any:
-        return reads.read_row_groups(dataset, self, plan, columns, lists)
+    def read_on_device(self, reads: DeviceReads, chunk: DeviceChunk) -> Any:
+        return reads.read_row_groups(chunk.dataset, self, chunk.plan, chunk.columns, chunk.lists)

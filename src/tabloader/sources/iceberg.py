@@ -26,7 +26,7 @@ import pyarrow as pa
 from tabloader import _deps
 from tabloader.errors import InvalidArgumentError, SourceNotFoundError, UnsupportedTableError
 from tabloader.options import int_at_least
-from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot
+from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot, in_load_order
 
 __all__ = ["IcebergLog", "fsspec_options", "import_pyiceberg", "local_path", "static_table"]
 
@@ -282,19 +282,13 @@ class IcebergLog(TableLog):
             if mapping is None
             else {name: f.field_id for f in mapping for name in f.names if f.field_id is not None}
         )
-        files.sort(key=lambda f: f.path)
         return TableSnapshot(
-            format="iceberg",
-            name=self.name,
-            version=version,
-            files=tuple(files),
-            schema=schema,
-            keys=keys,
+            "iceberg", self.name, version, in_load_order(files), schema, keys,
             field_ids=field_ids,
             stored_keys=True,
             name_ids=name_ids,
             defaults=defaults,
-        )
+        )  # fmt: skip
 
 
 def _refuse_unresolved(name: str, location: str, metadata: str) -> None:

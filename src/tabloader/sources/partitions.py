@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -47,6 +47,7 @@ __all__ = [
     "constant_array",
     "describe_filters",
     "hive_values",
+    "in_load_order",
     "infer_key_types",
     "keep_file",
     "normalize_filters",
@@ -531,6 +532,12 @@ class TableFile:
     path: str
     values: Mapping[str, Any]
     rows: int | None = None
+
+
+def in_load_order(files: Iterable[TableFile]) -> tuple[TableFile, ...]:
+    """A table version's data files in the order they are loaded: by path, so that two
+    listings of one version give one order."""
+    return tuple(sorted(files, key=lambda f: f.path))
 
 
 @dataclass(frozen=True)
