@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 
 import tabloader
 from tabloader import Progress
-from tabloader.stages import LOADER_THREADS, usable_cores
 from tabloader.synthetic import write_criteo_like
+from tabloader.threads import LOADER_THREADS, usable_cores
 
 EXAMPLES = Path(__file__).resolve().parent
 
