@@ -33,13 +33,13 @@ except ImportError:
 from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
-from tabloader.epochs import EpochRun, IterableEpochs
+from tabloader.epochs import EpochRun, IterableEpochs, stateful_loader_state
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
 from tabloader.stages import thread_advice, usable_cores
 from tabloader.staging import staging_target
-from tabloader.state import STATE_FORMAT_KEY, merge_worker_states
+from tabloader.state import STATE_FORMAT_KEY
 from tabloader.state import agreed_state as agreed_states
 from tabloader.tensors import DTYPE_KEYWORDS, TorchBatchBuilder, TorchTensors
 
@@ -277,39 +277,12 @@ def _job_state(source: Any) -> dict[str, Any]:
     if isinstance(source, TorchAsyncItr):
         return source.state_dict()
     if isinstance(source, Mapping):
-        return dict(source) if STATE_FORMAT_KEY in source else _stateful_state(source)
+        return dict(source) if STATE_FORMAT_KEY in source else stateful_loader_state(source)
     dataset = getattr(source, "dataset", None)
     if isinstance(source, torch.utils.data.DataLoader) and isinstance(dataset, TorchAsyncItr):
         saved = getattr(source, "state_dict", None)
-        return _stateful_state(saved()) if callable(saved) else dataset.state_dict()
+        return stateful_loader_state(saved()) if callable(saved) else dataset.state_dict()
     raise InvalidArgumentError(
         "agreed_state takes a TorchAsyncItr, a DLDataLoader or StatefulDataLoader over "
         f"one, or a state dict, got {type(source).__name__}"
     )
-
-
-def _stateful_state(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """This rank's state in a torchdata ``StatefulDataLoader``'s state dict: its worker
-    processes' states (the iterator's, else the dataset's) merged, or its own."""
-
-    def of(holder: Any) -> Any:
-        fetcher = holder.get("fetcher_state") or {}
-        found = fetcher.get("dataset_iter_state") or holder.get("dataset_state")
-        if not isinstance(found, Mapping) or STATE_FORMAT_KEY not in found:
-            raise InvalidArgumentError(
-                "no TorchAsyncItr state in this StatefulDataLoader state dict: pass the "
-                "state_dict() of a StatefulDataLoader over a TorchAsyncItr"
-            )
-        return found
-
-    snapshot = saved.get("_snapshot")
-    if snapshot is None:  # no worker processes
-        return dict(of(saved))
-    if saved.get("_steps_since_snapshot"):
-        raise InvalidArgumentError(
-            f"this StatefulDataLoader state is {saved['_steps_since_snapshot']} batch(es) "
-            "past its workers' last snapshot, so their states are behind the batches "
-            "delivered: save with snapshot_every_n_steps=1 (the default)"
-        )
-    workers = snapshot.get("_worker_snapshots") or {}
-    return merge_worker_states([of(worker) for worker in workers.values()])
