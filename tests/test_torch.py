@@ -22,8 +22,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tabloader  # noqa: E402
+from tabloader.tensors import TorchTensors  # noqa: E402
 from tabloader.threads import usable_cores  # noqa: E402
-from tabloader.torch import DLDataLoader, TorchAsyncItr, _as_tensor  # noqa: E402
+from tabloader.torch import DLDataLoader, TorchAsyncItr  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -139,14 +140,18 @@ def test_default_collate_gives_the_same_tensors_in_a_list(paths):
 # -- no copies on the training thread ----------------------------------------------------
 
 
+def as_tensor(array: Any) -> Any:
+    return TorchTensors().tensor(array)
+
+
 def test_tensors_share_the_arrays_memory_unless_read_only():
     block = np.arange(12, dtype=np.int64).reshape(6, 2)
-    assert _as_tensor(block).data_ptr() == block.ctypes.data
+    assert as_tensor(block).data_ptr() == block.ctypes.data
     view = block[2:5]
-    assert _as_tensor(view).data_ptr() == view.ctypes.data
+    assert as_tensor(view).data_ptr() == view.ctypes.data
     frozen = pa.array(np.arange(6, dtype=np.float32)).to_numpy().reshape(-1, 1)
     assert not frozen.flags.writeable
-    copied = _as_tensor(frozen)
+    copied = as_tensor(frozen)
     assert copied.data_ptr() != frozen.ctypes.data
     np.testing.assert_array_equal(copied.numpy(), frozen)
     copied += 1  # writing to the batch must never reach Arrow's buffers
@@ -165,19 +170,18 @@ def test_device_arrays_become_tensors_through_dlpack():
             return self.array.__dlpack_device__()
 
     block = np.arange(8, dtype=np.float32).reshape(4, 2)
-    tensor = _as_tensor(DeviceArray(block))
+    tensor = as_tensor(DeviceArray(block))
     assert tensor.data_ptr() == block.ctypes.data
     assert tuple(tensor.shape) == (4, 2)
 
 
 def test_tensors_are_built_in_the_background_thread(paths, monkeypatch):
-    import tabloader.torch as adapter
-
     threads = []
+    tensor = TorchTensors.tensor
 
-    def recording(array: Any) -> Any:
+    def recording(self: TorchTensors, array: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return _as_tensor(array)
+        return tensor(self, array)
 
     # Loaders other tests dropped stop their threads when collected: let them, so that
     # only this test's batches are recorded.
@@ -187,7 +191,7 @@ def test_tensors_are_built_in_the_background_thread(paths, monkeypatch):
         t.name.startswith("tabloader-") for t in threading.enumerate()
     ):
         time.sleep(0.05)
-    monkeypatch.setattr(adapter, "_as_tensor", recording)
+    monkeypatch.setattr(TorchTensors, "tensor", recording)
     for shuffle in (True, False):
         threads.clear()
         batches = list(DLDataLoader(make(paths, shuffle=shuffle, seed=1), collate_fn=identity))
@@ -551,7 +555,7 @@ def test_iterating_warns_when_torch_and_the_loader_oversubscribe_the_cores(tmp_p
 def test_batches_are_staged_into_pinned_memory_by_numpy_not_torch(monkeypatch):
     """PyTorch's own copy (``pin_memory()``, ``copy_``) runs on its OpenMP threads, which
     spin between batches when woken from the loader's thread: the staging copy is numpy's."""
-    from tabloader.torch import _copy_to_pinned
+    from tabloader.staging import copy_to_pinned
 
     def refused(*args, **kwargs):
         raise AssertionError("staged with PyTorch's copy")
@@ -565,7 +569,7 @@ def test_batches_are_staged_into_pinned_memory_by_numpy_not_torch(monkeypatch):
         made.append((shape, dtype))
         return torch.full(shape, -1, dtype=dtype)
 
-    staged = _copy_to_pinned(batch, empty=empty)
+    staged = copy_to_pinned(batch, empty=empty)
     assert made == [((65536, 3), torch.int64)]
     assert staged.data_ptr() != batch.data_ptr()
     assert torch.equal(staged, torch.arange(65536 * 3, dtype=torch.int64).reshape(-1, 3))

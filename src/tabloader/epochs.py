@@ -5,8 +5,9 @@ framework-agnostic: `Epochs` keeps which epoch the next iteration delivers, the
 seed of each epoch (a fixed seed, or ``seed_fn`` called once per epoch), where a resumed
 run continues, and which worker process share a saved position belongs to;
 `EpochRun` is one epoch (or one worker's share of it) in progress, stateful in
-torchdata's sense (``state_dict``/``load_state_dict``). The adapter only converts the
-batches (the loader's ``transform``) and speaks its framework's protocol.
+torchdata's sense (``state_dict``/``load_state_dict``), and `stateful_loader_state`
+reads a rank's state out of a torchdata ``StatefulDataLoader``'s. The adapter only
+converts the batches (the loader's ``transform``) and speaks its framework's protocol.
 
 Examples:
     >>> import pyarrow as pa, tabloader
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from tabloader.elastic import round_robin
 from tabloader.errors import InvalidArgumentError, TabloaderError
 from tabloader.options import int_at_least
-from tabloader.state import Cursor, Position
+from tabloader.state import STATE_FORMAT_KEY, Cursor, Position, merge_worker_states
 
 if TYPE_CHECKING:
     from tabloader.loader import Loader
@@ -41,6 +42,7 @@ __all__ = [
     "IterableEpochs",
     "check_seed_fn",
     "seed_value",
+    "stateful_loader_state",
 ]
 
 T = TypeVar("T")
@@ -551,3 +553,36 @@ class IterableEpochs:
             warnings.simplefilter("ignore")
             self._loader = self._make_loader(dataset)
         self._epochs.attach(self._loader)
+
+
+def stateful_loader_state(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's state in the state dict of torchdata's ``StatefulDataLoader`` over a
+    ``TorchAsyncItr``: its worker processes' states (the iterator's, else the dataset's)
+    merged, or its own (``tabloader.torch.agreed_state`` reads a loader through it).
+
+    Examples:
+        >>> stateful_loader_state({"dataset_state": {"format": 4, "epoch": 1}})
+        {'format': 4, 'epoch': 1}
+    """
+
+    def of(holder: Any) -> Any:
+        fetcher = holder.get("fetcher_state") or {}
+        found = fetcher.get("dataset_iter_state") or holder.get("dataset_state")
+        if not isinstance(found, Mapping) or STATE_FORMAT_KEY not in found:
+            raise InvalidArgumentError(
+                "no TorchAsyncItr state in this StatefulDataLoader state dict: pass the "
+                "state_dict() of a StatefulDataLoader over a TorchAsyncItr"
+            )
+        return found
+
+    snapshot = saved.get("_snapshot")
+    if snapshot is None:  # no worker processes
+        return dict(of(saved))
+    if saved.get("_steps_since_snapshot"):
+        raise InvalidArgumentError(
+            f"this StatefulDataLoader state is {saved['_steps_since_snapshot']} batch(es) "
+            "past its workers' last snapshot, so their states are behind the batches "
+            "delivered: save with snapshot_every_n_steps=1 (the default)"
+        )
+    workers = snapshot.get("_worker_snapshots") or {}
+    return merge_worker_states([of(worker) for worker in workers.values()])

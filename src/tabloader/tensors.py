@@ -1,7 +1,7 @@
 """Arrays to framework tensors, through DLPack: TensorFlow, JAX and PyTorch.
 
 One place decides, for each framework, what the adapters (`tabloader.keras`,
-`tabloader.jax`) need to hand it a batch:
+`tabloader.jax`, `tabloader.torch`) need to hand it a batch:
 
 - the dtypes it takes (`Tensors.dtypes`): JAX in its default 32-bit mode holds no
   64-bit numbers, so int64 ids are delivered as int32, checked to fit
@@ -16,6 +16,10 @@ One place decides, for each framework, what the adapters (`tabloader.keras`,
   writes that memory again only after (`tabloader.backends.gpu_memory`);
 - whether a batch must be complete on the host's word before the framework reads it
   (`Tensors.reads_unordered`): TensorFlow reads on a stream DLPack does not tell.
+
+The Keras and JAX adapters make their batches with `BatchConverter`; the PyTorch
+adapter's `TorchBatchBuilder` makes NVTabular's ``(x_cat, x_cont, y)`` from stacked
+blocks, and sends host batches bound for a GPU through `tabloader.staging`.
 
 Examples:
     >>> import numpy as np
@@ -48,6 +52,7 @@ from tabloader.device import Device
 from tabloader.errors import InvalidArgumentError
 from tabloader.hostmem import BufferPool, PooledNumpy
 from tabloader.memory import ALIGN, address, aligned_columns, aligned_rows
+from tabloader.staging import CudaStager
 
 if TYPE_CHECKING:
     from tabloader.loader import Loader
@@ -58,6 +63,7 @@ __all__ = [
     "JaxTensors",
     "TensorflowTensors",
     "Tensors",
+    "TorchBatchBuilder",
     "TorchTensors",
     "as_numpy_dtype",
     "core_dtypes",
@@ -332,9 +338,41 @@ class TorchTensors(Tensors):
         self.torch = _deps.require("torch", what="this")
 
     def tensor(self, array: Any) -> Any:
+        """A tensor sharing ``array``'s memory: host numpy, device arrays through DLPack.
+        A read-only numpy array (Arrow's memory, which a tensor must not write) is copied.
+
+        Examples:
+            >>> block = np.arange(4, dtype=np.int64).reshape(2, 2)
+            >>> TorchTensors().tensor(block).data_ptr() == block.ctypes.data
+            True
+        """
         if isinstance(array, np.ndarray):
-            return self.torch.from_numpy(array)
-        return self.torch.from_dlpack(array)
+            return self.torch.from_numpy(array if array.flags.writeable else array.copy())
+        if hasattr(array, "__dlpack__"):
+            return self.torch.from_dlpack(array)
+        return self.torch.as_tensor(array)  # __cuda_array_interface__ and the like, zero-copy
+
+    def numpy_dtype(self, value: Any, what: str) -> Any:
+        """``value`` as the core takes a dtype: a ``torch.dtype`` as its numpy equivalent,
+        anything else unchanged (the core checks it).
+
+        Examples:
+            >>> tensors = TorchTensors()
+            >>> tensors.numpy_dtype(tensors.torch.int32, "cat_dtype")
+            dtype('int32')
+            >>> tensors.numpy_dtype("float16", "cont_dtype")
+            'float16'
+        """
+        if not isinstance(value, self.torch.dtype):
+            return value
+        try:
+            return self.torch.empty(0, dtype=value).numpy().dtype
+        except TypeError:
+            raise InvalidArgumentError(
+                f"{what}={value} has no numpy equivalent, and batches are built from numpy or "
+                "cupy arrays: pass a dtype numpy has (torch.float32, torch.float16, torch.int64, "
+                "...) and convert the tensor in the model"
+            ) from None
 
     def check_device(self, device: Device, place: tuple[str, int]) -> None:
         if place[0] != "cuda":
@@ -569,3 +607,75 @@ class BatchConverter:
         out = self.empty(tuple(array.shape), array.dtype)
         out[...] = array
         return out
+
+
+# -- PyTorch's batches ---------------------------------------------------------------------
+
+
+class TorchBatchBuilder:
+    """The core loader's ``transform`` for the PyTorch adapter: a stacked batch dict in,
+    ``(x_cat, x_cont, y)`` out (and the list columns' tensors as a fourth item when there
+    are any), made in the loader's background thread; host batches for a GPU leave it
+    staged (`CudaStager`), and `receive` takes them in the training thread."""
+
+    def __init__(self, tensors: TorchTensors) -> None:
+        self.tensors = tensors
+        self.device = tensors.torch.device("cpu")
+        self.stager: CudaStager | None = None
+        self.lists: tuple[str, ...] = ()
+        self.dtypes: dict[str, Any] = {}
+        """Kind (``"cats"``, ``"conts"``, ``"labels"``) -> its tensors' dtype (for a kind
+        without columns)."""
+
+    def set_loader(self, loader: Loader, options: Mapping[str, Any], stage_to: Any) -> Any:
+        """Take the loader's list columns and the dtypes in ``options`` (the loader's, which
+        it checked); tensors go to ``stage_to`` (a GPU host batches are staged to: None for
+        none), else to the loader's device. Returns that ``torch.device``."""
+        torch = self.tensors.torch
+        self.device = stage_to or torch.device(str(loader.device))
+        self.stager = CudaStager(self.device) if stage_to is not None else None
+        if loader.sparse_names and self.stager is not None:
+            raise InvalidArgumentError(
+                f"list columns ({', '.join(loader.sparse_names)}) are not staged to "
+                f"{self.device} from host reads (backend='cpu'). Read on the GPU (leave "
+                "backend out, with cudf installed), or pass device='cpu' and move the batch "
+                "in the training loop (tensor.to('cuda', non_blocking=True))"
+            )
+        self.lists = tuple(loader.sparse_names)
+        self.dtypes = {
+            f"{kind}s": torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+            for kind, dtype in delivered_dtypes(self.tensors, options).items()
+        }
+        return self.device
+
+    @property
+    def receive(self) -> Callable[[Any], Any] | None:
+        """What the training thread calls on a batch (`CudaStager.receive`), or None."""
+        return None if self.stager is None else self.stager.receive
+
+    def __call__(self, batch: dict[str, Any]) -> Any:
+        tensor, torch = self.tensors.tensor, self.tensors.torch
+        rows = int(next(iter(batch.values())).shape[0])
+        made = {kind: tensor(batch[kind]) for kind in self.dtypes if kind in batch}
+        # A kind with no columns is an empty tensor (of its dtype) where the others are.
+        where = next(iter(made.values())).device if made else self.device
+        x_cat, x_cont, y = (
+            made[kind] if kind in made else torch.empty((rows, 0), dtype=dtype, device=where)
+            for kind, dtype in self.dtypes.items()
+        )
+        if y.shape[1] == 1:
+            y = y[:, 0]
+        if self.lists:  # (values, offsets) for EmbeddingBag: offsets without the final end
+            lists = {n: batch[n] for n in self.lists}
+            return (
+                x_cat,
+                x_cont,
+                y,
+                {
+                    n: (tensor(v[0]), tensor(v[1][:-1])) if isinstance(v, tuple) else tensor(v)
+                    for n, v in lists.items()
+                },
+            )
+        if self.stager is not None:
+            return self.stager.send((x_cat, x_cont, y))
+        return x_cat, x_cont, y

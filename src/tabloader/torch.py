@@ -18,11 +18,8 @@ Examples:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
 
 from tabloader import _deps
 
@@ -30,19 +27,20 @@ try:
     import torch
     import torch.distributed
     import torch.utils.data
-    import torch.utils.dlpack
 except ImportError:
     raise _deps.missing("torch") from None
 
 from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
-from tabloader.epochs import EpochRun, IterableEpochs
+from tabloader.epochs import EpochRun, IterableEpochs, stateful_loader_state
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
-from tabloader.state import STATE_FORMAT_KEY, merge_worker_states
+from tabloader.staging import staging_target
+from tabloader.state import STATE_FORMAT_KEY
 from tabloader.state import agreed_state as agreed_states
+from tabloader.tensors import DTYPE_KEYWORDS, TorchBatchBuilder, TorchTensors
 from tabloader.threads import thread_advice, usable_cores
 
 if TYPE_CHECKING:
@@ -53,38 +51,7 @@ __all__ = ["DLDataLoader", "TorchAsyncItr", "agreed_state"]
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(x_cat, x_cont, y)``."""
 
-_KINDS = (("cats", torch.int64), ("conts", torch.float32), ("labels", torch.float32))
-_DTYPE_OPTIONS = {"cats": "cat_dtype", "conts": "cont_dtype", "labels": "label_dtype"}
-
-
-def numpy_dtype(value: Any, what: str) -> Any:
-    """``value`` as the core takes a dtype: a ``torch.dtype`` as its numpy equivalent,
-    anything else unchanged (the core checks it).
-
-    Examples:
-        >>> numpy_dtype(torch.int32, "cat_dtype"), numpy_dtype("float16", "cont_dtype")
-        (dtype('int32'), 'float16')
-    """
-    if not isinstance(value, torch.dtype):
-        return value
-    try:
-        return torch.empty(0, dtype=value).numpy().dtype
-    except TypeError:
-        raise InvalidArgumentError(
-            f"{what}={value} has no numpy equivalent, and batches are built from numpy or "
-            "cupy arrays: pass a dtype numpy has (torch.float32, torch.float16, torch.int64, "
-            "...) and convert the tensor in the model"
-        ) from None
-
-
-def _staging_target(device: object, index: int | None) -> torch.device:
-    """The GPU ``backend="cpu"`` batches are copied to."""
-    if not torch.cuda.is_available():
-        raise InvalidArgumentError(
-            f"device={device!r} needs CUDA, but torch.cuda.is_available() is False here. "
-            "Pass device='cpu' (or leave device out)"
-        )
-    return torch.device("cuda", torch.cuda.current_device() if index is None else index)
+_TENSORS = TorchTensors()
 
 
 def _resolve_ranks(global_rank: int | None, global_size: int | None) -> tuple[int, int]:
@@ -92,112 +59,6 @@ def _resolve_ranks(global_rank: int | None, global_size: int | None) -> tuple[in
     initialised = dist.is_available() and dist.is_initialized()
     group = (dist.get_rank(), dist.get_world_size()) if initialised else None
     return ranks(global_rank, global_size, group, "torch.distributed")
-
-
-def _as_tensor(array: Any) -> torch.Tensor:
-    """A tensor sharing ``array``'s memory (host numpy, or device arrays via DLPack)."""
-    if isinstance(array, np.ndarray):  # read-only: Arrow's memory, which a tensor must not write
-        return torch.from_numpy(array if array.flags.writeable else array.copy())
-    if hasattr(array, "__dlpack__"):
-        return torch.utils.dlpack.from_dlpack(array)
-    return torch.as_tensor(array)  # __cuda_array_interface__ and the like, zero-copy
-
-
-def _copy_to_pinned(
-    tensor: torch.Tensor, empty: Callable[..., torch.Tensor] | None = None
-) -> torch.Tensor:
-    """A copy of a host ``tensor`` in pinned memory (``empty`` makes the copy's tensor:
-    by default ``torch.empty(..., pin_memory=True)``), written by numpy.
-
-    Not ``tensor.pin_memory()``: its copy is split between PyTorch's intra-op threads,
-    and, called from the loader's thread, it woke an OpenMP team of that thread's own,
-    whose threads then spin waiting for the next copy; a batch cost about a hundred
-    times its 264 bytes a row in CPU time (docs/torch.md). numpy copies in the calling
-    thread, with the GIL let go.
-
-    Examples:
-        >>> t = torch.arange(6).reshape(3, 2)
-        >>> _copy_to_pinned(t, empty=torch.empty).tolist()  # (torch.empty: no GPU here)
-        [[0, 1], [2, 3], [4, 5]]
-    """
-    if empty is None:
-        empty = partial(torch.empty, pin_memory=True)
-    pinned = empty(tuple(tensor.shape), dtype=tensor.dtype)
-    np.copyto(pinned.numpy(), tensor.numpy())
-    return pinned
-
-
-class _CudaStager:
-    """Host batches to one GPU: `send` (background thread) copies through pinned
-    memory on a side stream; `receive` (training thread) makes the training stream
-    wait for the copy, which so overlaps the compute already queued."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-
-    def send(self, tensors: Batch) -> tuple[Batch, torch.cuda.Event]:
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            moved = tuple(
-                t
-                if t.device == self.device
-                else _copy_to_pinned(t).to(self.device, non_blocking=True)
-                for t in tensors
-            )
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self.stream)
-        return (moved[0], moved[1], moved[2]), done
-
-    def receive(self, staged: tuple[Batch, torch.cuda.Event]) -> Batch:
-        tensors, done = staged
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(done)
-        for t in tensors:  # side-stream memory: not reused before the training stream is done
-            if t.numel():
-                t.record_stream(current)
-        return tensors
-
-
-class _BatchBuilder:
-    """The core loader's ``transform``: a stacked batch dict in, ``(x_cat, x_cont, y)`` out
-    (and the list columns' tensors as a fourth item when there are any)."""
-
-    def __init__(self) -> None:
-        self.device = torch.device("cpu")
-        self.stager: _CudaStager | None = None
-        self.lists: tuple[str, ...] = ()
-        self.dtypes: dict[str, torch.dtype] = {}
-        """Kind -> the dtype of its tensor (for a kind without columns)."""
-
-    def set_device(
-        self, device: torch.device, stager: _CudaStager | None, lists: Sequence[str]
-    ) -> None:
-        """Where tensors go (the loader's device, or the stager's GPU); the list columns."""
-        self.device, self.stager, self.lists = device, stager, tuple(lists)
-
-    def __call__(self, batch: dict[str, Any]) -> Any:
-        rows = int(next(iter(batch.values())).shape[0])
-        made = {kind: _as_tensor(batch[kind]) for kind, _ in _KINDS if kind in batch}
-        # A kind with no columns is an empty tensor (of its dtype) where the others are.
-        where = next(iter(made.values())).device if made else self.device
-        tensors = [
-            made[kind]
-            if kind in made
-            else torch.empty((rows, 0), dtype=self.dtypes.get(kind, dtype), device=where)
-            for kind, dtype in _KINDS
-        ]
-        x_cat, x_cont, y = tensors
-        if y.shape[1] == 1:
-            y = y[:, 0]
-        if self.lists:  # (values, offsets) for EmbeddingBag: offsets without the final end
-            lists = {n: batch[n] for n in self.lists}
-            return x_cat, x_cont, y, {
-                n: (_as_tensor(v[0]), _as_tensor(v[1][:-1])) if isinstance(v, tuple) else
-                _as_tensor(v) for n, v in lists.items()
-            }  # fmt: skip
-        if self.stager is not None:
-            return self.stager.send((x_cat, x_cont, y))
-        return x_cat, x_cont, y
 
 
 class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
@@ -264,36 +125,23 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         # The core decides where it reads; only backend="cpu" with a CUDA device splits
         # the two: the core reads on the host and batches are staged to the GPU.
         self._core_device, staging = split_backend(device, backend)
-        self._stage_to = None if staging is False else _staging_target(device, staging)
-        for option in _DTYPE_OPTIONS.values():  # PyTorch users write torch dtypes
+        self._stage_to = None if staging is False else staging_target(device, staging)
+        for option in DTYPE_KEYWORDS.values():  # PyTorch users write torch dtypes
             if option in options:
-                options[option] = numpy_dtype(options[option], option)  # type: ignore[literal-required]
+                options[option] = _TENSORS.numpy_dtype(options[option], option)  # type: ignore[literal-required]
         ranks = _resolve_ranks(options.pop("global_rank", None), options.pop("global_size", None))
         rank_options = {"global_rank": ranks[0], "global_size": ranks[1]}
         self._threads_checked = False
         self._start_epochs(dataset, {**options, **rank_options, "batch_size": batch_size}, seed_fn)
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
-        self._builder = _BatchBuilder()
+        self._builder = TorchBatchBuilder(_TENSORS)
         loader = Loader(
             dataset, **self._options, layout="stacked", device=self._core_device,
             transform=self._builder,
         )  # fmt: skip
         self._core_device = str(loader.device)  # worker processes' copies read there too
-        self.device = self._stage_to or torch.device(str(loader.device))
-        stager = _CudaStager(self.device) if self._stage_to is not None else None
-        if loader.sparse_names and stager is not None:
-            raise InvalidArgumentError(
-                f"list columns ({', '.join(loader.sparse_names)}) are not staged to "
-                f"{self.device} from host reads (backend='cpu'). Read on the GPU (leave "
-                "backend out, with cudf installed), or pass device='cpu' and move the batch "
-                "in the training loop (tensor.to('cuda', non_blocking=True))"
-            )
-        self._builder.set_device(self.device, stager, loader.sparse_names)
-        for kind, option in _DTYPE_OPTIONS.items():  # checked by the loader by now
-            if self._options.get(option) is not None:
-                empty = torch.from_numpy(np.empty(0, dtype=self._options[option]))
-                self._builder.dtypes[kind] = empty.dtype
+        self.device = self._builder.set_loader(loader, self._options, self._stage_to)
         return loader
 
     def _worker(self) -> tuple[int, int]:
@@ -313,8 +161,7 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
             advice = thread_advice(torch.get_num_threads(), usable_cores())
             if advice is not None:
                 warnings.warn(advice, PerformanceWarning, stacklevel=2)
-        stager = self._builder.stager
-        receive = None if stager is None else stager.receive
+        receive = self._builder.receive
         return self._epochs.start(*self._worker(), receive=receive, in_worker=in_worker)
 
     def __repr__(self) -> str:
@@ -430,39 +277,12 @@ def _job_state(source: Any) -> dict[str, Any]:
     if isinstance(source, TorchAsyncItr):
         return source.state_dict()
     if isinstance(source, Mapping):
-        return dict(source) if STATE_FORMAT_KEY in source else _stateful_state(source)
+        return dict(source) if STATE_FORMAT_KEY in source else stateful_loader_state(source)
     dataset = getattr(source, "dataset", None)
     if isinstance(source, torch.utils.data.DataLoader) and isinstance(dataset, TorchAsyncItr):
         saved = getattr(source, "state_dict", None)
-        return _stateful_state(saved()) if callable(saved) else dataset.state_dict()
+        return stateful_loader_state(saved()) if callable(saved) else dataset.state_dict()
     raise InvalidArgumentError(
         "agreed_state takes a TorchAsyncItr, a DLDataLoader or StatefulDataLoader over "
         f"one, or a state dict, got {type(source).__name__}"
     )
-
-
-def _stateful_state(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """This rank's state in a torchdata ``StatefulDataLoader``'s state dict: its worker
-    processes' states (the iterator's, else the dataset's) merged, or its own."""
-
-    def of(holder: Any) -> Any:
-        fetcher = holder.get("fetcher_state") or {}
-        found = fetcher.get("dataset_iter_state") or holder.get("dataset_state")
-        if not isinstance(found, Mapping) or STATE_FORMAT_KEY not in found:
-            raise InvalidArgumentError(
-                "no TorchAsyncItr state in this StatefulDataLoader state dict: pass the "
-                "state_dict() of a StatefulDataLoader over a TorchAsyncItr"
-            )
-        return found
-
-    snapshot = saved.get("_snapshot")
-    if snapshot is None:  # no worker processes
-        return dict(of(saved))
-    if saved.get("_steps_since_snapshot"):
-        raise InvalidArgumentError(
-            f"this StatefulDataLoader state is {saved['_steps_since_snapshot']} batch(es) "
-            "past its workers' last snapshot, so their states are behind the batches "
-            "delivered: save with snapshot_every_n_steps=1 (the default)"
-        )
-    workers = snapshot.get("_worker_snapshots") or {}
-    return merge_worker_states([of(worker) for worker in workers.values()])
