@@ -20,6 +20,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +42,7 @@ __all__ = [
     "HandedEpoch",
     "IterableEpochs",
     "check_seed_fn",
+    "quiet_copy",
     "seed_value",
     "stateful_loader_state",
 ]
@@ -439,11 +441,13 @@ class IterableEpochs:
     core: the loader built from the user's options, its columns and batch counts, the
     epochs and their seeds, resuming, and the copies worker processes make.
 
-    The adapter calls `_start_epochs` with the loader options and implements
-    `_make_loader` (the core loader with the adapter's ``transform``), which also
-    rebuilds the loader in a worker process's copy; attributes listed in
-    ``_rebuilt`` are left out of the copy because `_make_loader` makes them anew.
-    `_worker` says which worker process share of an epoch this process serves.
+    The adapter drives, the core never calls it back: it hands the user's options to
+    `_keep_options`, builds its loader from ``self._options`` (the core loader with the
+    adapter's ``transform``) and starts the epochs on it (`_start_epochs`). A worker
+    process's copy leaves out the loader and the attributes listed in ``_rebuilt``; the
+    adapter's ``__setstate__`` builds them anew from the dataset `_restore` gives back
+    and attaches the loader (`_attach`). `_worker` says which worker process share of an
+    epoch this process serves.
     """
 
     _rebuilt: tuple[str, ...] = ()
@@ -451,20 +455,20 @@ class IterableEpochs:
     _epochs: Epochs
     _options: dict[str, Any]
 
-    def _start_epochs(
-        self, dataset: Any, options: Mapping[str, Any], seed_fn: Callable[[], int] | None
-    ) -> None:
+    def _keep_options(self, options: Mapping[str, Any], seed_fn: Callable[[], int] | None) -> None:
+        """Keep the loader's options (``self._options``) and ``seed_fn``, checked."""
         seed = options.get("seed")
         check_seed_fn(seed, seed_fn)
         # The seed is replaced by seed_fn's every epoch; the core needs one meanwhile.
         self._options = {**options, "seed": 0 if seed_fn is not None else seed}
-        self._loader = self._make_loader(dataset)
-        # Keep the seed the core drew (seed=None), so copies in worker processes agree.
-        self._options["seed"] = self._loader.seed
-        self._epochs = Epochs(self._loader, seed_fn=seed_fn, seed_given=seed is not None)
+        self._seed_fn, self._seed_given = seed_fn, seed is not None
 
-    def _make_loader(self, dataset: Any) -> Loader:
-        raise NotImplementedError
+    def _start_epochs(self, loader: Loader) -> None:
+        """Start the epochs on ``loader``, built from ``self._options``."""
+        self._loader = loader
+        # Keep the seed the core drew (seed=None), so copies in worker processes agree.
+        self._options["seed"] = loader.seed
+        self._epochs = Epochs(loader, seed_fn=self._seed_fn, seed_given=self._seed_given)
 
     def _worker(self) -> tuple[int, int]:
         """``(worker, num_workers)`` of the worker process this one is; ``(0, 1)``."""
@@ -546,13 +550,25 @@ class IterableEpochs:
         state["_dataset"] = state.pop("_loader").dataset
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any]) -> Any:
+        """A copy's state (from ``__getstate__``) taken back, all but its loader and the
+        ``_rebuilt`` attributes; returns the dataset to build the loader from."""
         dataset = state.pop("_dataset")
         self.__dict__.update(state)
-        with warnings.catch_warnings():  # already shown where the original was built
-            warnings.simplefilter("ignore")
-            self._loader = self._make_loader(dataset)
-        self._epochs.attach(self._loader)
+        return dataset
+
+    def _attach(self, loader: Loader) -> None:
+        """A copy's loader, built anew, attached to the epochs the copy holds."""
+        self._loader = loader
+        self._epochs.attach(loader)
+
+
+@contextlib.contextmanager
+def quiet_copy() -> Iterator[None]:
+    """Build a copy's loader without the warnings the original's building showed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def stateful_loader_state(saved: Mapping[str, Any]) -> dict[str, Any]:

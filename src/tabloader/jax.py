@@ -35,7 +35,7 @@ except ImportError:
 from tabloader.batches import Ragged
 from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
-from tabloader.epochs import EpochRun, IterableEpochs
+from tabloader.epochs import EpochRun, IterableEpochs, quiet_copy
 from tabloader.errors import InvalidArgumentError
 from tabloader.loader import Loader
 from tabloader.options import flag, keywords_of, ranks, reject_unknown
@@ -124,7 +124,13 @@ class JaxLoader(IterableEpochs):
             "jax.distributed",
         )  # fmt: skip
         settings.update(global_rank=rank, global_size=size, batch_size=batch_size)
-        self._start_epochs(dataset, settings, seed_fn)
+        self._keep_options(settings, seed_fn)
+        self._start_epochs(self._make_loader(dataset))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        dataset = self._restore(state)
+        with quiet_copy():  # its warnings were shown where the original was built
+            self._attach(self._make_loader(dataset))
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._maker = _BatchMaker(self._tensors, self._widths, pad_last=self.pad_last)

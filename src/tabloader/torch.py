@@ -33,7 +33,7 @@ except ImportError:
 from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
-from tabloader.epochs import EpochRun, IterableEpochs, stateful_loader_state
+from tabloader.epochs import EpochRun, IterableEpochs, quiet_copy, stateful_loader_state
 from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
@@ -132,7 +132,13 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         ranks = _resolve_ranks(options.pop("global_rank", None), options.pop("global_size", None))
         rank_options = {"global_rank": ranks[0], "global_size": ranks[1]}
         self._threads_checked = False
-        self._start_epochs(dataset, {**options, **rank_options, "batch_size": batch_size}, seed_fn)
+        self._keep_options({**options, **rank_options, "batch_size": batch_size}, seed_fn)
+        self._start_epochs(self._make_loader(dataset))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        dataset = self._restore(state)
+        with quiet_copy():  # its warnings were shown where the original was built
+            self._attach(self._make_loader(dataset))
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._builder = TorchBatchBuilder(_TENSORS)
