@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from tabloader.columns import is_list_type, value_type
 from tabloader.errors import ColumnTypeError, EmbeddingSizeWarning, InvalidArgumentError
 from tabloader.options import column_names, int_at_least
-from tabloader.sources.formats import RowGroups
+from tabloader.sources.formats import DeviceChunk, RowGroups
 from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
 if TYPE_CHECKING:
@@ -339,7 +339,9 @@ def _read_ranges_gpu(
                 continue
             chunk = reader.plan_row_groups([(p, 0, int(rows[p])) for p in parts], files)
             # (read as a list column: cudf's Series, whatever the column holds)
-            (frame,), _ = reader.read_row_groups(dataset, files, chunk, [name], {name})
+            (frame,), _ = reader.read_row_groups(
+                DeviceChunk(dataset, (), chunk, [name], {name}), files
+            )
             series = frame[name].series
             assert chunk.read is not None
             parts = chunk.read.partitions[0]

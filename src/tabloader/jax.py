@@ -127,16 +127,15 @@ class JaxLoader(IterableEpochs):
         self._keep_options(settings, seed_fn)
         self._start_epochs(self._make_loader(dataset))
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        dataset = self._restore(state)
-        with quiet_copy():  # its warnings were shown where the original was built
-            self._attach(self._make_loader(dataset))
-
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._maker = _BatchMaker(self._tensors, self._widths, pad_last=self.pad_last)
         loader = Loader(dataset, **self._options, device=self._device, transform=self._maker)
         self._maker.set_loader(loader, self._delivered)
         return loader
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        with quiet_copy():  # a copy's warnings were shown where the original was built
+            self._attach(self._make_loader(self._restore(state)))
 
     @property
     def device(self) -> Any:

@@ -135,11 +135,6 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         self._keep_options({**options, **rank_options, "batch_size": batch_size}, seed_fn)
         self._start_epochs(self._make_loader(dataset))
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        dataset = self._restore(state)
-        with quiet_copy():  # its warnings were shown where the original was built
-            self._attach(self._make_loader(dataset))
-
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._builder = TorchBatchBuilder(_TENSORS)
         loader = Loader(
@@ -149,6 +144,10 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         self._core_device = str(loader.device)  # worker processes' copies read there too
         self.device = self._builder.set_loader(loader, self._options, self._stage_to)
         return loader
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        with quiet_copy():  # a copy's warnings were shown where the original was built
+            self._attach(self._make_loader(self._restore(state)))
 
     def _worker(self) -> tuple[int, int]:
         info = torch.utils.data.get_worker_info()

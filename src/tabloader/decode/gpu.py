@@ -316,55 +316,44 @@ class DeviceReader:
             ]
         return frames, converted, on_default
 
-    def read_tables(
-        self, dataset: Partitioned, pieces: Sequence[Piece], columns: list[str], lists: set[str]
-    ) -> tuple[list[dict[str, Any]], bool]:
+    def read_tables(self, chunk: DeviceChunk) -> tuple[list[dict[str, Any]], bool]:
         """Each piece read as Arrow on the host and copied to the device: an in-memory
         table lives on the host, and one copy is unavoidable."""
-        cudf = self._cudf
+        cudf, read = self._cudf, chunk.dataset.read_partition
         frames = [
             cudf.DataFrame.from_arrow(
-                as_cudf_lists(dataset.read_partition(p, columns).slice(first, last - first))
+                as_cudf_lists(read(p, chunk.columns).slice(first, last - first))
             )
-            for p, first, last in pieces
+            for p, first, last in chunk.pieces
         ]
-        return [cudf_frame(frame, lists) for frame in frames], True
+        return [cudf_frame(frame, chunk.lists) for frame in frames], True
 
     def read_computed(
-        self, pieces: Sequence[Piece], columns: list[str], lists: set[str], compute: Computation
+        self, chunk: DeviceChunk, compute: Computation
     ) -> tuple[list[dict[str, Any]], bool]:
         """Each piece computed by dask's threads on this GPU, not GPU 0: dask-cudf
         partitions stay on the device, pandas ones are copied in."""
-        cudf = self._cudf
-        partitions = compute(pieces, columns, dask_compute_options(self.device, self._cupy))
+        cudf, options = self._cudf, dask_compute_options(self.device, self._cupy)
+        partitions = compute(chunk.pieces, chunk.columns, options)
         frames = [
             frame if type(frame).__module__.startswith("cudf") else cudf.from_pandas(frame)
             for frame in partitions
         ]
-        return [cudf_frame(frame, lists) for frame in frames], True
+        return [cudf_frame(frame, chunk.lists) for frame in frames], True
 
     def read_row_groups(
-        self,
-        dataset: Partitioned,
-        files: RowGroups,
-        plan: ChunkPlan,
-        columns: list[str],
-        lists: set[str],
+        self, chunk: DeviceChunk, files: RowGroups
     ) -> tuple[list[dict[str, Any]], bool]:
-        """A chunk's row groups (``plan``, from `plan_row_groups`) as one frame, or one
+        """A chunk's row groups (its plan, from `plan_row_groups`) as one frame, or one
         per file (see `_read_files`); whether they were made on the default stream."""
-        assert plan.read is not None
-        return self._read_files(dataset, files, plan.read, columns, lists)
+        assert chunk.plan.read is not None
+        return self._read_files(chunk, files, chunk.plan.read)
 
     def _read_files(
-        self,
-        dataset: Partitioned,
-        files: RowGroups,
-        read: ChunkRead,
-        columns: list[str],
-        lists: set[str],
+        self, chunk: DeviceChunk, files: RowGroups, read: ChunkRead
     ) -> tuple[list[dict[str, Any]], bool]:
         """``read``'s row groups as one frame, or one per file (see below)."""
+        dataset, columns, lists = chunk.dataset, chunk.columns, chunk.lists
         parts = [p for file_parts in read.partitions for p in file_parts]
         where = dataset.describe_partition(parts[0])
         if len(parts) > 1:
@@ -374,7 +363,7 @@ class DeviceReader:
         # Partition keys and renamed or added table columns: what each file stores.
         how = [files.file_columns(f, columns) for f in read.files]
         if len(how) > 1 and not same_reads(how):
-            return self._read_each_file(dataset, files, read, columns, lists)
+            return self._read_each_file(chunk, files, read)
         stored = list(how[0].read)
         expected = int(sum(dataset.partition_rows[p] for p in parts))
         try:
@@ -398,11 +387,11 @@ class DeviceReader:
             if is_out_of_memory(err):
                 raise
             if len(read.files) > 1:
-                return self._read_each_file(dataset, files, read, columns, lists)
+                return self._read_each_file(chunk, files, read)
             raise read_error(where, err) from err
         if rows != expected:
             if len(read.files) > 1:
-                return self._read_each_file(dataset, files, read, columns, lists)
+                return self._read_each_file(chunk, files, read)
             raise ReadError(
                 f"cudf read {rows} rows from {where}, but the footers listed {expected}: "
                 "the file changed after the dataset was created. Create the Dataset again"
@@ -490,19 +479,14 @@ class DeviceReader:
         return frame, rows, stream is None
 
     def _read_each_file(
-        self,
-        dataset: Partitioned,
-        files: RowGroups,
-        read: ChunkRead,
-        columns: list[str],
-        lists: set[str],
+        self, chunk: DeviceChunk, files: RowGroups, read: ChunkRead
     ) -> tuple[list[dict[str, Any]], bool]:
         """``read`` one file at a time: files that fail together may each read alone (their
         schemas may differ in columns not read), and a file at fault is named."""
         frames, on_default = [], False
         for f, groups, ps in zip(read.files, read.row_groups, read.partitions, strict=True):
             one = ChunkRead([f], [groups], [ps], [0], [])
-            (frame,), default = self._read_files(dataset, files, one, columns, lists)
+            (frame,), default = self._read_files(chunk, files, one)
             frames.append(frame)
             on_default = on_default or default
         return frames, on_default

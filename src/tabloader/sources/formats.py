@@ -40,39 +40,6 @@ Piece = tuple[int, int, int]
 """``(partition, first row, stop row)``: a slice of one partition."""
 
 
-class DeviceReads(Protocol):
-    """The reads a GPU's reader makes (`tabloader.decode.gpu.DeviceReader`), of which a
-    format picks its own: how a chunk is planned and read. ``dataset`` is what the
-    reader reads (a `tabloader.partitioned.Partitioned`), passed through."""
-
-    def plan_pieces(self, pieces: Sequence[Piece]) -> Any:
-        """One frame per piece, holding exactly its rows."""
-        ...
-
-    def plan_row_groups(self, pieces: Sequence[Piece], files: RowGroups) -> Any:
-        """One read of the row groups the pieces touch, each once."""
-        ...
-
-    def read_tables(
-        self, dataset: Any, pieces: Sequence[Piece], columns: list[str], lists: set[str]
-    ) -> Any:
-        """Each piece read as Arrow on the host and copied in (``lists``: the columns
-        read as lists)."""
-        ...
-
-    def read_computed(
-        self, pieces: Sequence[Piece], columns: list[str], lists: set[str], compute: Computation
-    ) -> Any:
-        """Each piece computed (``compute``, with the reader's scheduler options)."""
-        ...
-
-    def read_row_groups(
-        self, dataset: Any, files: RowGroups, plan: Any, columns: list[str], lists: set[str]
-    ) -> Any:
-        """A chunk's row groups (``plan``: from `plan_row_groups`) read from the files."""
-        ...
-
-
 class DeviceChunk(NamedTuple):
     """A chunk a GPU's reader reads: ``pieces`` of ``dataset`` (a
     `tabloader.partitioned.Partitioned`) as its format planned them (``plan``), the
@@ -83,6 +50,32 @@ class DeviceChunk(NamedTuple):
     plan: Any
     columns: list[str]
     lists: set[str]
+
+
+class DeviceReads(Protocol):
+    """The reads a GPU's reader makes (`tabloader.decode.gpu.DeviceReader`), of which a
+    format picks its own: how a chunk is planned, and how it is read (each read returns
+    the chunk's frames and whether they were made on the default stream)."""
+
+    def plan_pieces(self, pieces: Sequence[Piece]) -> Any:
+        """One frame per piece, holding exactly its rows."""
+        ...
+
+    def plan_row_groups(self, pieces: Sequence[Piece], files: RowGroups) -> Any:
+        """One read of the row groups the pieces touch, each once."""
+        ...
+
+    def read_tables(self, chunk: DeviceChunk) -> Any:
+        """Each piece read as Arrow on the host and copied in."""
+        ...
+
+    def read_computed(self, chunk: DeviceChunk, compute: Computation) -> Any:
+        """Each piece computed (``compute``, with the reader's scheduler options)."""
+        ...
+
+    def read_row_groups(self, chunk: DeviceChunk, files: RowGroups) -> Any:
+        """A chunk's row groups (its plan: from `plan_row_groups`) read from the files."""
+        ...
 
 
 Computation = Callable[[Sequence[Piece], Sequence[str], Mapping[str, Any] | None], list[Any]]
@@ -100,7 +93,7 @@ class Format:
     def read_on_device(self, reads: DeviceReads, chunk: DeviceChunk) -> Any:
         """``chunk`` read on a GPU, as its plan (`plan_on_device`) says: its frames, and
         whether they were made on the default stream."""
-        return reads.read_tables(chunk.dataset, chunk.pieces, chunk.columns, chunk.lists)
+        return reads.read_tables(chunk)
 
 
 class ComputedPartitions(Format):
@@ -111,7 +104,7 @@ class ComputedPartitions(Format):
         self.compute = compute
 
     def read_on_device(self, reads: DeviceReads, chunk: DeviceChunk) -> Any:
-        return reads.read_computed(chunk.pieces, chunk.columns, chunk.lists, self.compute)
+        return reads.read_computed(chunk, self.compute)
 
 
 class RowGroupFiles(Protocol):
@@ -168,4 +161,4 @@ class RowGroups(Format):
         return reads.plan_row_groups(pieces, self)
 
     def read_on_device(self, reads: DeviceReads, chunk: DeviceChunk) -> Any:
-        return reads.read_row_groups(chunk.dataset, self, chunk.plan, chunk.columns, chunk.lists)
+        return reads.read_row_groups(chunk, self)
