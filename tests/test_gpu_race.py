@@ -46,6 +46,22 @@ def _quietly(make: Any, *args: Any, **kwargs: Any) -> Any:
         return make(*args, **kwargs)
 
 
+def _converting_loader(tmp_path: Path, framework: Any) -> tabloader.Loader:
+    """A GPU loader over 1,024 rows in chunks of 256 whose batches become ``framework``'s
+    tensors (a `tabloader.tensors` framework) as the adapters make them."""
+    from tabloader.tensors import BatchConverter, delivered_dtypes
+
+    convert = BatchConverter(framework)
+    paths = write_dataset(tmp_path / "data", [[256] * 4])
+    loader = _quietly(
+        tabloader.Loader, paths, conts=["x"], labels=["label"], batch_size=64, shuffle=True,
+        seed=2, device="cuda", parts_per_chunk=1, prefetch=1,
+        transform=lambda batch: convert.tensors_of(convert.arrays(batch)),
+    )  # fmt: skip
+    convert.set_loader(loader, delivered_dtypes(framework, {}))
+    return loader
+
+
 # -- JAX: XLA's streams are non-blocking, and JAX deletes an imported buffer at once ----------
 
 
@@ -117,19 +133,11 @@ def test_the_keras_adapters_tensors_on_jax_are_fenced_too(tmp_path, monkeypatch)
     xla = _stand_in("xla")
     from emulated_gpu.frameworks import sleep
     from tabloader import tensors
-    from tabloader.tensors import BatchConverter, JaxTensors, delivered_dtypes
+    from tabloader.tensors import JaxTensors
 
     monkeypatch.setattr(JaxTensors, "tensor", lambda self, array: xla.from_dlpack(array))
     monkeypatch.setattr(JaxTensors, "marker", lambda self, device: xla.marker(), raising=False)
-    jax_tensors = JaxTensors()
-    convert = BatchConverter(jax_tensors)
-    paths = write_dataset(tmp_path / "data", [[256] * 4])
-    loader = _quietly(
-        tabloader.Loader, paths, conts=["x"], labels=["label"], batch_size=64, shuffle=True,
-        seed=2, device="cuda", parts_per_chunk=1, prefetch=1,
-        transform=lambda batch: convert.tensors_of(convert.arrays(batch)),
-    )  # fmt: skip
-    convert.set_loader(loader, delivered_dtypes(jax_tensors, {}))
+    loader = _converting_loader(tmp_path, JaxTensors())
     if hasattr(tensors, "MarkerFence"):
         assert isinstance(loader.backend.xp.memory.consumer, tensors.MarkerFence)
     copies = []
@@ -195,18 +203,10 @@ def test_pytorch_on_a_stream_of_its_own_follows_the_two_rules_of_the_gpu_page(
     from cupy.cuda import RaceError
 
     from emulated_gpu.frameworks import settle, sleep
-    from tabloader.tensors import BatchConverter, TorchTensors, delivered_dtypes
+    from tabloader.tensors import TorchTensors
 
     monkeypatch.setattr(TorchTensors, "tensor", lambda self, array: torch_gpu.from_dlpack(array))
-    torch_tensors = TorchTensors()
-    convert = BatchConverter(torch_tensors)
-    paths = write_dataset(tmp_path / "data", [[256] * 4])
-    loader = _quietly(
-        tabloader.Loader, paths, conts=["x"], labels=["label"], batch_size=64, shuffle=True,
-        seed=2, device="cuda", parts_per_chunk=1, prefetch=1,
-        transform=lambda batch: convert.tensors_of(convert.arrays(batch)),
-    )  # fmt: skip
-    convert.set_loader(loader, delivered_dtypes(torch_tensors, {}))
+    loader = _converting_loader(tmp_path, TorchTensors())
     side = cupy.cuda.Stream(non_blocking=True)
 
     def train() -> list[Any]:

@@ -270,6 +270,26 @@ def test_ranks_are_disjoint_and_the_keywords_are_checked(dataset_dir):
         make(paths, global_rank=2, global_size=2)
 
 
+def _last_lines_of_two_processes(code: str) -> list[str]:
+    """Run ``code`` in two processes of one jax.distributed job (its process id the
+    argument), on the CPU; the last line each printed."""
+    env = {**os.environ, "PYTHONPATH": SRC, "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(rank)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(2)
+    ]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    return [out.strip().splitlines()[-1] for out, _ in outputs]
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_ranks_default_to_the_jax_processes(dataset_dir):
@@ -294,22 +314,9 @@ def test_ranks_default_to_the_jax_processes(dataset_dir):
         jax.distributed.shutdown()
         """
     )
-    env = {**os.environ, "PYTHONPATH": SRC, "JAX_PLATFORMS": "cpu"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(rank)],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for rank in range(2)
-    ]
-    outputs = [p.communicate(timeout=240) for p in procs]
     results = []
-    for proc, (out, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err[-3000:]
-        rank, size, length, ids = out.strip().splitlines()[-1].split(" ", 3)
+    for line in _last_lines_of_two_processes(code):
+        rank, size, length, ids = line.split(" ", 3)
         results.append((int(rank), int(size), int(length), json.loads(ids)))
     assert [(r, s, n) for r, s, n, _ in results] == [(0, 2, 7), (1, 2, 7)]
     first, second = (set(ids) for *_, ids in results)
@@ -383,22 +390,7 @@ def test_processes_agree_on_one_state_or_are_refused(dataset_dir):
         jax.distributed.shutdown()
         """
     )
-    env = {**os.environ, "PYTHONPATH": SRC, "JAX_PLATFORMS": "cpu"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(rank)],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for rank in range(2)
-    ]
-    outputs = [p.communicate(timeout=240) for p in procs]
-    results = []
-    for proc, (out, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = [json.loads(line) for line in _last_lines_of_two_processes(code)]
     (state, refused), (other, refused_too) = results
     assert state == other and (state["global_size"], state["batches"]) == (2, 3)
     assert "rank 1's batches is 4, rank 0's 3. The ranks were not in step" in refused
