@@ -416,3 +416,28 @@ def test_a_chunk_of_several_cache_runs_is_gathered_as_on_the_cpu(tmp_path, monke
         _same(list(cpu), list(gpu_loader))
     assert gpu_loader.stats().from_cache
     assert searched  # some chunk lay in two runs of the cache or more
+
+
+@gpu
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_gpu_caches_gather_helpers_are_as_many_as_the_loaders_threads_allow(monkeypatch, threads):
+    """``threads=`` sizes every pool of a loader, the helpers that gather a GPU cache's
+    windows on the host too (a global shuffle from pinned memory, in windows of 2,048
+    rows): with one thread the reader gathers alone, with three it has two helpers."""
+    from tabloader.cache import device as device_module
+
+    monkeypatch.setattr(device_module, "DEFAULT_CHUNK_BYTES", 16 * 1024)
+    table = pa.table({"id": np.arange(8192)})
+    loader = tabloader.Loader(
+        table, cats=["id"], batch_size=256, shuffle="global", seed=0, device="cuda",
+        cache="memory", cache_placement="host", threads=threads,
+    )  # fmt: skip
+    expected = sorted(range(8192))
+    assert sorted(np.concatenate([b["id"].get() for b in loader]).tolist()) == expected
+    helpers: set[str] = set()
+    ids = []
+    for batch in loader:  # served from the cache
+        helpers |= {t.name for t in threading.enumerate() if t.name.startswith("tabloader-gather")}
+        ids.append(batch["id"].get())
+    assert sorted(np.concatenate(ids).tolist()) == expected
+    assert len(helpers) == threads - 1

@@ -56,7 +56,6 @@ from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError
 from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
 from tabloader.stages import Reading, read_in_stages
-from tabloader.threads import Threads
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -287,7 +286,7 @@ class DeviceCacheBackend(CacheBackend):
                 partial(self._serve, placed, plan, window),
                 # rows gathered on the host: their order drawn a chunk ahead
                 order=partial(self.cache.rows.delivery_rows, plan) if on_host else None,
-                helpers=Threads.sized().device_gather,
+                helpers=request.threads.device_gather,
                 helper_name="tabloader-gather",
             )
             yield from read_in_stages(plan, reading)
