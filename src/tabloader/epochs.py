@@ -456,19 +456,19 @@ class IterableEpochs:
     _options: dict[str, Any]
 
     def _keep_options(self, options: Mapping[str, Any], seed_fn: Callable[[], int] | None) -> None:
-        """Keep the loader's options (``self._options``) and ``seed_fn``, checked."""
+        """Keep the loader's options (``self._options``), checked against ``seed_fn``."""
         seed = options.get("seed")
         check_seed_fn(seed, seed_fn)
         # The seed is replaced by seed_fn's every epoch; the core needs one meanwhile.
         self._options = {**options, "seed": 0 if seed_fn is not None else seed}
-        self._seed_fn, self._seed_given = seed_fn, seed is not None
 
-    def _start_epochs(self, loader: Loader) -> None:
+    def _start_epochs(self, loader: Loader, seed_fn: Callable[[], int] | None) -> None:
         """Start the epochs on ``loader``, built from ``self._options``."""
+        given = seed_fn is None and self._options["seed"] is not None
         self._loader = loader
         # Keep the seed the core drew (seed=None), so copies in worker processes agree.
         self._options["seed"] = loader.seed
-        self._epochs = Epochs(loader, seed_fn=self._seed_fn, seed_given=self._seed_given)
+        self._epochs = Epochs(loader, seed_fn=seed_fn, seed_given=given)
 
     def _worker(self) -> tuple[int, int]:
         """``(worker, num_workers)`` of the worker process this one is; ``(0, 1)``."""

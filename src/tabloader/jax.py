@@ -125,7 +125,7 @@ class JaxLoader(IterableEpochs):
         )  # fmt: skip
         settings.update(global_rank=rank, global_size=size, batch_size=batch_size)
         self._keep_options(settings, seed_fn)
-        self._start_epochs(self._make_loader(dataset))
+        self._start_epochs(self._make_loader(dataset), seed_fn)
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._maker = _BatchMaker(self._tensors, self._widths, pad_last=self.pad_last)

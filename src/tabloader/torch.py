@@ -133,7 +133,7 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         rank_options = {"global_rank": ranks[0], "global_size": ranks[1]}
         self._threads_checked = False
         self._keep_options({**options, **rank_options, "batch_size": batch_size}, seed_fn)
-        self._start_epochs(self._make_loader(dataset))
+        self._start_epochs(self._make_loader(dataset), seed_fn)
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._builder = TorchBatchBuilder(_TENSORS)
