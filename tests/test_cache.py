@@ -606,6 +606,40 @@ def test_a_writer_killed_mid_write_leaves_nothing_a_later_loader_trusts(files, t
     assert loader.stats().from_cache
 
 
+EXITING_WRITER = """
+import sys, tabloader
+import tabloader.cache.files
+tabloader.cache.files.SEGMENT_BYTES = 256  # several checksum segments, hashed on threads
+loader = tabloader.Loader(sys.argv[1:-1], cats=["id", "cat"], conts=["x"], batch_size=8,
+                          parts_per_chunk=1, cache="disk", cache_dir=sys.argv[-1])
+print(sum(len(b["id"]) for b in loader), flush=True)
+"""
+
+
+def test_a_script_that_ends_after_the_first_epoch_publishes_its_cache(files, tmp_path):
+    # The cache is written in the background after the epoch; the interpreter's exit
+    # waits for it, and writing it must not need what the exit has shut down already
+    # (a thread pool refuses new work once the interpreter is shutting down).
+    root = tmp_path / "c"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(EXITING_WRITER), *files, str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(ROWS)
+    assert "CacheWarning" not in done.stderr, done.stderr
+    assert len(published(root)) == 1 and not temporary(root)
+    loader = tabloader.Loader(
+        files, cats=["id", "cat"], conts=["x"], batch_size=8, cache="disk", cache_dir=root
+    )
+    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    assert loader.stats().from_cache  # its first epoch reads only the cache
+
+
 def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, tmp_path):
     loader = tabloader.Loader(
         files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk", cache_dir=tmp_path / "c"

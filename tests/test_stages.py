@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabloader.stages import Prefetcher, SplitWork, balanced_groups
+from tabloader.stages import Prefetcher, SplitWork, balanced_groups, map_on_threads
 
 
 def test_items_arrive_in_order():
@@ -200,3 +200,31 @@ def test_threads_are_sized_from_the_cores_this_process_may_run_on(monkeypatch):
     monkeypatch.setattr(tabloader.threads, "usable_cores", lambda: 12)
     assert Threads.sized().cores == 12
     assert Threads.sized(3).cores == 3
+
+
+@given(items=st.lists(st.integers(), max_size=40), threads=st.integers(1, 6))
+def test_map_on_threads_computes_each_item_once_in_order_on_at_most_threads_threads(items, threads):
+    seen: list[int] = []
+    names: set[str] = set()
+
+    def double(x: int) -> int:
+        seen.append(x)
+        names.add(threading.current_thread().name)
+        return 2 * x
+
+    assert map_on_threads(double, items, threads, name="t") == [2 * x for x in items]
+    assert sorted(seen) == sorted(items)
+    assert len(names) <= threads
+
+
+def test_map_on_threads_raises_an_items_error_after_its_threads_have_ended():
+    def fail_on_seven(x: int) -> int:
+        if x == 7:
+            raise ValueError("seven")
+        time.sleep(0.001)
+        return x
+
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="seven"):
+        map_on_threads(fail_on_seven, list(range(20)), 3, name="t")
+    assert threading.active_count() == before

@@ -48,6 +48,7 @@ sits below them in the package's layering.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import sys
@@ -502,8 +503,33 @@ def map_on_threads(
     threads = max(1, min(threads, len(items)))
     if threads == 1:
         return [function(item) for item in items]
-    with ThreadPoolExecutor(threads, thread_name_prefix=name) as pool:
-        return list(pool.map(function, items))
+    # Threads of its own rather than a ThreadPoolExecutor: a cache written in the
+    # background is finished while the interpreter exits, when executors refuse new work.
+    results: list[Any] = [None] * len(items)
+    failures: list[BaseException] = []
+    positions = itertools.count()  # next() is atomic: each item is taken once
+
+    def work() -> None:
+        for i in iter(positions.__next__, None):
+            if i >= len(items) or failures:
+                return
+            try:
+                results[i] = function(items[i])
+            except BaseException as error:  # handed to the caller
+                failures.append(error)
+                return
+
+    helpers = [
+        threading.Thread(target=work, name=f"{name}_{k}", daemon=True) for k in range(threads - 1)
+    ]
+    for helper in helpers:
+        helper.start()
+    work()
+    for helper in helpers:
+        helper.join()
+    if failures:
+        raise failures[0]
+    return results
 
 
 def start_thread(
