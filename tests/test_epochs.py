@@ -239,3 +239,21 @@ def test_set_epoch_continues_a_loaded_state_of_that_epoch_and_drops_another():
     core.load_state_dict(state)
     core.set_epoch(2)
     assert ids(iter(core)) == ids(make().loader.iter_epoch(2))
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 4])
+def test_a_state_saved_after_set_epoch_points_where_the_next_epoch_starts(epoch):
+    """A loop that leaves each epoch early (a fixed number of steps) and checkpoints
+    after set_epoch(): the unfinished epoch is given up, and resuming the state delivers
+    the epoch the uninterrupted loop went on with."""
+    for whose in ("epochs", "loader"):
+        epochs = make()
+        core = epochs.loader
+        run = epochs.start() if whose == "epochs" else iter(core)
+        next(run)
+        (epochs if whose == "epochs" else core).set_epoch(epoch)
+        state = (epochs if whose == "epochs" else core).state_dict()
+        assert (state["epoch"], state["batches"]) == (epoch, 0), whose
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert ids(resumed.start()) == ids(make().loader.iter_epoch(epoch)), whose

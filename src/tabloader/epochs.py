@@ -263,10 +263,12 @@ class Epochs:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next `start` deliver epoch ``epoch``: from its start, unless a loaded
-        state continues that epoch (a state of another epoch is dropped)."""
+        state continues that epoch (a state of another epoch is dropped). An epoch left
+        unfinished is given up: `state_dict` points where the next `start` begins."""
         epoch = int_at_least(epoch, 0, "epoch")
         if self.resume is not None and self.resume.epoch != epoch:
             self.resume = None
+        self.live = self.handed = None
         if epoch != self.cursor.epoch or self.resume is None:
             self.epoch_seed = None
         self.cursor = replace(self.cursor, epoch=epoch)

@@ -81,8 +81,10 @@ class _Standing(_Options):
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver epoch ``epoch`` (like ``DistributedSampler``):
         from its start, unless a loaded state continues that epoch (a state of another
-        epoch is dropped)."""
+        epoch is dropped). An epoch left unfinished is given up: `state_dict` points
+        where the next ``iter()`` starts."""
         self._next = Cursor(int_at_least(epoch, 0, "epoch"), self.seed)
+        self._live = None
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None
 
