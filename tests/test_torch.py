@@ -401,6 +401,27 @@ def test_persistent_workers_reshuffle_like_fresh_ones(paths):
         iter(kept)
 
 
+def test_a_state_loaded_after_persistent_workers_started_is_refused_not_ignored(paths):
+    # (rolling back to a checkpoint in the same process, after a NaN loss, say)
+    saver = make(paths, shuffle=True, seed=2)
+    loader = DLDataLoader(saver, collate_fn=identity, num_workers=2)
+    list(loader)
+    run = iter(loader)
+    [next(run) for _ in range(2)]
+    state = saver.state_dict()  # epoch 1, two batches in
+    rest = list(run)
+    itr = make(paths, shuffle=True, seed=2)
+    kept = DLDataLoader(itr, collate_fn=identity, num_workers=2, persistent_workers=True)
+    list(kept)  # epoch 0; the workers stay, and run epoch 1 next
+    itr.load_state_dict(state)  # they would run the whole of epoch 1
+    with pytest.raises(tabloader.TabloaderError, match="after the persistent worker processes"):
+        iter(kept)
+    again = make(paths, shuffle=True, seed=2)
+    again.load_state_dict(state)  # before the workers start: they copy it
+    kept = DLDataLoader(again, collate_fn=identity, num_workers=2, persistent_workers=True)
+    np.testing.assert_array_equal(np.sort(ids(list(kept))), np.sort(ids(rest)))
+
+
 def test_more_workers_than_batches(dataset_dir):
     paths = dataset_dir([[20]])
     loader = DLDataLoader(make(paths), collate_fn=identity, num_workers=2)

@@ -347,6 +347,14 @@ class Epochs:
         epoch afterwards. Returns the workers' batches, counted as they are handed out
         (taken from the workers in turn when ``in_order``), so that `state_dict` says
         where the epoch stands."""
+        if started and self.resume is not None:
+            raise TabloaderError(
+                f"a state was loaded (epoch {self.resume.epoch}) after the persistent worker "
+                "processes started, and they cannot see it: they would deliver the whole "
+                "epoch again. Load the state before the first epoch (the worker processes "
+                "copy it when they start), build a new DataLoader, or use "
+                "persistent_workers=False"
+            )
         if started and self.epoch != self.worker_epoch:
             raise TabloaderError(
                 f"the persistent worker processes will run epoch {self.worker_epoch}, but "
