@@ -818,3 +818,47 @@ def test_a_cached_loader_resumes_exactly_and_refuses_a_streaming_state(tmp_path)
     streaming = tabloader.Loader(table, **{**options, "shuffle": True, "cache": None})
     with pytest.raises(tabloader.InvalidArgumentError, match=r"shuffle \(saved: 'global'"):
         streaming.load_state_dict(state)
+
+
+def test_a_growing_dataset_resumes_on_the_listing_checked_when_the_state_was_loaded(tmp_path):
+    """refresh=True: a file that joins after load_state_dict() waits for the next epoch
+    (it changed the rest of the resumed epoch: rows twice, rows never); one that joined
+    before is refused mid-epoch, and at an epoch's start the epoch lists it."""
+    import pyarrow.parquet as pq
+
+    from conftest import make_table
+
+    directory = tmp_path / "data"
+    write_dataset(directory, [[10, 10], [10, 10]])
+
+    def add(name: str, start: int) -> None:
+        pq.write_table(make_table(start, 20), directory / name, row_group_size=10)
+
+    def make() -> tabloader.Loader:
+        dataset = tabloader.Dataset(str(directory), refresh=True)
+        return tabloader.Loader(dataset, cats=["id"], batch_size=8, shuffle=True, seed=3)
+
+    saver = make()
+    epoch = iter(saver)
+    head = [next(epoch)["id"].tolist() for _ in range(2)]
+    state = saver.state_dict()
+    rest = [b["id"].tolist() for b in epoch]
+    resumed = make()
+    resumed.load_state_dict(state)
+    add("part-100.parquet", 1000)  # joins after the state was loaded
+    assert [b["id"].tolist() for b in resumed] == rest
+    assert sorted(i for b in head + rest for i in b) == list(range(40))
+    assert any(i >= 1000 for b in resumed for i in b["id"].tolist())  # the next epoch's
+    late = make()
+    add("part-101.parquet", 2000)  # joins before the state is loaded
+    with pytest.raises(
+        tabloader.InvalidArgumentError, match="differs from this loader in the dataset"
+    ):
+        late.load_state_dict(state)
+    boundary = make()
+    list(boundary)
+    at_start = boundary.state_dict()  # epoch 1, nothing of it delivered
+    add("part-102.parquet", 3000)
+    again = make()
+    again.load_state_dict(at_start)
+    assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in boundary]

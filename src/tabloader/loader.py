@@ -28,7 +28,14 @@ from tabloader.iterator import BatchIterator, EpochProgress
 from tabloader.options import int_at_least, keywords_of, reject_unknown
 from tabloader.plan import EpochPlan, plan_cached_epoch, plan_epoch
 from tabloader.stages import batch_stream, batches_ahead
-from tabloader.state import WORLD_OPTIONS, Cursor, Fingerprint, Position, dataset_fingerprint
+from tabloader.state import (
+    STATE_EPOCH,
+    WORLD_OPTIONS,
+    Cursor,
+    Fingerprint,
+    Position,
+    dataset_fingerprint,
+)
 from tabloader.stats import LoaderStats, StatsRecorder
 from tabloader.threads import Threads
 
@@ -200,11 +207,18 @@ class _Standing(_Options):
             # Whether this loader's epochs are shuffled globally depends on whether its
             # cache is used: found out now, as the first epoch would.
             _ = self.cache.lookup() or self.cache.decide(stacklevel=4)
+        epoch = state.get(STATE_EPOCH) if isinstance(state, Mapping) else None
+        if self.dataset.refreshes and isinstance(epoch, int) and epoch >= 0:
+            # The listing the saved epoch goes on with: checked now, and kept for that
+            # epoch (iter() does not list again), so no file that joins meanwhile can
+            # change the rest of it.
+            self.refresh(epoch)
         position = Position.from_state(
             state,
             self.fingerprint(),
             seed=self.seed if seed is None else seed,
             adopt_seed=not self.config.seed_given if adopt_seed is None else adopt_seed,
+            listing_changes=self.dataset.refreshes,
         )
         for w, done in enumerate(position.worker_batches):
             if done is None:

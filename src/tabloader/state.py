@@ -322,6 +322,7 @@ class Position:
         *,
         seed: int,
         adopt_seed: bool = False,
+        listing_changes: bool = False,
     ) -> Position:
         """The position a saved state holds, checked against where it is resumed.
 
@@ -329,6 +330,8 @@ class Position:
         (with ``adopt_seed``, a different saved seed is taken rather than refused). A
         state of this format resumes on any world; one of format 3 belongs to the rank
         that saved it, whose ``global_rank`` and ``global_size`` must match.
+        ``listing_changes``: the dataset is listed again each epoch (``refresh=True``),
+        so a state that delivered nothing of its epoch starts it on any listing.
 
         Raises:
             InvalidArgumentError: ``state`` is not a state dict this version reads, or
@@ -339,7 +342,7 @@ class Position:
         per_rank = state[STATE_FORMAT_KEY] == _PER_RANK_FORMAT
         differences = []
         dataset = dataset_difference(state[STATE_DATASET], fingerprint.dataset)
-        if dataset is not None:
+        if dataset is not None and not (listing_changes and _delivered_nothing(state, per_rank)):
             differences.append(dataset)
         saved_options = state[STATE_OPTIONS]
         for name, value in fingerprint.options.items():
@@ -356,7 +359,7 @@ class Position:
             differences.append(f"seed (saved: {saved_seed!r}; now: {seed!r})")
         if differences:
             raise InvalidArgumentError(
-                "cannot resume from this state: it was saved by a loader with a different "
+                "cannot resume from this state: it differs from this loader in "
                 + ", ".join(differences)
                 + ". Resume with the same data and options as the run that saved it"
             )
@@ -386,6 +389,13 @@ class Position:
                 for leg in state[STATE_EARLIER]
             ),
         )
+
+
+def _delivered_nothing(state: Mapping[str, Any], per_rank: bool) -> bool:
+    """Whether ``state`` (of a shape already checked) stands at the start of its epoch."""
+    if per_rank:
+        return state[STATE_BATCHES] == 0
+    return not state[STATE_EARLIER] and not any(state[STATE_WORKER_BATCHES])
 
 
 def _version() -> str:
