@@ -65,6 +65,10 @@ class _Standing(_Options):
     _resume: Cursor | None
     _live: EpochProgress | None
 
+    if TYPE_CHECKING:
+
+        def refresh(self, epoch: int) -> None: ...  # the loader's
+
     def num_batches(self, *, worker: int = 0, num_workers: int = 1) -> int:
         """Batches one epoch delivers to this rank (or to one of its worker processes)."""
         return self.config.batches_per_epoch(

@@ -394,7 +394,7 @@ class Position:
 def _delivered_nothing(state: Mapping[str, Any], per_rank: bool) -> bool:
     """Whether ``state`` (of a shape already checked) stands at the start of its epoch."""
     if per_rank:
-        return state[STATE_BATCHES] == 0
+        return bool(state[STATE_BATCHES] == 0)
     return not state[STATE_EARLIER] and not any(state[STATE_WORKER_BATCHES])
 
 
