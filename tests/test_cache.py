@@ -640,6 +640,32 @@ def test_a_script_that_ends_after_the_first_epoch_publishes_its_cache(files, tmp
     assert loader.stats().from_cache  # its first epoch reads only the cache
 
 
+def _first_epoch(files: list[str], root: str) -> None:
+    loader = tabloader.Loader(files, **COLS, batch_size=8, cache="disk", cache_dir=root)
+    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_child_process_that_fills_a_disk_cache_publishes_it(files, tmp_path, method):
+    # A child process (a DataLoader worker) ends without the exit handlers that wait for
+    # a writer thread: the cache must be written before its epoch ends.
+    import multiprocessing
+
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {method} start method here")
+    root = tmp_path / "c"
+    child = multiprocessing.get_context(method).Process(
+        target=_first_epoch, args=(files, str(root))
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert len(published(root)) == 1 and not temporary(root)
+    loader = tabloader.Loader(files, **COLS, batch_size=8, cache="disk", cache_dir=root)
+    assert sorted(ids(list(loader)).tolist()) == list(range(ROWS))
+    assert loader.stats().from_cache
+
+
 def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, tmp_path):
     loader = tabloader.Loader(
         files, **COLS, batch_size=8, parts_per_chunk=1, cache="disk", cache_dir=tmp_path / "c"

@@ -12,6 +12,7 @@ for one filled in memory, which is served from memory meanwhile.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 import warnings
@@ -217,7 +218,14 @@ class Publisher:
         self, stored: StoredBlocks, files: Mapping[str, NDArray[Any]], temp: Path
     ) -> None:
         """Write ``files`` into ``temp`` and publish them, in a thread of their own
-        (``tabloader-cache-writer``); a loader on the same cache waits for it first."""
+        (``tabloader-cache-writer``); a loader on the same cache waits for it first.
+
+        In a child process (a ``DataLoader`` worker, a multiprocessing pool) they are
+        written before this returns: such a process ends without running the exit
+        handlers that would wait for a writer thread, which died unfinished."""
+        if multiprocessing.parent_process() is not None:
+            self._persist_or_warn(stored, dict(files), temp)
+            return
         with _WRITERS_LOCK:  # started before it is found: join() refuses a thread not started
             writer = start_thread(
                 self._persist_or_warn, stored, dict(files), temp,
