@@ -492,6 +492,21 @@ def test_the_cache_directory_comes_from_the_argument_the_environment_or_xdg(
     assert cache_directory() == Path.home() / ".cache" / "tabloader"
 
 
+def test_a_relative_cache_directory_stays_where_it_was_named(files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    loader = tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir="cache")
+    monkeypatch.chdir(tmp_path / "..")  # the working directory changes before epoch 0
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))
+    assert len(published(tmp_path / "cache")) == 1
+    other = tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path / "o")
+    shutil.rmtree(tmp_path / "o")  # deleted before its first epoch: made again
+    assert sorted(ids(run(other)).tolist()) == list(range(ROWS))
+    assert len(published(tmp_path / "o")) == 1
+    monkeypatch.setenv("TABLOADER_CACHE_DIR", "   ")
+    with pytest.raises(tabloader.InvalidArgumentError, match="TABLOADER_CACHE_DIR must name"):
+        tabloader.Loader(files, **COLS, batch_size=50, cache="disk")
+
+
 def test_a_manifest_describes_the_cache(files, tmp_path):
     run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
     (directory,) = published(tmp_path)

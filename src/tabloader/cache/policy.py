@@ -43,7 +43,8 @@ DISK_RESERVE_FRACTION = 0.05
 
 def cache_directory(cache_dir: object = None) -> Path:
     """Where disk caches live: ``cache_dir``, else ``$TABLOADER_CACHE_DIR``, else the user's
-    cache directory (``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``).
+    cache directory (``$XDG_CACHE_HOME/tabloader`` or ``~/.cache/tabloader``); a relative
+    path is taken from the current directory now (a later ``os.chdir`` does not move it).
 
     Examples:
         >>> str(cache_directory("/data/cache"))
@@ -65,10 +66,15 @@ def cache_directory(cache_dir: object = None) -> Path:
                 "$TABLOADER_CACHE_DIR or ~/.cache/tabloader, or pass '.' for the current "
                 "directory"
             )
-        return Path(path).expanduser()
+        return Path(path).expanduser().absolute()
     env = os.environ.get("TABLOADER_CACHE_DIR")
+    if env is not None and env and not env.strip():
+        raise InvalidArgumentError(
+            f"$TABLOADER_CACHE_DIR must name a directory, got {env!r}; unset it for "
+            "~/.cache/tabloader, or pass cache_dir="
+        )
     if env:
-        return Path(env).expanduser()
+        return Path(env).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "tabloader"
@@ -294,7 +300,18 @@ class DecodedCache:
                     "available (the cache may use half). Use cache='disk'"
                 )
             return None
-        free, total = self.store.disk_usage()
+        try:
+            free, total = self.store.disk_usage()
+        except FileNotFoundError:  # deleted since the loader was built: made again
+            try:
+                reason = self.store.prepare()
+                free, total = self.store.disk_usage()
+            except (OSError, InvalidArgumentError) as error:
+                return (
+                    f"its directory {self.store.root} was deleted and cannot be made again: {error}"
+                )
+            if reason is not None:
+                return reason
         reserve = min(DISK_RESERVE_BYTES, int(total * DISK_RESERVE_FRACTION))
         if need > free - reserve:
             return (
