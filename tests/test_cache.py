@@ -702,6 +702,42 @@ def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, t
     assert loader.stats().from_cache
 
 
+def _tabloader_threads() -> list[str]:
+    import threading
+    import time
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        names = [
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith("tabloader-") and t.name != "tabloader-cache-writer"
+        ]
+        if not names:
+            break
+        time.sleep(0.01)
+    return names
+
+
+@pytest.mark.parametrize("how", ["close", "with"])
+def test_closing_a_loader_ends_its_epoch_in_progress(files, tmp_path, how):
+    root = tmp_path / "c"
+    options = dict(**COLS, batch_size=8, shuffle=True, seed=0, cache="disk", cache_dir=root)
+    if how == "close":
+        loader = tabloader.Loader(files, **options)
+        epoch = iter(loader)
+        next(epoch)
+        loader.close()
+    else:
+        with tabloader.Loader(files, **options) as loader:
+            epoch = iter(loader)
+            next(epoch)
+    assert list(epoch) == []  # the iterator yields nothing more
+    assert not _tabloader_threads()
+    assert not published(root) and not temporary(root)
+    assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))  # the next epoch is whole
+
+
 def test_leaving_a_cached_epoch_stops_its_threads(files):
     import threading
     import time

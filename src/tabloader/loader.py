@@ -10,6 +10,7 @@ deliver each epoch its plan (`tabloader.plan`) says. Where the epochs stand is a
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -475,6 +476,7 @@ class Loader(_Standing):
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
         self._live: EpochProgress | None = None  # of the epoch iter() last started
+        self._epochs_running: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
         self._threads = Threads.sized(config.threads)
         self._stats = StatsRecorder()
         self._stats.threads = self._threads.cores
@@ -589,7 +591,9 @@ class Loader(_Standing):
             threads=self._threads,
             stats=self._stats,
         )
-        return BatchIterator(batches_ahead(make_batches), plan.num_batches, self._stats, cursor)
+        iterator = BatchIterator(batches_ahead(make_batches), plan.num_batches, self._stats, cursor)
+        self._epochs_running.add(iterator)
+        return iterator
 
     def stats(self) -> LoaderStats:
         """Counters and timings since the loader was created (see
@@ -600,8 +604,10 @@ class Loader(_Standing):
         """Give back the memory the loader holds for its epochs: on a GPU, its memory
         pool (once no other loader on the device uses it; memory the consumer let go of
         after its work on it is done) and its decoded cache's copy in GPU or pinned
-        memory (the cache itself stays, and the next epoch places it again). Batches
-        still held stay valid. Also done when the loader is collected.
+        memory (the cache itself stays, and the next epoch places it again). Epochs in
+        progress end first (their iterators yield nothing more, and a cache they were
+        filling is not published); batches still held stay valid. Also done when the
+        loader is collected.
 
         Examples:
             >>> import pyarrow as pa, tabloader
@@ -610,6 +616,8 @@ class Loader(_Standing):
             [2, 1]
             >>> loader.close()
         """
+        for iterator in list(self._epochs_running):
+            iterator.close()
         if self.cache is not None:
             self.cache.unplace()
         close = getattr(self.backend, "close", None)  # a GPU backend's memory and streams
