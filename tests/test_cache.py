@@ -738,6 +738,35 @@ def test_closing_a_loader_ends_its_epoch_in_progress(files, tmp_path, how):
     assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))  # the next epoch is whole
 
 
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+def test_a_loop_that_takes_len_batches_finds_the_cache_at_the_next_epoch(
+    files, tmp_path, monkeypatch, cache
+):
+    # drop_last: the rows the epoch leaves out are written after its last batch, and
+    # the fill completed; a slow disk makes that take a while.
+    import time
+
+    import tabloader.cache.fill
+
+    complete = tabloader.cache.fill.Fill.complete
+
+    def slow_complete(self, *args, **kwargs):
+        time.sleep(0.3)
+        return complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(tabloader.cache.fill.Fill, "complete", slow_complete)
+    options = dict(**COLS, batch_size=50, drop_last=True, shuffle=True, seed=0, cache=cache)
+    if cache == "disk":
+        options["cache_dir"] = tmp_path / "c"
+    loader = tabloader.Loader(files, **options)
+    for epoch in range(3):
+        steps = iter(loader)
+        batches = [next(steps) for _ in range(len(loader))]  # no StopIteration asked for
+        assert len(batches) == ROWS // 50
+        assert loader.stats().from_cache == (epoch > 0), epoch
+        assert loader.stats().cache_epochs == epoch
+
+
 def test_leaving_a_cached_epoch_stops_its_threads(files):
     import threading
     import time

@@ -567,6 +567,13 @@ class Loader(_Standing):
         read, and the batches that follow are those an iteration from the start would
         deliver.
         """
+        for running in list(self._epochs_running):
+            if len(running) == 0 and not running.finished:
+                # Every batch of it was taken (a loop counting len() steps): its end
+                # comes first, and with it a cache it fills, which this epoch then reads
+                # rather than filling it again.
+                for _ in running:
+                    pass
         cursor = (
             epoch
             if isinstance(epoch, Cursor)
