@@ -507,6 +507,28 @@ def test_a_relative_cache_directory_stays_where_it_was_named(files, tmp_path, mo
         tabloader.Loader(files, **COLS, batch_size=50, cache="disk")
 
 
+@pytest.mark.parametrize("make", ["Loader", "TorchAsyncItr"])
+def test_a_cache_warning_points_at_the_users_line(files, tmp_path, make):
+    if make == "TorchAsyncItr":
+        pytest.importorskip("torch")
+        from tabloader.torch import TorchAsyncItr as build
+    else:
+        build = tabloader.Loader
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by others: not used
+    options = {"cats": ["id"], "batch_size": 50}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build(files, **options, cache="disk", cache_dir=shared)
+        list(
+            build(files, **options, cache="memory", cache_max_bytes=10)
+        )  # too big: said by the epoch
+    said = [w for w in caught if issubclass(w.category, tabloader.CacheWarning)]
+    assert len(said) == 2
+    assert all(w.filename == __file__ for w in said), [(w.filename, w.lineno) for w in said]
+
+
 def test_a_manifest_describes_the_cache(files, tmp_path):
     run(tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=tmp_path))
     (directory,) = published(tmp_path)

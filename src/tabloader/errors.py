@@ -15,6 +15,11 @@ Examples:
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import warnings
+
 __all__ = [
     "CacheWarning",
     "ColumnNotFoundError",
@@ -143,3 +148,30 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and (
         "out of memory" in text or "out_of_memory" in text or "memoryallocation" in text
     )
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str, category: type[Warning]) -> None:
+    """Warn, attributed to the first caller outside tabloader: the user's line that
+    built the loader or started the epoch, however deep in the library (and in which
+    adapter) it is said. In a thread of tabloader's own, which has no such caller, it is
+    attributed to the line that warns.
+
+    Examples:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_caller("a note", UserWarning)
+        >>> caught[0].filename.startswith(_PACKAGE)
+        False
+    """
+    frame = sys._getframe(0)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    if frame is None or frame.f_code.co_filename == threading.__file__:
+        level = 2
+    warnings.warn(message, category, stacklevel=level)

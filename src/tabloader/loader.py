@@ -211,7 +211,7 @@ class _Standing(_Options):
         if self.cache is not None and self.config.shuffle == "global":
             # Whether this loader's epochs are shuffled globally depends on whether its
             # cache is used: found out now, as the first epoch would.
-            _ = self.cache.lookup() or self.cache.decide(stacklevel=4)
+            _ = self.cache.lookup() or self.cache.decide()
         epoch = state.get(STATE_EPOCH) if isinstance(state, Mapping) else None
         if self.dataset.refreshes and isinstance(epoch, int) and epoch >= 0:
             # The listing the saved epoch goes on with: checked now, and kept for that

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections import deque
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from functools import partial
@@ -52,7 +51,7 @@ import numpy as np
 from tabloader.batches import Ragged
 from tabloader.cache.fill import CachedList
 from tabloader.cache.serve import CacheBackend, CacheHandle, gather_list
-from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError
+from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError, warn_caller
 from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
 from tabloader.stages import Reading, read_in_stages
@@ -491,14 +490,13 @@ class DeviceCacheBackend(CacheBackend):
         """Move the cache from GPU memory to pinned host memory, with a warning; its GPU
         memory goes back to the driver once the windows gathered from it are done."""
         free, total = self._memory()
-        warnings.warn(
+        warn_caller(
             f"the GPU's free memory fell to {free:,} bytes, below the {device_reserve():.0%} "
             f"of its {total:,} bytes a decoded cache there leaves for the training step "
             f"(${RESERVE_ENV}): the cache moves to pinned host memory, and each chunk is "
             "copied to the GPU from there (same batches, a few times slower than from GPU "
             'memory). Pass cache_placement="host" to keep it there from the start',
             CacheWarning,
-            stacklevel=2,
         )
         placed = _Placed(self._to_pinned(self.cache.served()), "pinned host")
         self.cache.placements.put(self.xp.device, placed)
@@ -536,11 +534,10 @@ class DeviceCacheBackend(CacheBackend):
                     + '; or pass cache_placement="host" (or "auto") to keep the cache in '
                     "pinned host memory"
                 ) from err
-            warnings.warn(
+            warn_caller(
                 f"cuda:{self.xp.device} ran out of memory {doing} ({err}): the cache is "
                 "kept in pinned host memory instead",
                 CacheWarning,
-                stacklevel=4,
             )
             return None
         return out

@@ -10,7 +10,6 @@ and the one owner of what they find out.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -24,7 +23,7 @@ from tabloader.cache.fill import CachedList, Fill, Publisher, StoredBlocks, read
 from tabloader.cache.key import cache_key, digest, file_identities
 from tabloader.cache.serve import CachedRows
 from tabloader.cache.store import CacheStore
-from tabloader.errors import CacheWarning, InvalidArgumentError
+from tabloader.errors import CacheWarning, InvalidArgumentError, warn_caller
 from tabloader.plan import fixed_share
 
 if TYPE_CHECKING:
@@ -173,7 +172,6 @@ class DecodedCache:
                     f"the cache directory may not be used: {reason}. Make it yours and "
                     f"private (chmod 700), or pass cache_dir= (or set TABLOADER_CACHE_DIR) "
                     "to a directory of your own",
-                    stacklevel=4,
                 )
 
     @property
@@ -227,11 +225,10 @@ class DecodedCache:
                 return True
             # Served from a file cut short since it was mapped: reading past its new
             # end would kill the process (SIGBUS), so it is not read again.
-            warnings.warn(
+            warn_caller(
                 f"the decoded cache in {self.path} was cut short while in use ({cut}): it "
                 "is deleted and written again; this epoch reads the files",
                 CacheWarning,
-                stacklevel=5,
             )
             self.arrays = None
             self.placements.clear()
@@ -252,15 +249,13 @@ class DecodedCache:
                 f"(tabloader never deletes what it cannot trust as this user's own): delete "
                 f"{self.path} (rm -r, as its owner or root), or pass cache_dir= (or set "
                 "TABLOADER_CACHE_DIR) to a directory of your own",
-                stacklevel=5,
             )
             return False
         except CacheDamaged as error:
-            warnings.warn(
+            warn_caller(
                 f"the decoded cache in {self.path} is damaged or was altered ({error}): it "
                 "is deleted and written again; this epoch reads the files",
                 CacheWarning,
-                stacklevel=5,
             )
             self.store.remove(self.digest)
             return False
@@ -333,29 +328,28 @@ class DecodedCache:
             stats.cache_bytes = self.nbytes
             return serve(write=False)
         stats.from_cache = False
-        if not self.decide(stacklevel=5):
+        if not self.decide():
             return backend
         return serve(write=True)
 
-    def decide(self, *, stacklevel: int = 2) -> bool:
+    def decide(self) -> bool:
         """Whether this cache is used: a published or complete one is; else one that
         fits (found out now, once: one that does not is refused and said)."""
         if self.refused is None and self.arrays is None:
             reason = self.why_not()
             if reason is not None:
-                self.refuse(reason, stacklevel=stacklevel + 1)
+                self.refuse(reason)
                 return False
             self.refused = ""
         return self.usable
 
-    def refuse(self, reason: str, *, stacklevel: int = 2) -> None:
+    def refuse(self, reason: str) -> None:
         """Stop caching (every epoch streams from now on), and say why, once."""
         self.refused = reason
-        warnings.warn(
+        warn_caller(
             f"not caching the decoded rows: {reason}. Every epoch reads and decodes the "
             "files instead",
             CacheWarning,
-            stacklevel=stacklevel,
         )
 
     @property
@@ -383,7 +377,6 @@ class DecodedCache:
         except OSError as error:  # the disk filled up since its free space was measured
             self.refuse(
                 f"its files could not be created ({type(error).__name__}: {error})",
-                stacklevel=1,
             )
             return None
 

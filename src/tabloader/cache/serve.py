@@ -301,7 +301,7 @@ class CacheHandle(Protocol):
         """Serve ``arrays`` (block name -> complete rows) from now on."""
         ...
 
-    def refuse(self, reason: str, *, stacklevel: int = 2) -> None:
+    def refuse(self, reason: str) -> None:
         """Stop caching (every epoch streams from now on), and say why, once."""
         ...
 
@@ -361,7 +361,6 @@ class CacheBackend:
             cache.refuse(
                 f"writing it failed ({type(cause).__name__}: {cause}); this epoch goes on "
                 "from the files",
-                stacklevel=1,
             )
             yield from stream_rest(self.backend, request, delivered)
 
