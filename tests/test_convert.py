@@ -394,6 +394,42 @@ def test_a_fraction_after_whole_numbers_and_values_beyond_int64_are_refused(tmp_
     assert read(tmp_path / "text").column("id").to_pylist() == ["1", "99999999999999999999"]
 
 
+def test_whole_numbers_beyond_what_floating_point_holds_exactly_are_never_changed(tmp_path):
+    # Text ids beyond int64 are read as floating point, which rounds whole numbers above
+    # 2**53: written as integers they would silently be other ids.
+    ids = tmp_path / "ids.csv"
+    ids.write_text("id,x\n1,1\n9223372036854775809,2\n10000000000000000001,3\n")
+    for schema, why in [
+        (None, "beyond the range of int64"),
+        ("id=int64", "beyond the range of int64"),
+        ("id=uint64", r"exactly only up to 2\*\*53"),
+    ]:
+        with pytest.raises(tabloader.InvalidFileError, match=why):
+            convert(str(ids), tmp_path / f"out-{schema}", schema=schema)
+    convert(str(ids), tmp_path / "text", schema="id=string")
+    assert read(tmp_path / "text").column("id").to_pylist() == [
+        "1",
+        "9223372036854775809",
+        "10000000000000000001",
+    ]
+    floats = tmp_path / "floats.csv"
+    floats.write_text("id\n1.0\n12345678901234567.0\n")
+    with pytest.raises(tabloader.InvalidFileError, match="holds 12345678901234568 at row 2"):
+        convert(str(floats), tmp_path / "f")
+    exact = tmp_path / "exact.csv"
+    exact.write_text(f"id\n1.0\n{2**53}.0\n")  # still exact: kept as int64
+    convert(str(exact), tmp_path / "e")
+    assert read(tmp_path / "e").column("id").to_pylist() == [1, 2**53]
+
+
+def test_a_forced_uint64_keeps_a_parquet_uint64_column(tmp_path):
+    src = tmp_path / "u.parquet"
+    pq.write_table(pa.table({"u": pa.array([1, 2**64 - 1], pa.uint64())}), src)
+    convert(str(src), tmp_path / "out", schema="u=uint64")
+    column = read(tmp_path / "out").column("u")
+    assert column.type == pa.uint64() and column.to_pylist() == [1, 2**64 - 1]
+
+
 def test_duplicate_header_names_are_named_with_the_file(tmp_path, capsys):
     from tabloader.cli import main
 

@@ -71,6 +71,8 @@ BLOCK_BYTES = 16 * 2**20
 """Bytes of text parsed at once; column types are inferred from the first block."""
 _PARQUET_BATCH_ROWS = 65_536
 _INT64_LIMIT = 2.0**63
+_EXACT_WHOLE_LIMIT = 2.0**53
+"""Above it, float64 cannot tell every whole number from its neighbours."""
 _FLOAT32_EXACT = 2**24
 """Integers up to this magnitude are exact in float32."""
 
@@ -360,7 +362,9 @@ def _read_type(
         if pa.types.is_floating(forced) and numeric:
             return pa.float64()
         if pa.types.is_integer(forced) and numeric:
-            return pa.float64() if any(pa.types.is_floating(t) for t in kinds) else pa.int64()
+            if any(pa.types.is_floating(t) for t in kinds):
+                return pa.float64()
+            return pa.uint64() if pa.types.is_uint64(forced) else pa.int64()
         return forced
     if not kinds:
         return pa.float64()  # empty everywhere: numbers with nulls are the likeliest
@@ -570,11 +574,22 @@ def _misfit(
     fix = f"Pass --schema {name}=TYPE (schema={{{name!r}: ...}})"
     if pa.types.is_integer(target):
         fraction, beyond = _integer_misfits(values, valid, np.dtype(target.to_pandas_dtype()))
-        bad = fraction | beyond
+        inexact = np.zeros(len(values), bool)
+        if values.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                inexact = valid & ~fraction & ~beyond & (np.abs(values) > _EXACT_WHOLE_LIMIT)
+        bad = fraction | beyond | inexact
         if not bad.any():
             return None
         i = int(np.flatnonzero(bad)[0])
-        if fraction[i] and not forced:
+        if inexact[i]:
+            why = (
+                f"a whole number read as floating point (its files store it so, or hold "
+                f"numbers beyond int64), which holds whole numbers exactly only up to 2**53 "
+                f"({int(_EXACT_WHOLE_LIMIT):,}): the value in the file may differ. {fix}: "
+                "string for ids, or float64"
+            )
+        elif fraction[i] and not forced:
             why = (
                 f"which is not a whole number; its first rows held whole numbers only, so it "
                 f"is written as {target}. {fix} with a floating point type (float32, float64) "
