@@ -430,6 +430,22 @@ def test_a_forced_uint64_keeps_a_parquet_uint64_column(tmp_path):
     assert column.type == pa.uint64() and column.to_pylist() == [1, 2**64 - 1]
 
 
+def test_sources_skip_underscore_and_dot_directories_and_files_named_twice(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    write_csv(data / "a.csv", [[1, 0.5], [2, 1.5]], ["id", "x"])
+    write_csv(data / "_vocabulary" / "id.csv", [["v", 3]], ["value", "count"])
+    write_csv(data / ".staging" / "b.csv", [[9, 9.5]], ["id", "x"])
+    monkeypatch.chdir(tmp_path)
+    convert(["data", "data/a.csv", "./data/a.csv", str(data / "a.csv")], tmp_path / "out")
+    assert sorted(read(tmp_path / "out").column("id").to_pylist()) == [1, 2]
+
+
+def test_a_schema_file_that_is_not_parquet_is_a_clear_error(tmp_path):
+    src = write_csv(tmp_path / "a.csv", [[1]], ["id"])
+    with pytest.raises(tabloader.InvalidArgumentError, match="not a parquet file"):
+        convert(src, tmp_path / "out", schema=src)
+
+
 def test_duplicate_header_names_are_named_with_the_file(tmp_path, capsys):
     from tabloader.cli import main
 

@@ -107,12 +107,7 @@ def expand(sources: Sequence[str]) -> list[str]:
             if not found:
                 raise SourceNotFoundError(f"the glob {spec!r} matched no files")
         elif os.path.isdir(path):
-            found = sorted(
-                os.path.join(d, n)
-                for d, dirs, names in os.walk(path)
-                for n in names
-                if not n.startswith((".", "_"))
-            )
+            found = sorted(_data_files(path))
             if not found:
                 raise SourceNotFoundError(f"the directory {spec!r} holds no files")
         elif os.path.isfile(path):
@@ -120,7 +115,20 @@ def expand(sources: Sequence[str]) -> list[str]:
         else:
             raise SourceNotFoundError(f"{spec!r} does not exist")
         files.extend(f for f in found if not os.path.basename(f).startswith((".", "_")))
-    return list(dict.fromkeys(files))
+    # One file named twice (a/b.csv and ./a/b.csv, a directory and a file in it) is read
+    # once: its rows would be converted twice.
+    first = {}
+    for f in files:
+        first.setdefault(os.path.realpath(f), f)
+    return list(first.values())
+
+
+def _data_files(directory: str) -> Iterator[str]:
+    """The files under ``directory`` but those whose name, or a directory's on the way,
+    starts with ``_`` or ``.`` (a vocabulary, a conversion being written, a manifest)."""
+    for d, dirs, names in os.walk(directory):
+        dirs[:] = [n for n in dirs if not n.startswith((".", "_"))]
+        yield from (os.path.join(d, n) for n in names if not n.startswith((".", "_")))
 
 
 def _open_stream(item: Input) -> tuple[Any, Any]:

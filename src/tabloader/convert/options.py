@@ -130,7 +130,13 @@ def parse_schema(text: str | Mapping[str, Any] | pa.Schema | None) -> dict[str, 
     if isinstance(text, pa.Schema):
         return {f.name: f.type for f in text}
     if isinstance(text, str) and os.path.isfile(text):
-        return {f.name: f.type for f in pq.read_schema(text)}
+        try:
+            return {f.name: f.type for f in pq.read_schema(text)}
+        except (pa.ArrowException, OSError) as err:
+            raise InvalidArgumentError(
+                f"--schema {text!r} names a file that is not a parquet file ({err}): give "
+                "a parquet file whose schema to take, or NAME=TYPE pairs (id=int64,x=float32)"
+            ) from None
     if isinstance(text, str):
         pairs: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
