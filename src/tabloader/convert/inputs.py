@@ -117,7 +117,7 @@ def expand(sources: Sequence[str]) -> list[str]:
         files.extend(f for f in found if not os.path.basename(f).startswith((".", "_")))
     # One file named twice (a/b.csv and ./a/b.csv, a directory and a file in it) is read
     # once: its rows would be converted twice.
-    first = {}
+    first: dict[str, str] = {}
     for f in files:
         first.setdefault(os.path.realpath(f), f)
     return list(first.values())
