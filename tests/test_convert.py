@@ -291,6 +291,21 @@ def test_hashes_depend_on_values_only():
     assert len(set(lists.tolist())) == 4
 
 
+@given(
+    ticks=st.lists(st.integers(-(2**33), 2**33), min_size=1, max_size=20),  # within ns
+    zone=st.sampled_from([None, "UTC", "Europe/Paris"]),
+)
+def test_a_timestamp_hashes_by_its_instant_whatever_its_unit(ticks, zone):
+    # A text file's timestamps are read in the unit its own values need: the same
+    # instant must land in the same split however the file was read.
+    seconds = pa.array(ticks, pa.timestamp("s", tz=zone))
+    hashes = column_hashes(seconds).tolist()
+    for unit in ("ms", "us", "ns"):
+        assert column_hashes(seconds.cast(pa.timestamp(unit, tz=zone))).tolist() == hashes
+    later = pa.array([t * 1000 + 1 for t in ticks], pa.timestamp("ms", tz=zone))
+    assert not set(column_hashes(later).tolist()) & set(hashes)  # another instant
+
+
 def test_a_destination_that_is_not_empty_is_refused_unless_overwritten(tmp_path):
     src = write_csv(tmp_path / "a.csv", [[1]], ["x"])
     convert(src, tmp_path / "out")

@@ -91,8 +91,9 @@ def column_hashes(column: Any) -> np.ndarray[Any, np.dtype[np.uint64]]:
     """A 64-bit hash of every value of ``column``, the same on every machine and run.
 
     Equal values hash equally, and nulls all to one value. Numbers hash by their value
-    (a whole floating point number like an integer), strings by their UTF-8 bytes,
-    lists by their values in order, other types by their text.
+    (a whole floating point number like an integer), timestamps by their instant
+    (whatever their unit), strings by their UTF-8 bytes, lists by their values in order,
+    other types by their text.
 
     Examples:
         >>> h = column_hashes(pa.array(["a", "b", "a", None]))
@@ -120,6 +121,14 @@ def column_hashes(column: Any) -> np.ndarray[Any, np.dtype[np.uint64]]:
             whole = (values == np.trunc(values)) & (np.abs(values) < 2.0**63)
         if whole.any():  # 123.0 is the number 123
             out[whole] = _integer_hashes(values[whole].astype(np.int64))
+    elif pa.types.is_timestamp(kind):
+        # By the instant, whatever the unit a file was read with (a text file's unit
+        # follows its own values): whole seconds and the nanoseconds past them.
+        per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[cast(Any, kind).unit]
+        ticks = pc.fill_null(column.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+        seconds, part = np.divmod(ticks, per_second)
+        nanos = (part * (10**9 // per_second)).astype(np.uint64)
+        out = _mix(_integer_hashes(seconds) ^ _mix(nanos + _GOLDEN))
     elif is_list_type(kind):
         lists: Any = column.cast(pa.large_list(value_type(kind)))
         offsets = np.asarray(lists.offsets).astype(np.int64)
