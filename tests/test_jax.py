@@ -482,3 +482,12 @@ def test_narrowing_names_the_column_that_does_not_fit_beside_empty_list_values()
     out = narrowed(columns, dtypes)
     assert {key: a.dtype for key, a in out.items()} == dict.fromkeys(columns, int32)
     assert out["user"].tolist() == [3, -(2**31)] and out[("tags", "values")].size == 0
+
+
+def test_bad_list_widths_and_dtypes_numpy_cannot_hold_are_clear_errors(dataset_dir):
+    jnp = pytest.importorskip("jax.numpy")
+    paths = dataset_dir([[40]])
+    with pytest.raises(tabloader.InvalidArgumentError, match="sparse_max must be a mapping"):
+        make(paths, sparse_names=["id"], sparse_max=4)
+    with pytest.raises(tabloader.InvalidArgumentError, match="not one of numpy's own number"):
+        make(paths, cont_dtype=jnp.bfloat16)

@@ -594,3 +594,25 @@ def test_batches_are_staged_into_pinned_memory_by_numpy_not_torch(monkeypatch):
     assert made == [((65536, 3), torch.int64)]
     assert staged.data_ptr() != batch.data_ptr()
     assert torch.equal(staged, torch.arange(65536 * 3, dtype=torch.int64).reshape(-1, 3))
+
+
+def test_a_loader_or_an_adapter_given_as_data_is_refused_without_running_it(paths):
+    core = tabloader.Loader(tabloader.Dataset(paths), cats=["id"], batch_size=32)
+    itr = make(paths)
+    for source in (core, itr):
+        with pytest.raises(tabloader.InvalidArgumentError, match="pass its dataset"):
+            TorchAsyncItr(source, cats=["id"], batch_size=32)
+    assert core.epoch == 0 and itr.epoch == 0  # neither ran an epoch to find out
+    again = TorchAsyncItr(core.dataset, cats=["id"], batch_size=32)
+    assert sum(len(b[0]) for b in again) == sum(len(b["id"]) for b in core)
+    generated = TorchAsyncItr((p for p in paths), cats=["id"], batch_size=32)  # lists still do
+    assert len(generated) == len(again)
+
+
+def test_dl_data_loader_refuses_what_is_not_a_torch_async_itr_and_drop_last(paths):
+    loader = tabloader.Loader(paths, cats=["id"], batch_size=8)
+    for wrong in (paths[0], tabloader.Dataset(paths), loader):
+        with pytest.raises(tabloader.InvalidArgumentError, match="takes a TorchAsyncItr"):
+            DLDataLoader(wrong, batch_size=None)
+    with pytest.raises(tabloader.InvalidArgumentError, match="Pass drop_last=True to TorchAsync"):
+        DLDataLoader(make(paths), batch_size=None, drop_last=True)

@@ -200,7 +200,12 @@ def _list_widths(options: dict[str, Any]) -> dict[str, int]:
             "JaxLoader always pads list columns (JAX's shapes are static): leave "
             "sparse_as_dense out"
         )
-    widths = dict(options.get("sparse_max") or {})
+    given = options.get("sparse_max")
+    if given is not None and not isinstance(given, Mapping):
+        raise InvalidArgumentError(
+            f"sparse_max must be a mapping {{column: max values per row}}, got {given!r}"
+        )
+    widths = dict(given or {})
     missing = [n for n in names if n not in widths]
     if missing:
         raise InvalidArgumentError(

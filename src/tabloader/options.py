@@ -97,6 +97,11 @@ def numeric_dtype(value: Any, what: str, *, integer: bool) -> np.dtype[Any]:
     except TypeError:
         raise InvalidArgumentError(f"{what} must be a numpy dtype, got {value!r}") from None
     allowed = "iu" if integer else "iuf"
+    if dtype.kind == "V" and not integer:  # bfloat16 and other extension dtypes
+        raise InvalidArgumentError(
+            f"{what}={dtype} is not one of numpy's own number types, which batches are "
+            "built with: pass float32 or float16, and convert the arrays in the model"
+        )
     if dtype.kind not in allowed:
         kind = "an integer" if integer else "a numeric"
         raise InvalidArgumentError(f"{what} must be {kind} dtype, got {dtype}")

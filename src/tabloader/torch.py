@@ -17,6 +17,7 @@ Examples:
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -190,7 +191,21 @@ class DLDataLoader(torch.utils.data.DataLoader[Batch]):
 
     def __init__(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> None:
         reject_unknown(kwargs, keywords_of(torch.utils.data.DataLoader.__init__), "DLDataLoader")
+        if isinstance(dataset, (str, os.PathLike)) or (
+            not isinstance(dataset, TorchAsyncItr)
+            and type(dataset).__module__.split(".")[0] == "tabloader"
+        ):
+            raise InvalidArgumentError(
+                f"DLDataLoader takes a TorchAsyncItr, got a {type(dataset).__name__}: pass "
+                "DLDataLoader(TorchAsyncItr(data, batch_size=..., cats=..., ...), "
+                "batch_size=None)"
+            )
         if isinstance(dataset, TorchAsyncItr):
+            if kwargs.get("drop_last"):
+                raise InvalidArgumentError(
+                    "DLDataLoader(drop_last=True) has no batches to drop: TorchAsyncItr yields "
+                    "whole batches. Pass drop_last=True to TorchAsyncItr"
+                )
             if batch_size is not None:
                 raise InvalidArgumentError(
                     f"DLDataLoader(batch_size={batch_size!r}) would stack that many whole "

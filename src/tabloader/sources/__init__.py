@@ -23,7 +23,8 @@ class.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -117,7 +118,14 @@ def table_format_at(path: str) -> Literal["delta", "iceberg"] | None:
 def _as_path_list(source: object) -> list[str]:
     if isinstance(source, (str, os.PathLike)):
         return [os.fspath(source)]
-    if isinstance(source, Iterable) and not isinstance(source, (bytes, dict)):
+    if type(source).__module__.split(".")[0] == "tabloader":  # a loader, an adapter
+        raise InvalidArgumentError(
+            f"cannot load from a {type(source).__name__}: pass its dataset "
+            "(loader.dataset) or the paths it reads"
+        )
+    # Lists of paths only: an iterable of another kind (a loader of another library, a
+    # DataLoader) is not run through to find out what it holds.
+    if isinstance(source, (Sequence, AbstractSet, Iterator)) and not isinstance(source, bytes):
         paths = []
         for item in source:
             if not isinstance(item, (str, os.PathLike)):
