@@ -343,8 +343,24 @@ def test_buffer_size_sets_rows_per_chunk(dataset_dir):
     for bad in (0, 1.0, 2.5, -0.1, True, "0.1"):
         with pytest.raises(tabloader.InvalidArgumentError, match="buffer_size"):
             make_loader(paths, buffer_size=bad)
-    with pytest.raises(tabloader.InvalidArgumentError, match="not both"):
-        make_loader(paths, buffer_size=100, parts_per_chunk=2)
+    # NVTabular's scripts pass both: a chunk holds parts_per_chunk parts of buffer_size
+    assert make_loader(paths, buffer_size=50, parts_per_chunk=1).loader.chunk_rows == 50
+    assert make_loader(paths, buffer_size=50, parts_per_chunk=3).loader.chunk_rows == 150
+    with pytest.raises(tabloader.InvalidArgumentError, match="chunk_rows both size chunks"):
+        make_loader(paths, buffer_size=100, chunk_rows=200)
+
+
+def test_nvtabulars_positional_call_shape_gives_the_same_batches(dataset_dir):
+    from tabloader.keras import KerasSequenceLoader
+
+    paths = dataset_dir([[37, 101], [64]])
+    by_position = KerasSequenceLoader(paths, 32, LABELS, cat_names=CATS, cont_names=CONTS, seed=5)
+    by_keyword = make_loader(paths)
+    assert len(by_position) == len(by_keyword)
+    for i in range(len(by_keyword)):
+        np.testing.assert_array_equal(ids(by_position[i]), ids(by_keyword[i]))
+    with pytest.raises(tabloader.InvalidArgumentError, match="needs batch_size"):
+        KerasSequenceLoader(paths, label_names=LABELS, cat_names=CATS)
 
 
 def test_every_core_keyword_works(dataset_dir, tmp_path):

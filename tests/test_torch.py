@@ -616,3 +616,15 @@ def test_dl_data_loader_refuses_what_is_not_a_torch_async_itr_and_drop_last(path
             DLDataLoader(wrong, batch_size=None)
     with pytest.raises(tabloader.InvalidArgumentError, match="Pass drop_last=True to TorchAsync"):
         DLDataLoader(make(paths), batch_size=None, drop_last=True)
+
+
+def test_nvtabulars_positional_call_shape_gives_the_same_batches(paths):
+    by_position = TorchAsyncItr(tabloader.Dataset(paths), ["id"], ["x"], ["label"], 32, seed=1)
+    by_keyword = TorchAsyncItr(
+        tabloader.Dataset(paths), cats=["id"], conts=["x"], labels=["label"], batch_size=32, seed=1
+    )
+    for a, b in zip(by_position, by_keyword, strict=True):
+        for left, right in zip(a, b, strict=True):
+            assert torch.equal(left, right)
+    with pytest.raises(tabloader.InvalidArgumentError, match="needs batch_size"):
+        TorchAsyncItr(tabloader.Dataset(paths), ["id"])

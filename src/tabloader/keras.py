@@ -132,7 +132,9 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
         shuffle: Default True (NVTabular's), as in [`tabloader.Loader`][tabloader.Loader].
         seed_fn: Alternatively to ``seed``, a function returning it, called once here.
         buffer_size: Rows read and shuffled together (a chunk): an int is rows, a float in
-            (0, 1) a fraction of the device's total memory. Default: about 128 MiB.
+            (0, 1) a fraction of the device's total memory. Default: about 128 MiB. With
+            ``parts_per_chunk`` too (NVTabular's scripts pass both), a chunk holds that many
+            such parts.
         device: As in [`tabloader.Loader`][tabloader.Loader]; the tensors are built there.
         engine: ``"parquet"`` (or None), for NVTabular compatibility.
         **options: Every other [`tabloader.Loader`][tabloader.Loader] keyword, as
@@ -160,11 +162,14 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
     _device_batches = True
     """Handed to Keras' TensorFlow trainer as they are (see `tabloader.keras_tensorflow`)."""
 
-    def __init__(
+    # label_names is also a LoaderOptions key: a parameter here too, so that NVTabular's
+    # positional call (paths, batch_size, label_names) works
+    def __init__(  # type: ignore[misc]
         self,
         paths_or_dataset: Any,
+        batch_size: int | None = None,
+        label_names: Sequence[str] | None = None,
         *,
-        batch_size: int,
         feature_columns: Sequence[Any] | None = None,
         seed_fn: Callable[[], int] | None = None,
         buffer_size: float | None = None,
@@ -173,6 +178,10 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
         **options: Unpack[LoaderOptions],
     ) -> None:
         _reject(options)
+        if batch_size is None:
+            raise InvalidArgumentError("KerasSequenceLoader needs batch_size= (rows per batch)")
+        if label_names is not None:
+            options["label_names"] = label_names
         if options.get("label_names") is None and options.get("labels") is None:
             raise InvalidArgumentError(
                 "KerasSequenceLoader needs label_names= (the target columns) to train: without "
@@ -200,9 +209,10 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
                 "tensors are TensorFlow's)"
             )
         delivered = delivered_dtypes(_TENSORS, options)
-        options.update(core_dtypes(_TENSORS, delivered))  # type: ignore[typeddict-item]
+        options.update(core_dtypes(_TENSORS, delivered))
         if buffer_size is not None:
             options["chunk_rows"] = chunk_rows_for_buffer(buffer_size, options, batch_size, device)
+            options.pop("parts_per_chunk", None)  # counted in: the buffer's parts per chunk
         make_tensors = _TensorMaker(_TENSORS)
         loader = Loader(
             paths_or_dataset, batch_size=batch_size, device=device, transform=make_tensors,

@@ -22,6 +22,7 @@ import pyarrow as pa
 from tabloader import _deps
 from tabloader.device import resolve_device
 from tabloader.errors import InvalidArgumentError
+from tabloader.options import int_at_least
 
 __all__ = [
     "ALIGN",
@@ -99,23 +100,25 @@ def chunk_rows_for_buffer(
     """Rows per chunk for NVTabular's ``buffer_size``, given a loader's ``options``.
 
     The columns the options name (either spelling), delivered as int64 cats and float32
-    conts and labels, turn a fraction of memory into rows.
+    conts and labels, turn a fraction of memory into rows; with ``parts_per_chunk``, as
+    NVTabular reads them, a chunk holds that many parts of that size.
 
     Examples:
         >>> chunk_rows_for_buffer(500, {"cats": "a", "cont_names": ["b"]}, 8)
         500
+        >>> chunk_rows_for_buffer(500, {"cats": "a", "parts_per_chunk": 2}, 8)
+        1000
     """
-    for other in ("parts_per_chunk", "chunk_rows"):
-        if options.get(other) is not None:
-            raise InvalidArgumentError(
-                f"buffer_size and {other} both size chunks: give one, not both"
-            )
+    if options.get("chunk_rows") is not None:
+        raise InvalidArgumentError("buffer_size and chunk_rows both size chunks: give one")
+    parts = options.get("parts_per_chunk")
+    parts = 1 if parts is None else int_at_least(parts, 1, "parts_per_chunk")
     widths = {"cat": 8, "cont": 4, "label": 4}
     row_bytes = 0
     for kind, width in widths.items():
         names = options.get(f"{kind}s") or options.get(f"{kind}_names")
         row_bytes += width * (1 if isinstance(names, str) else len(names or ()))
-    return chunk_rows_for(
+    return parts * chunk_rows_for(
         buffer_size,
         row_bytes=max(row_bytes, 1),
         batch_size=batch_size if isinstance(batch_size, int) else 1,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from tabloader import _deps
@@ -77,7 +77,9 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
 
     Args:
         dataset: A [`tabloader.Dataset`][tabloader.Dataset] or anything it accepts.
-        batch_size: Rows per batch.
+        cats, conts, labels: The columns of ``x_cat``, ``x_cont`` and ``y`` (by keyword,
+            or by position as NVTabular's ``TorchAsyncItr`` takes them).
+        batch_size: Rows per batch (required).
         device: ``None``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int or a
             ``torch.device``, resolved once by the core
             ([`tabloader.Loader.device`][tabloader.Loader.device]); on a GPU the tensors come
@@ -109,11 +111,16 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
 
     _rebuilt = ("_builder",)
 
-    def __init__(
+    # cats, conts and labels are also LoaderOptions keys: parameters here too, so that
+    # NVTabular's positional call (dataset, cats, conts, labels, batch_size) works
+    def __init__(  # type: ignore[misc]
         self,
         dataset: Dataset | Any,
+        cats: Sequence[str] | None = None,
+        conts: Sequence[str] | None = None,
+        labels: Sequence[str] | None = None,
+        batch_size: int | None = None,
         *,
-        batch_size: int,
         device: str | int | torch.device | None = None,
         backend: Literal["cpu", "gpu"] | None = None,
         seed_fn: Callable[[], int] | None = None,
@@ -121,6 +128,10 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
     ) -> None:
         known = (*keywords_of(TorchAsyncItr.__init__), *LOADER_KEYWORDS)
         reject_unknown(options, known, "TorchAsyncItr")
+        if batch_size is None:
+            raise InvalidArgumentError("TorchAsyncItr needs batch_size= (rows per batch)")
+        named = {"cats": cats, "conts": conts, "labels": labels}
+        options.update({k: v for k, v in named.items() if v is not None})
         super().__init__()
         self.backend = backend
         # The core decides where it reads; only backend="cpu" with a CUDA device splits
@@ -129,7 +140,7 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
         self._stage_to = None if staging is False else staging_target(device, staging)
         for option in DTYPE_KEYWORDS.values():  # PyTorch users write torch dtypes
             if option in options:
-                options[option] = _TENSORS.numpy_dtype(options[option], option)  # type: ignore[literal-required]
+                options[option] = _TENSORS.numpy_dtype(options[option], option)
         ranks = _resolve_ranks(options.pop("global_rank", None), options.pop("global_size", None))
         rank_options = {"global_rank": ranks[0], "global_size": ranks[1]}
         self._threads_checked = False
