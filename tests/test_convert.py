@@ -206,6 +206,23 @@ def test_row_groups_and_files_are_sized(tmp_path):
     assert row_group_rows_for(pa.schema([("x", pa.float32())] * 40)) == 131_072
 
 
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 700), group=st.integers(1, 300), per_file=st.integers(1, 400))
+def test_every_file_holds_rows_per_file_rows_whatever_the_row_groups(
+    tmp_path_factory, rows, group, per_file
+):
+    tmp_path = tmp_path_factory.mktemp("sized")
+    src = write_csv(tmp_path / "a.csv", [[i] for i in range(rows)], ["id"])
+    convert(src, tmp_path / "out", row_group_rows=group, rows_per_file=per_file)
+    files = sorted((tmp_path / "out").glob("*.parquet"))
+    sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    assert sizes == [per_file] * (rows // per_file) + ([rows % per_file] if rows % per_file else [])
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        assert all(meta.row_group(g).num_rows <= group for g in range(meta.num_row_groups))
+    assert read(tmp_path / "out").column("id").to_pylist() == list(range(rows))
+
+
 def test_splits_come_from_a_seeded_hash_of_each_row(tmp_path):
     rows = sample_rows(4_000)
     rows += rows[:500]  # duplicates: a row and its copy must land in the same split

@@ -36,7 +36,8 @@ STAGING_PREFIX = ".tabloader-convert-"
 
 class SplitWriter:
     """One split's files: row groups of ``row_group_rows`` rows, files of
-    ``rows_per_file`` rows, written as the rows arrive."""
+    ``rows_per_file`` rows (a file's last group shorter where the two do not divide),
+    written as the rows arrive."""
 
     def __init__(
         self, directory: str, schema: pa.Schema, row_group_rows: int, rows_per_file: int
@@ -57,8 +58,12 @@ class SplitWriter:
             return
         self.pending.append(table)
         self.pending_rows += table.num_rows
-        while self.pending_rows >= self.row_group_rows:
-            self._write(self.row_group_rows)
+        while self.pending_rows >= self._group_rows():
+            self._write(self._group_rows())
+
+    def _group_rows(self) -> int:
+        """Rows of the next row group: a whole group, or what the file has room for."""
+        return min(self.row_group_rows, self.rows_per_file - self.file_rows)
 
     def _write(self, rows: int) -> None:
         whole = pa.concat_tables(self.pending)
@@ -83,8 +88,8 @@ class SplitWriter:
         return f"part-{number:05d}.parquet"
 
     def close(self) -> None:
-        if self.pending_rows:
-            self._write(self.pending_rows)
+        while self.pending_rows:
+            self._write(min(self.pending_rows, self._group_rows()))
         if self.writer is not None:
             self.writer.close()
             self.writer = None
