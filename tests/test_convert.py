@@ -223,6 +223,22 @@ def test_every_file_holds_rows_per_file_rows_whatever_the_row_groups(
     assert read(tmp_path / "out").column("id").to_pylist() == list(range(rows))
 
 
+def test_input_without_rows_keeps_its_schema_and_every_split_has_a_file(tmp_path):
+    header_only = tmp_path / "h.csv"
+    header_only.write_text("id,x\n")
+    convert(str(header_only), tmp_path / "out", schema="id=int64,x=float32")
+    files = list((tmp_path / "out").glob("*.parquet"))
+    assert len(files) == 1
+    table = pq.read_table(files[0])
+    assert table.num_rows == 0 and table.schema.names == ["id", "x"]
+    two = write_csv(tmp_path / "two.csv", [[1, 0.5], [2, 1.5]], ["id", "x"])
+    result = convert(two, tmp_path / "split", split={"valid": 0.01, "test": 0.01}, seed=0)
+    for split in ("train", "valid", "test"):
+        found = list((tmp_path / "split" / split).glob("*.parquet"))
+        assert len(found) == 1, split
+    assert sum(result.rows_out.values()) == 2
+
+
 def test_splits_come_from_a_seeded_hash_of_each_row(tmp_path):
     rows = sample_rows(4_000)
     rows += rows[:500]  # duplicates: a row and its copy must land in the same split

@@ -90,6 +90,11 @@ class SplitWriter:
     def close(self) -> None:
         while self.pending_rows:
             self._write(min(self.pending_rows, self._group_rows()))
+        if not self.files:  # no row came: a file of none keeps the split and its schema
+            os.makedirs(self.directory, exist_ok=True)
+            path = os.path.join(self.directory, self.file_name(0))
+            pq.write_table(self.schema.empty_table(), path)
+            self.files.append(path)
         if self.writer is not None:
             self.writer.close()
             self.writer = None
