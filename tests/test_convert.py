@@ -171,6 +171,12 @@ def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monk
     assert not list((tmp_path / "out").rglob("*.parquet"))  # nothing half-written is left
     convert(src, tmp_path / "out", schema={"user": "float32"})
     assert read(tmp_path / "out").column("user").to_pylist()[-1] == 1.5
+    text = write_csv(tmp_path / "t.csv", [[i] for i in range(40)] + [["abc"]], ["user"])
+    with pytest.raises(tabloader.InvalidFileError, match=r"holds 'abc'.* e\.g\. string") as info:
+        convert(text, tmp_path / "t")
+    assert "float32" not in str(info.value)  # advice that would fail again
+    convert(text, tmp_path / "t", schema={"user": "string"})
+    assert read(tmp_path / "t").column("user").to_pylist()[-1] == "abc"
 
 
 def test_narrowing_never_overflows_silently(tmp_path):

@@ -545,12 +545,24 @@ def _value_error(
             "the file as UTF-8 (for example `iconv -f latin1 -t utf-8`), or correct that row"
         )
     shown = f"holds {value.group(1)!r}" if value else "holds a value"
+    numeric = pa.types.is_integer(target) or pa.types.is_floating(target)
+    if numeric and value is not None and not _is_number(value.group(1)):
+        wider = "string (text: give it ids with --categorify or --hash)"
+    else:
+        wider = "float32" if numeric else "string"
     return InvalidFileError(
         f"{item.path}: column {name!r} {shown}{after}, which is not {target}: the type comes "
         f"from the first rows of the files (or from schema=). Pass --schema {name}=TYPE "
-        f"(schema={{{name!r}: ...}}) with a type that holds every value, e.g. "
-        f"{'float32' if pa.types.is_integer(target) or pa.types.is_floating(target) else 'string'}"
+        f"(schema={{{name!r}: ...}}) with a type that holds every value, e.g. {wider}"
     )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # -- every value checked --------------------------------------------------------------------
