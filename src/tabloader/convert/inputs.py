@@ -557,14 +557,6 @@ def _value_error(
     )
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 # -- every value checked --------------------------------------------------------------------
 
 
