@@ -862,3 +862,30 @@ def test_a_growing_dataset_resumes_on_the_listing_checked_when_the_state_was_loa
     again = make()
     again.load_state_dict(at_start)
     assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in boundary]
+
+
+@given(
+    sizes=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    stop=st.integers(0, 3),
+    drop_last=st.booleans(),
+    cache=st.sampled_from([None, "memory"]),
+)
+@FAST
+def test_an_unshuffled_state_resumes_whatever_the_seed(paths, sizes, stop, drop_last, cache):
+    """Without shuffling the seed decides nothing: a state resumes under another seed,
+    on as many ranks or another number, with the batches the saved seed gives."""
+
+    def make(seed: int) -> Any:
+        def build(rank: int, size: int) -> tabloader.Loader:
+            return _loader(
+                paths, shuffle=False, seed=seed, drop_last=drop_last, cache=cache,
+                global_rank=rank, global_size=size,
+            )  # fmt: skip
+
+        return build
+
+    _, same, state, _ = _elastic_run(make(5), *sizes, stop)
+    for rank in range(sizes[1]):
+        other = make(6)(rank, sizes[1])
+        other.load_state_dict(state)
+        assert _same([_copy(b) for b in other], same[rank])

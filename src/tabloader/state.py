@@ -355,7 +355,8 @@ class Position:
                     + (f": {note})" if note else ")")
                 )
         saved_seed = state[STATE_SEED]
-        if not adopt_seed and saved_seed != seed:
+        unshuffled = fingerprint.options.get("shuffle") is False  # the seed decides nothing
+        if not adopt_seed and not unshuffled and saved_seed != seed:
             differences.append(f"seed (saved: {saved_seed!r}; now: {seed!r})")
         if differences:
             raise InvalidArgumentError(
