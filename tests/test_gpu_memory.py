@@ -274,6 +274,29 @@ def test_a_loader_gives_its_gpu_memory_back(tmp_path, how):
 
 @gpu
 @pytest.mark.usefixtures("fresh_device")
+def test_closing_a_loader_mid_epoch_ends_the_epoch_before_its_memory_goes_back(tmp_path):
+    """The pool goes back to the driver only once no epoch of the loader runs on it: the
+    epoch in progress ends first (its reader would go on decoding into it)."""
+    import cupy
+    import rmm
+
+    if not getattr(rmm, "__emulated__", False):
+        pytest.skip("measured on the emulated device (the GPU host run measures a GPU)")
+    free_before = cupy.cuda.runtime.memGetInfo()[0]
+    paths = write_dataset(tmp_path / "data", [[256] * 8, [256] * 8])
+    loader = _loader(paths)
+    epoch = iter(loader)
+    held = next(epoch)["id"].get()  # a batch copied out; the epoch goes on reading ahead
+    loader.close()
+    assert list(epoch) == []
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("tabloader-")]
+    gc.collect()
+    assert cupy.cuda.runtime.memGetInfo()[0] >= free_before
+    assert len(held) == 64
+
+
+@gpu
+@pytest.mark.usefixtures("fresh_device")
 def test_free_device_memory_counts_only_what_the_driver_has_free():
     """Memory a pool holds unused serves only that pool's own allocations, and only where
     its blocks are large enough and free on the allocating stream: not counted free."""

@@ -228,3 +228,31 @@ def test_map_on_threads_raises_an_items_error_after_its_threads_have_ended():
     with pytest.raises(ValueError, match="seven"):
         map_on_threads(fail_on_seven, list(range(20)), 3, name="t")
     assert threading.active_count() == before
+
+
+def test_close_drops_the_item_the_producer_was_making():
+    import gc
+    import weakref
+
+    class Item:
+        pass
+
+    made: list[weakref.ref[Item]] = []
+    producing = threading.Event()
+
+    def items():
+        for _ in range(5):
+            producing.set()
+            time.sleep(0.2)  # closed meanwhile: it is put after the queue was emptied
+            item = Item()
+            made.append(weakref.ref(item))
+            yield item
+
+    prefetcher = Prefetcher(items, depth=1)
+    taken = next(prefetcher)
+    producing.clear()
+    assert producing.wait(5)
+    prefetcher.close()
+    gc.collect()
+    assert [r() for r in made[1:]] == [None] * len(made[1:])  # nothing the stage holds
+    assert made[0]() is taken

@@ -160,14 +160,21 @@ def _shutdown(
     # A producer waiting for its consumer to need more goes on, to its next put, where it
     # sees the stop: the consumer will take nothing more.
     starved.set()
-    # Free the queued items now rather than when the last reference goes.
+    # Free the queued items now rather than when the last reference goes: those queued
+    # already, and the one a producer was making, which it puts before it sees the stop
+    # (a chunk in GPU memory held by a closed iterator kept the loader's pool alive).
+    _drain(q)
+    if thread.ident is not None and thread is not threading.current_thread():
+        thread.join(_JOIN_SECONDS)  # (a thread that never started has nothing to join)
+        _drain(q)
+
+
+def _drain(q: queue.SimpleQueue[Any]) -> None:
     try:
         while True:
             q.get_nowait()
     except queue.Empty:
         pass
-    if thread.ident is not None and thread is not threading.current_thread():
-        thread.join(_JOIN_SECONDS)  # (a thread that never started has nothing to join)
 
 
 class Prefetcher(Generic[T]):
