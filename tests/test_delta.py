@@ -285,6 +285,25 @@ def test_string_and_escaped_partition_values(tmp_path):
         tabloader.Loader(ds, cats=["city"], batch_size=2)
 
 
+@pytest.mark.parametrize("where", ["my table", "café", "100% sure"])
+def test_a_table_under_a_directory_whose_name_must_be_escaped_loads(tmp_path, where):
+    # The log holds paths URI-encoded, and deltalake's file URIs keep the table's own
+    # location encoded: a space, a non-ASCII letter or a % is decoded once, no more.
+    path = str(tmp_path / where / "t")
+    table = pa.table({"id": np.arange(12), "city": ["a b", "100%", "x%20y"] * 4})
+    write_deltalake(path, table, partition_by=["city"])
+    ds = tabloader.Dataset.from_delta(path)
+    got = {}
+    for p in range(ds.num_partitions):
+        for piece in ds.iter_pieces([(p, 0, ds.partition_rows[p])], ["id"]):
+            got.update(
+                dict.fromkeys(piece.column("id").to_pylist(), ds.partition_values(p)["city"])
+            )
+    truth = DeltaTable(path).to_pyarrow_table()
+    ids, cities = truth.column("id").to_pylist(), truth.column("city").to_pylist()
+    assert got == dict(zip(ids, cities, strict=True))
+
+
 def test_filters_are_checked_against_the_partition_keys(tmp_path):
     path = str(tmp_path / "t")
     write_deltalake(path, rows(0, 30), partition_by=["day"])

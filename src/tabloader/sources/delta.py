@@ -231,13 +231,25 @@ class DeltaLog(TableLog):
             rows = counts[i]
             files.append(
                 TableFile(
-                    path=uri.removeprefix("file://"),
+                    path=self._location(path),
                     values={k: values[k][i] for k in keys_names},
                     rows=None if rows is None else int(rows),
                 )
             )
         # Delta: columns under the table's names, partition values from the log alone
         return TableSnapshot("delta", self.name, version, in_load_order(files), schema, keys)
+
+    def _location(self, path: str) -> str:
+        """Where an add action's ``path`` is: the log holds it URI-encoded (RFC 2396),
+        relative to the table or absolute; decoded once (a partition directory named
+        ``s=a%20b`` on disk is ``s=a%2520b`` in the log). deltalake's ``file_uris()``
+        keeps the table's own location encoded (a space as ``%20``), which no file
+        system has."""
+        if "://" not in path and not path.startswith("/"):
+            root = self.url if self.url is not None else os.path.abspath(self.name)
+            return f"{root.rstrip('/')}/{unquote(path)}"
+        location = unquote(path)
+        return location.removeprefix("file://") if location.startswith("file://") else location
 
     def _check_protocol(self, table: Any, where: str) -> None:
         protocol = table.protocol()
