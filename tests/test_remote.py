@@ -204,6 +204,28 @@ def test_reading_one_column_of_nine_moves_only_that_column(proxy, wide):
         assert proxy.requests == 8  # one coalesced range per row group, each fetched once
 
 
+def test_columns_whose_names_hold_a_dot_are_read_from_object_storage(proxy, s3_server):
+    # A leaf's dotted path cannot tell a name holding a "." from a nested field: the
+    # chunks of "price.usd" were never fetched, and the decoder read zeros.
+    name = f"d-{uuid.uuid4().hex[:12]}"
+    s3 = client(s3_server)
+    s3.create_bucket(Bucket=name)
+    rows = 1_000
+    table = pa.table(
+        {
+            "price": pa.array([{"usd": float(i), "eur": 0.5} for i in range(rows)]),
+            "price.usd": np.arange(rows, dtype=np.float64) * 2,
+            "tags": pa.array([[i, i + 1] for i in range(rows)]),
+            "id": np.arange(rows),
+        }
+    )
+    put_table(s3, name, "dotted.parquet", table, row_group_size=250)
+    ds = tabloader.Dataset(f"s3://{name}/dotted.parquet", storage_options=options(proxy))
+    loader = tabloader.Loader(ds, cats=["id"], conts=["price.usd"], batch_size=100)
+    got = {i: x for b in loader for i, x in zip(b["id"], b["price.usd"], strict=True)}
+    assert got == {i: np.float32(2 * i) for i in range(rows)}
+
+
 def test_open_row_groups_fetches_the_footer_and_the_chunks_asked_for(proxy, wide, s3_server):
     name, size, _ = wide
     body = client(s3_server).get_object(Bucket=name, Key="wide.parquet")["Body"].read()

@@ -360,17 +360,35 @@ def column_chunk_ranges(
     """Byte ranges ``[start, stop)`` of the column chunks of ``columns`` in ``row_groups``.
 
     A column is matched by its top-level name, so every leaf of a nested column is read.
+    The leaves are counted field by field (a name may hold a ``.``, which the leaves'
+    dotted paths cannot tell from nesting); a leaf whose dotted path is a name asked for
+    is read too, as pyarrow reads it for that name.
+
+    Examples:
+        >>> import io
+        >>> buffer = io.BytesIO()
+        >>> table = pa.table({"a.b": [1], "s": [{"x": 1, "y": 2.0}], "c": [3]})
+        >>> pq.write_table(table, buffer)
+        >>> metadata = pq.ParquetFile(buffer).metadata
+        >>> [len(column_chunk_ranges(metadata, [0], [name])) for name in ("a.b", "s", "c")]
+        [1, 2, 1]
     """
     wanted = set(columns)
-    leaves = [
-        i
-        for i in range(metadata.num_columns)
-        if metadata.schema.column(i).path.split(".", 1)[0] in wanted
-    ]
+    leaves: set[int] = set()
+    first = 0
+    for field in metadata.schema.to_arrow_schema():
+        count = _leaf_count(field.type)
+        if field.name in wanted:
+            leaves.update(range(first, first + count))
+        first += count
+    for i in range(metadata.num_columns):
+        path = metadata.schema.column(i).path
+        if any(path == name or path.startswith(name + ".") for name in wanted):
+            leaves.add(i)
     ranges = []
     for g in row_groups:
         group = metadata.row_group(g)
-        for i in leaves:
+        for i in sorted(leaves):
             chunk = group.column(i)
             start = int(chunk.data_page_offset)
             dictionary = chunk.dictionary_page_offset if chunk.has_dictionary_page else None
@@ -378,6 +396,17 @@ def column_chunk_ranges(
                 start = int(dictionary)
             ranges.append((start, start + chunk.total_compressed_size))
     return ranges
+
+
+def _leaf_count(kind: pa.DataType) -> int:
+    """Parquet leaf columns an Arrow field of type ``kind`` is stored in."""
+    if pa.types.is_struct(kind):
+        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaf_count(kind.value_type)
+    return 1
 
 
 def merge_ranges(
