@@ -511,6 +511,14 @@ def test_a_table_on_s3_loads_with_the_usual_storage_options(s3_endpoint):
     ids = np.arange(200)
     np.testing.assert_array_equal(np.sort(epoch(loader(old, "cpu"))), ids[ids % 3 == 2])
     assert "s3://tables/" in old.describe_partition(0)
+    # the object store's request options, as Dataset takes them (its errors name them)
+    tuned = tabloader.Dataset.from_delta(
+        uri, storage_options=fsspec_options, retry_seconds=5, request_timeout=10,
+        max_concurrent_reads=2,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.sort(epoch(loader(tuned, "cpu"))), np.arange(1000, 1100))
+    with pytest.raises(tabloader.InvalidArgumentError, match="retry_seconds"):
+        tabloader.Dataset.from_delta(uri, storage_options=fsspec_options, retry_seconds=-1)
 
 
 # -- ranks and worker processes ------------------------------------------------------------

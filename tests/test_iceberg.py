@@ -572,8 +572,10 @@ def test_every_rank_loads_rank_zeros_snapshot(catalog, tmp_path):
 # -- object storage ------------------------------------------------------------------------
 
 
-def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path):
-    """The data files are read through fsspec with the options of the table's FileIO."""
+@pytest.mark.parametrize("prefix", ["s3", "client"])
+def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path, prefix):
+    """The data files are read through fsspec with the options of the table's FileIO:
+    ``s3.*`` credentials, or the ``client.*`` ones every client of the table shares."""
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
     moto_server = pytest.importorskip("moto.server")
@@ -592,9 +594,9 @@ def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path):
         ).create_bucket(Bucket="warehouse")
         properties = {
             "s3.endpoint": endpoint,
-            "s3.access-key-id": "testing",
-            "s3.secret-access-key": "testing",
-            "s3.region": "us-east-1",
+            f"{prefix}.access-key-id": "testing",
+            f"{prefix}.secret-access-key": "testing",
+            f"{prefix}.region": "us-east-1",
         }
         catalog = SqlCatalog(
             "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/", **properties

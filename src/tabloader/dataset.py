@@ -203,6 +203,9 @@ class Dataset(Partitioned):
         filters: Any = None,
         refresh: bool = False,
         verify_checksums: bool = False,
+        max_concurrent_reads: int = 16,
+        retry_seconds: float = 60.0,
+        request_timeout: float = 30.0,
     ) -> Dataset:
         """The rows of a Delta Lake table: exactly the files active in one version.
 
@@ -222,6 +225,8 @@ class Dataset(Partitioned):
                 torch.distributed, rank 0's version is loaded by every rank.
             verify_checksums: Check the pages read against their checksums (see
                 ``Dataset``).
+            max_concurrent_reads, retry_seconds, request_timeout: How the data files
+                are read from object storage (see ``Dataset``).
 
         Examples:
             >>> import pyarrow as pa, tempfile, tabloader
@@ -238,7 +243,11 @@ class Dataset(Partitioned):
         log = DeltaLog(uri, version=version, storage_options=storage_options)
         pinned = None if version is None else f"version={version} loads one version"
         _refuse_pinned_and_refresh(refresh, pinned, follows="latest")
-        return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
+        return cls(
+            log, filters=filters, refresh=refresh, verify_checksums=verify_checksums,
+            max_concurrent_reads=max_concurrent_reads, retry_seconds=retry_seconds,
+            request_timeout=request_timeout,
+        )  # fmt: skip
 
     @classmethod
     def from_iceberg(
@@ -249,6 +258,9 @@ class Dataset(Partitioned):
         filters: Any = None,
         refresh: bool = False,
         verify_checksums: bool = False,
+        max_concurrent_reads: int = 16,
+        retry_seconds: float = 60.0,
+        request_timeout: float = 30.0,
     ) -> Dataset:
         """The rows of an Apache Iceberg table: the data files a snapshot's scan plans.
 
@@ -267,6 +279,8 @@ class Dataset(Partitioned):
                 under torch.distributed).
             verify_checksums: Check the pages read against their checksums (see
                 ``Dataset``).
+            max_concurrent_reads, retry_seconds, request_timeout: How the data files
+                are read from object storage (see ``Dataset``).
 
         Examples:
             >>> import pyarrow as pa, tempfile, tabloader
@@ -285,7 +299,11 @@ class Dataset(Partitioned):
         log = IcebergLog(table, snapshot_id=snapshot_id)
         pinned = None if snapshot_id is None else f"snapshot_id={snapshot_id} loads one snapshot"
         _refuse_pinned_and_refresh(refresh, pinned, follows="current one")
-        return cls(log, filters=filters, refresh=refresh, verify_checksums=verify_checksums)
+        return cls(
+            log, filters=filters, refresh=refresh, verify_checksums=verify_checksums,
+            max_concurrent_reads=max_concurrent_reads, retry_seconds=retry_seconds,
+            request_timeout=request_timeout,
+        )  # fmt: skip
 
     def refresh(self, *, epoch: int | None = None) -> bool:
         """List the files again (``refresh=True`` datasets); returns whether they changed.

@@ -64,7 +64,9 @@ def open_source(
 
         store = None
         if source.url is not None:
-            store = RemoteStore(source.url, source.storage_options, **remote)
+            store = RemoteStore(
+                source.url, source.storage_options, credentials=source.credentials, **remote
+            )
         return SnapshotSource(source, store, filters=filters, verify_checksums=verify_checksums)
     if is_dask_frame(source):
         return DaskSource(source)

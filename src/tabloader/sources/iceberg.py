@@ -31,10 +31,12 @@ from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot, in_
 __all__ = ["IcebergLog", "fsspec_options", "import_pyiceberg", "local_path", "static_table"]
 
 _IO_OPTIONS = {
-    "s3.access-key-id": "key",
-    "s3.secret-access-key": "secret",
-    "s3.session-token": "token",
+    "key": ("s3.access-key-id", "client.access-key-id"),
+    "secret": ("s3.secret-access-key", "client.secret-access-key"),
+    "token": ("s3.session-token", "client.session-token"),
 }
+"""s3fs's option, and the FileIO properties that give it (``s3.*`` first, then the
+``client.*`` ones every client of the table shares, as pyiceberg reads them)."""
 
 
 def import_pyiceberg() -> Any:
@@ -50,10 +52,14 @@ def fsspec_options(properties: dict[str, str]) -> dict[str, Any]:
         ...     "s3.access-key-id": "k", "s3.secret-access-key": "s", "s3.region": "eu-west-1"})
         >>> options["key"], options["client_kwargs"]["region_name"]
         ('k', 'eu-west-1')
+        >>> fsspec_options({"client.access-key-id": "k2", "client.secret-access-key": "s2"})
+        {'key': 'k2', 'secret': 's2'}
     """
-    out: dict[str, Any] = {
-        ours: properties[theirs] for theirs, ours in _IO_OPTIONS.items() if theirs in properties
-    }
+    out: dict[str, Any] = {}
+    for ours, theirs in _IO_OPTIONS.items():
+        given = next((properties[t] for t in theirs if t in properties), None)
+        if given is not None:
+            out[ours] = given
     client = {}
     if "s3.endpoint" in properties:
         client["endpoint_url"] = properties["s3.endpoint"]
@@ -137,6 +143,10 @@ class IcebergLog(TableLog):
     """
 
     format = "iceberg"
+    credentials = (
+        "the table's FileIO properties (s3.access-key-id and s3.secret-access-key, or "
+        "client.access-key-id and client.secret-access-key)"
+    )
 
     def __init__(self, table: Any, *, snapshot_id: int | None) -> None:
         import_pyiceberg()

@@ -650,12 +650,14 @@ class TableLog:
         url: a URL of the table's storage if it is remote (its data files are read
             through fsspec with ``storage_options``), None for local files.
         storage_options: fsspec options for the data files.
+        credentials: where a user gives the credentials of the data files, for messages.
         pinned: the version asked for (time travel), None to follow the latest.
     """
 
     name: str
     url: str | None = None
     storage_options: dict[str, Any]
+    credentials = "storage_options"
     pinned: int | None = None
     format = "table"
 

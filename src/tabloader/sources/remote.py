@@ -91,8 +91,10 @@ class RemoteStore:
         max_concurrent_reads: int,
         retry_seconds: float,
         request_timeout: float,
+        credentials: str = "storage_options",
     ) -> None:
         self.url = url
+        self.credentials = credentials  # where the user gives them, for messages
         self.protocol = url.split("://", 1)[0]
         self.storage_options = _with_connection_pool(
             self.protocol, dict(storage_options), max_concurrent_reads
@@ -206,9 +208,13 @@ class RemoteStore:
                 if type(err).__name__ in _CREDENTIAL_ERRORS:
                     raise ReadError(
                         f"could not read {what}: {type(err).__name__}: {err}. Give the "
-                        "credentials in storage_options (for example key/secret for s3://, "
-                        "token for gs://, account_key for az://) or in the environment, or "
-                        "anon=True for public data"
+                        + (
+                            "credentials in storage_options (for example key/secret for "
+                            "s3://, token for gs://, account_key for az://) or in the "
+                            "environment, or anon=True for public data"
+                            if self.credentials == "storage_options"
+                            else f"credentials in {self.credentials}, or in the environment"
+                        )
                     ) from err
                 last = err
             remaining = deadline - time.monotonic()
