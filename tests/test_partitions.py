@@ -324,3 +324,20 @@ def test_filters_never_drop_rows_of_a_partition_key_stored_in_a_frame():
         tabloader.Dataset(frame, filters=[("day", "=", 1)])
     ds = tabloader.Dataset(frame.filter(pl.col("day") == 1))
     assert len(ds) == 1 and pc.sum(ds.read_partition(0, ["day"])["day"]).as_py() == 1
+
+
+def test_a_time_filter_must_say_a_zone_exactly_when_its_key_has_one():
+    import datetime
+
+    from tabloader.sources.partitions import check_filters, normalize_filters
+
+    naive = datetime.datetime(2024, 1, 1, 2)
+    aware = naive.replace(tzinfo=datetime.timezone.utc)
+    zoned, plain = {"ts": pa.timestamp("us", tz="UTC")}, {"ts": pa.timestamp("us")}
+    check_filters(normalize_filters([("ts", "<", aware)]), zoned, what="t")
+    check_filters(normalize_filters([("ts", "in", [naive])]), plain, what="t")
+    for keys, value, said in [(zoned, naive, "without a time zone"), (plain, aware, "naive")]:
+        for op in ("<", "=", "in"):
+            term = ("ts", op, [value] if op == "in" else value)
+            with pytest.raises(tabloader.InvalidArgumentError, match=said):
+                check_filters(normalize_filters([term]), keys, what="t")

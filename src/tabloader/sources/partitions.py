@@ -23,7 +23,7 @@ import decimal
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 import numpy as np
@@ -153,6 +153,11 @@ def _kind(t: pa.DataType) -> str:
     return "other"
 
 
+def _zone(t: pa.DataType) -> str | None:
+    """A timestamp key's time zone (None for a naive one, and for a date)."""
+    return cast(Any, t).tz if pa.types.is_timestamp(t) else None
+
+
 def _fits(value: Any, kind: str) -> bool:
     if kind in ("int", "number"):
         return isinstance(value, (int, float, decimal.Decimal, np.integer, np.floating)) and not (
@@ -208,6 +213,18 @@ def check_filters(
                         f"filters: {(column, op, value)!r} compares the partition key "
                         f"{column!r} ({keys[column]}) with {type(v).__name__} {v!r}; give a "
                         f"value of the key's type"
+                    )
+                if kind == "datetime" and (v.tzinfo is None) != (_zone(keys[column]) is None):
+                    # Python cannot compare a naive and an aware time (or an equality
+                    # between them never holds): which instant is meant is the user's
+                    raise InvalidArgumentError(
+                        f"filters: {(column, op, value)!r} compares the partition key "
+                        f"{column!r} ({keys[column]}) with a time "
+                        + (
+                            "without a time zone; give one (tzinfo=datetime.timezone.utc)"
+                            if v.tzinfo is None
+                            else "with a time zone, and the key has none; give a naive time"
+                        )
                     )
 
 
