@@ -521,6 +521,46 @@ def test_a_table_on_s3_loads_with_the_usual_storage_options(s3_endpoint):
         tabloader.Dataset.from_delta(uri, storage_options=fsspec_options, retry_seconds=-1)
 
 
+def test_the_log_on_s3_is_retried_as_the_data_files_are(s3_endpoint):
+    """An outage shorter than retry_seconds pauses a refreshing epoch, as it does reading
+    data files; what retrying cannot change (a version the table does not have) is said
+    at once."""
+    import threading
+    import time
+
+    from netproxy import NetProxy
+
+    uri = f"s3://tables/{uuid.uuid4().hex[:8]}"
+    writer = {
+        "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }  # fmt: skip
+    write_deltalake(uri, rows(0, 200), storage_options=writer)
+    host, port = s3_endpoint.rsplit("/", 1)[1].split(":")
+    proxy = NetProxy((host, int(port)))
+    try:
+        options = {
+            "key": "testing", "secret": "testing",
+            "client_kwargs": {"endpoint_url": proxy.url, "region_name": "us-east-1"},
+        }  # fmt: skip
+        ds = tabloader.Dataset.from_delta(
+            uri, storage_options=options, refresh=True, retry_seconds=60
+        )
+        reading = loader(ds, "cpu")
+        assert len(epoch(reading)) == 200
+        write_deltalake(uri, rows(1000, 50), mode="append", storage_options=writer)
+        proxy.outage()  # as the next epoch lists the table again
+        threading.Timer(6.0, proxy.restore).start()  # longer than delta-rs retries alone
+        assert len(epoch(reading)) == 250
+        started = time.monotonic()
+        with pytest.raises(tabloader.InvalidArgumentError, match="has no version 9"):
+            tabloader.Dataset.from_delta(uri, version=9, storage_options=options)
+        assert time.monotonic() - started < 20
+    finally:
+        proxy.close()
+
+
 # -- ranks and worker processes ------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ names), and reader features this module does not know.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -86,6 +87,11 @@ def delta_storage_options(protocol: str, options: dict[str, Any]) -> dict[str, s
     return out
 
 
+def _plain(err: Exception) -> str:
+    """delta-rs's message without the terminal colours it adds."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+
+
 class DeltaLog(TableLog):
     """The log of one Delta table: its latest version, and the files of a version.
 
@@ -145,7 +151,9 @@ class DeltaLog(TableLog):
         except Exception as err:
             if version is not None and "version" in str(err).lower():
                 self._refuse_version(version, err)
-            raise ReadError(f"cannot read the log of the Delta table {self.name!r}: {err}") from err
+            raise ReadError(
+                f"cannot read the log of the Delta table {self.name!r}: {_plain(err)}"
+            ) from err
 
     def _refuse_version(self, version: int, err: Exception) -> None:
         """Raise the error of a version that cannot be loaded, naming those that can, if
@@ -193,7 +201,7 @@ class DeltaLog(TableLog):
                 self._latest.update_incremental()
             except Exception as err:
                 raise ReadError(
-                    f"cannot read the log of the Delta table {self.name!r}: {err}"
+                    f"cannot read the log of the Delta table {self.name!r}: {_plain(err)}"
                 ) from err
         return int(self._latest.version())
 

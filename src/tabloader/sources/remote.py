@@ -36,7 +36,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tabloader import _deps
-from tabloader.errors import InvalidArgumentError, InvalidFileError, ReadError, SourceNotFoundError
+from tabloader.errors import (
+    InvalidArgumentError,
+    InvalidFileError,
+    ReadError,
+    SourceNotFoundError,
+    TabloaderError,
+)
 
 __all__ = [
     "COALESCE_BYTES",
@@ -189,17 +195,28 @@ class RemoteStore:
 
         return self._retry(attempt, what, stop)
 
+    def retried(self, attempt: Callable[[], T], what: str) -> T:
+        """``attempt()``, retried within ``retry_seconds`` as reads are (a table's
+        metadata, read by its own library); tabloader's errors other than a `ReadError`
+        say something retrying cannot change, and are raised at once."""
+        return self._retry(attempt, what, None)
+
     def _retry(self, attempt: Callable[[], T], what: str, stop: threading.Event | None) -> T:
         started = time.monotonic()
         deadline = started + self.retry_seconds
         pause = _FIRST_PAUSE
         attempts = 0
+        last: Exception | None = None
         while True:
             attempts += 1
             try:
                 return attempt()
             except _PERMANENT:
                 raise
+            except TabloaderError as err:
+                if not isinstance(err, ReadError):
+                    raise
+                last = err
             except TypeError as err:
                 if "unexpected keyword argument" in str(err):
                     raise self._option_error(err) from err

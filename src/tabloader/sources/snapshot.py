@@ -14,7 +14,9 @@ version (`listing`, `from_listing`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -40,6 +42,8 @@ from tabloader.sources.partitions import (
 
 if TYPE_CHECKING:
     from tabloader.sources.remote import RemoteStore
+
+T = TypeVar("T")
 
 __all__ = ["SnapshotSource"]
 
@@ -75,8 +79,17 @@ class SnapshotSource(ParquetSource):
         return None if self.snapshot is None else self.snapshot.version
 
     def list_files(self) -> list[str]:
-        version = self.log.pinned if self.log.pinned is not None else self.log.latest()
+        version = (
+            self.log.pinned if self.log.pinned is not None else self._from_log(self.log.latest)
+        )
         return self.from_listing(version)
+
+    def _from_log(self, read: Callable[[], T]) -> T:
+        """``read()`` of the table's metadata; from object storage, retried as the data
+        files are (an outage shorter than ``retry_seconds`` only pauses the epoch)."""
+        if self.remote is None:
+            return read()
+        return self.remote.retried(read, f"the metadata of {self.log.name}")
 
     def listing(self) -> Any:
         assert self.snapshot is not None
@@ -84,7 +97,7 @@ class SnapshotSource(ParquetSource):
 
     def from_listing(self, listing: Any) -> list[str]:
         if self.snapshot is None or self.snapshot.version != listing:
-            snapshot = self.log.snapshot(int(listing))
+            snapshot = self._from_log(partial(self.log.snapshot, int(listing)))
             self._entries = {self._path(f.path, snapshot): f for f in snapshot.files}
             self.snapshot = snapshot
         if not self.snapshot.files:
