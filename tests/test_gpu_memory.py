@@ -297,6 +297,36 @@ def test_closing_a_loader_mid_epoch_ends_the_epoch_before_its_memory_goes_back(t
 
 @gpu
 @pytest.mark.usefixtures("fresh_device")
+def test_a_loader_used_again_after_close_takes_a_pool_and_streams_of_its_own(tmp_path):
+    """close() then another epoch (the documented reuse): the epoch runs on a pool and on
+    streams of its own again, not on the streams it gave back (which the next loader
+    takes) nor without a pool; and a second close() gives them back too."""
+    import cupy
+    import rmm
+
+    if not getattr(rmm, "__emulated__", False):
+        pytest.skip("measured on the emulated device (the GPU host run measures a GPU)")
+    free_before = cupy.cuda.runtime.memGetInfo()[0]
+    paths = write_dataset(tmp_path / "data", [[256] * 4, [256] * 4])
+    first = _loader(paths)
+    expected = [batch["id"].get() for batch in first.iter_epoch(1)]
+    first.close()
+    again = [batch["id"].get() for batch in first.iter_epoch(1)]
+    for a, b in zip(again, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert type(rmm.mr.get_per_device_resource(0)) is not rmm.mr.CudaMemoryResource  # a pool
+    other = _loader(paths)
+    mine, theirs = first.backend.xp.memory.streams, other.backend.xp.memory.streams
+    assert mine is not theirs
+    other.close()
+    first.close()
+    gc.collect()
+    assert cupy.cuda.runtime.memGetInfo()[0] >= free_before
+    assert type(rmm.mr.get_per_device_resource(0)) is rmm.mr.CudaMemoryResource
+
+
+@gpu
+@pytest.mark.usefixtures("fresh_device")
 def test_free_device_memory_counts_only_what_the_driver_has_free():
     """Memory a pool holds unused serves only that pool's own allocations, and only where
     its blocks are large enough and free on the allocating stream: not counted free."""

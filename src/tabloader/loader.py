@@ -567,6 +567,9 @@ class Loader(_Standing):
         read, and the batches that follow are those an iteration from the start would
         deliver.
         """
+        reopen = getattr(self.backend, "reopen", None)  # a GPU's pool and streams, if closed
+        if reopen is not None:
+            reopen()
         for running in list(self._epochs_running):
             if len(running) == 0 and not running.finished:
                 # Every batch of it was taken (a loop counting len() steps): its end

@@ -316,10 +316,17 @@ class GPUBackend:
     def __init__(self, device: int | None = None) -> None:
         self._cudf, self._cupy, self.device = import_gpu(device)
         self.name = f"cuda:{self.device}"
-        setting = reader_setting()
+        self._pylibcudf = reader_setting() != "cudf"
         self._rmm = _optional_import("rmm")
+        self._open(None)
+
+    def _open(self, consumer: Any) -> None:
+        """Take the device's pool and a pair of streams of the loader's own (handing
+        memory back after ``consumer``'s fence, when the adapter set one)."""
         pool = None if self._rmm is None else acquire_pool(self._rmm, self.device)
         memory = DeviceMemory(self._cupy, self.device, take_streams(self._cupy, self.device))
+        if consumer is not None:
+            memory.set_consumer(consumer)
         self.xp = DeviceArrays(self._cupy, self.device, memory)
         # Given back when the loader closes, or when it is collected.
         self._finalizer = weakref.finalize(
@@ -327,7 +334,7 @@ class GPUBackend:
         )
         self._reader = DeviceReader(
             self._cudf, self._cupy, self.device, stream=self.xp.reader_stream,
-            pylibcudf=setting != "cudf",
+            pylibcudf=self._pylibcudf,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -335,6 +342,13 @@ class GPUBackend:
         on it is done; the device's pool, when no other loader uses it (see
         `tabloader.backends.gpu_memory`). Batches still held stay valid."""
         self._finalizer()
+
+    def reopen(self) -> None:
+        """After `close`, take a pool and streams again for the next epoch (an epoch run
+        on streams given back would share them with the next loader, and allocate
+        without a pool); nothing to do otherwise."""
+        if not self._finalizer.alive:
+            self._open(self.xp.memory.consumer)
 
     @property
     def reader(self) -> str:
