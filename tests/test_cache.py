@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -724,27 +726,26 @@ def test_a_cache_that_cannot_be_written_warns_and_is_served_from_memory(files, t
     assert loader.stats().from_cache
 
 
-def _tabloader_threads() -> list[str]:
-    import threading
-    import time
-
+def _threads_left(before: set[threading.Thread]) -> list[str]:
+    """The tabloader threads started since ``before`` still running after a few seconds
+    (a cache's writer aside): the other tests' may still be winding down."""
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    while True:
         names = [
             t.name
-            for t in threading.enumerate()
+            for t in set(threading.enumerate()) - before
             if t.name.startswith("tabloader-") and t.name != "tabloader-cache-writer"
         ]
-        if not names:
-            break
+        if not names or time.monotonic() > deadline:
+            return names
         time.sleep(0.01)
-    return names
 
 
 @pytest.mark.parametrize("how", ["close", "with"])
 def test_closing_a_loader_ends_its_epoch_in_progress(files, tmp_path, how):
     root = tmp_path / "c"
     options = dict(**COLS, batch_size=8, shuffle=True, seed=0, cache="disk", cache_dir=root)
+    before = set(threading.enumerate())
     if how == "close":
         loader = tabloader.Loader(files, **options)
         epoch = iter(loader)
@@ -755,7 +756,7 @@ def test_closing_a_loader_ends_its_epoch_in_progress(files, tmp_path, how):
             epoch = iter(loader)
             next(epoch)
     assert list(epoch) == []  # the iterator yields nothing more
-    assert not _tabloader_threads()
+    assert not _threads_left(before)
     assert not published(root) and not temporary(root)
     assert sorted(ids(run(loader)).tolist()) == list(range(ROWS))  # the next epoch is whole
 

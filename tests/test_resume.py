@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -890,3 +891,22 @@ def test_an_unshuffled_state_resumes_whatever_the_seed(paths, sizes, fraction, d
         other = make(6)(rank, sizes[1])
         other.load_state_dict(state)
         assert _same([_copy(b) for b in other], same[rank])
+
+
+def test_a_global_shuffle_state_saved_without_its_cache_says_how_to_go_on(paths):
+    """A run given shuffle="global" whose cache could not be used shuffled chunks and
+    saved shuffle=True: a loader whose cache is used says so, and shuffle=True goes on
+    with exactly that epoch."""
+    options = {"batch_size": 16, "seed": 1, "parts_per_chunk": 2, "cache": "memory"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tabloader.CacheWarning)  # (said, and tested, elsewhere)
+        whole = [_copy(b) for b in _loader(paths, shuffle="global", cache_max_bytes=1, **options)]
+        saver = _loader(paths, shuffle="global", cache_max_bytes=1, **options)
+        epoch = iter(saver)
+        head = [_copy(next(epoch)) for _ in range(3)]
+    state = saver.state_dict()
+    with pytest.raises(tabloader.InvalidArgumentError, match="pass shuffle=True"):
+        _loader(paths, shuffle="global", **options).load_state_dict(state)
+    going_on = _loader(paths, shuffle=True, **options)
+    going_on.load_state_dict(state)
+    assert _same(head + [_copy(b) for b in going_on], whole)

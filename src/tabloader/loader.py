@@ -259,6 +259,12 @@ class _Standing(_Options):
                 "shuffle='global' shuffles chunks. Resume where the cache can be used, or "
                 "start the epoch over"
             )
+        elif self.config.shuffle == "global" and self.cache is not None:
+            notes["shuffle"] = (
+                "a run given shuffle='global' whose cache could not be used shuffles chunks "
+                "and saves shuffle=True: to go on with that epoch, pass shuffle=True (the "
+                "same cache, the same batches), or start the epoch over"
+            )
         return Fingerprint(dataset_fingerprint(self.dataset), options, notes)
 
     def cursor_plan(self, cursor: Cursor) -> EpochPlan:
