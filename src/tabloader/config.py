@@ -66,6 +66,7 @@ __all__ = [
     "ConfigAttributes",
     "LoaderConfig",
     "LoaderOptions",
+    "list_widths_given",
 ]
 
 ALIASES = {"cat_names": "cats", "cont_names": "conts", "label_names": "labels"}
@@ -473,6 +474,20 @@ def _default_chunk_rows(
     return max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
 
 
+def list_widths_given(sparse_max: object) -> dict[str, Any]:
+    """``sparse_max`` as a dict of the widths given (none when None), or refused.
+
+    Examples:
+        >>> list_widths_given({"genres": 4}), list_widths_given(None)
+        ({'genres': 4}, {})
+    """
+    if sparse_max is not None and not isinstance(sparse_max, Mapping):
+        raise InvalidArgumentError(
+            f"sparse_max must be a mapping {{column: max values per row}}, got {sparse_max!r}"
+        )
+    return dict(sparse_max or {})
+
+
 def _list_options(
     options: Mapping[str, Any], labels: tuple[str, ...]
 ) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -487,11 +502,7 @@ def _list_options(
             f"list column(s) {labelled} are listed in labels; labels must be scalar "
             "columns. Leave them out of sparse_names or labels"
         )
-    if sparse_max is not None and not isinstance(sparse_max, Mapping):
-        raise InvalidArgumentError(
-            f"sparse_max must be a mapping {{column: max values per row}}, got {sparse_max!r}"
-        )
-    widths = dict(sparse_max or {})
+    widths = list_widths_given(sparse_max)
     unknown = sorted(set(widths) - set(names))
     if unknown:
         raise InvalidArgumentError(

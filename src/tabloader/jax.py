@@ -33,7 +33,7 @@ except ImportError:
     raise _deps.missing("jax") from None
 
 from tabloader.batches import Ragged
-from tabloader.config import LOADER_KEYWORDS, LoaderOptions
+from tabloader.config import LOADER_KEYWORDS, LoaderOptions, list_widths_given
 from tabloader.dataset import Dataset
 from tabloader.epochs import EpochRun, IterableEpochs, quiet_copy
 from tabloader.errors import InvalidArgumentError
@@ -200,12 +200,7 @@ def _list_widths(options: dict[str, Any]) -> dict[str, int]:
             "JaxLoader always pads list columns (JAX's shapes are static): leave "
             "sparse_as_dense out"
         )
-    given = options.get("sparse_max")
-    if given is not None and not isinstance(given, Mapping):
-        raise InvalidArgumentError(
-            f"sparse_max must be a mapping {{column: max values per row}}, got {given!r}"
-        )
-    widths = dict(given or {})
+    widths = list_widths_given(options.get("sparse_max"))
     missing = [n for n in names if n not in widths]
     if missing:
         raise InvalidArgumentError(

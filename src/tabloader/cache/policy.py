@@ -67,7 +67,7 @@ def cache_directory(cache_dir: object = None) -> Path:
             )
         return Path(path).expanduser().absolute()
     env = os.environ.get("TABLOADER_CACHE_DIR")
-    if env is not None and env and not env.strip():
+    if env and not env.strip():
         raise InvalidArgumentError(
             f"$TABLOADER_CACHE_DIR must name a directory, got {env!r}; unset it for "
             "~/.cache/tabloader, or pass cache_dir="
