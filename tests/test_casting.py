@@ -319,3 +319,47 @@ def test_the_check_gives_the_same_verdict_on_device_arrays(data, source, target)
         except tabloader.ValueRangeError as err:
             verdicts.append(str(err))
     assert verdicts[0] == verdicts[1]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_value_that_does_not_fit_is_named_with_its_file_and_row_group(tmp_path, device):
+    for name in ("a", "b"):
+        ids = np.arange(200, dtype=np.int64)
+        if name == "b":
+            ids[130] = 2**40  # row group 2 of b (row groups of 50 rows)
+        pq.write_table(
+            pa.table({"id": ids}),
+            tmp_path / f"{name}.parquet",
+            row_group_size=50,
+            write_statistics=False,
+        )
+    loader = tabloader.Loader(
+        str(tmp_path),
+        cats=["id"],
+        cat_dtype="int32",
+        batch_size=50,
+        device=device,
+        parts_per_chunk=4,  # a chunk of several row groups, read as one on a GPU
+    )
+    with pytest.raises(tabloader.ValueRangeError, match="holds 1099511627776") as caught:
+        list(loader)
+    assert "b.parquet (row group 2)" in str(caught.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_value_that_does_not_fit_in_rows_another_rank_delivers_is_not_this_ranks_error(
+    tmp_path, device
+):
+    ids = np.arange(300, dtype=np.int64)
+    ids[170] = 2**40  # row group 1 (rows 100-199) holds rank 0's last rows and rank 1's first
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"id": ids}), path, row_group_size=100, write_statistics=False)
+    options = {"cats": ["id"], "cat_dtype": "int32", "batch_size": 10, "device": device}
+    first = tabloader.Loader(str(path), global_rank=0, global_size=2, **options)
+    rows = np.concatenate(
+        [np.asarray(b["id"].get() if device == "cuda" else b["id"]) for b in first]
+    )
+    assert rows.tolist() == list(range(150))  # its share, whole, without the misfit
+    second = tabloader.Loader(str(path), global_rank=1, global_size=2, **options)
+    with pytest.raises(tabloader.ValueRangeError, match="data.parquet \\(row group 1\\)"):
+        list(second)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -166,7 +167,7 @@ def test_a_value_that_does_not_fit_is_an_error_and_writes_nothing(tmp_path, monk
     with pytest.raises(tabloader.InvalidFileError) as info:
         convert(src, tmp_path / "out")
     message = str(info.value)
-    assert "a.csv: column 'user' holds '1.5' (after row 23), which is not int64" in message
+    assert "a.csv: column 'user' holds '1.5' at row 41, which is not int64" in message
     assert "--schema user=TYPE" in message and "float32" in message
     assert not list((tmp_path / "out").rglob("*.parquet"))  # nothing half-written is left
     convert(src, tmp_path / "out", schema={"user": "float32"})
@@ -542,3 +543,31 @@ def test_bytes_that_are_not_utf8_in_a_number_column_are_refused(tmp_path):
     message = str(info.value)
     assert f"{src}: column 'price' holds bytes that are not UTF-8 text, at row 2" in message
     assert "iconv" in message
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_value_that_does_not_parse_deep_in_a_file_is_named_with_its_row(
+    tmp_path, monkeypatch, compressed
+):
+    monkeypatch.setattr(convert_inputs, "BLOCK_BYTES", 256)  # many blocks before it
+    lines = ["note,user"]  # quoted line breaks: rows are not lines
+    lines += [f'"line one\nline two {i}",{i}' for i in range(500)]
+    lines[-1] = '"x\ny",oops'  # row 500
+    lines.append('"last",oops')  # the same text again, later
+    data = ("\n".join(lines) + "\n").encode()
+    path = tmp_path / ("a.csv.gz" if compressed else "a.csv")
+    path.write_bytes(gzip.compress(data) if compressed else data)
+    with pytest.raises(tabloader.InvalidFileError) as info:
+        convert(str(path), tmp_path / "out", schema={"user": "int64"})
+    assert "column 'user' holds 'oops' at row 500, which is not int64" in str(info.value)
+
+
+def test_quoted_values_holding_line_breaks_are_converted_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(convert_inputs, "BLOCK_BYTES", 128)  # blocks end inside quotes
+    notes = [f"first line {i}\nsecond, with a comma\n" for i in range(300)]
+    path = tmp_path / "notes.csv"
+    pa.csv.write_csv(pa.table({"note": notes, "user": list(range(300))}), path)
+    convert(str(path), tmp_path / "out")
+    table = read(tmp_path / "out")
+    assert table.column("note").to_pylist() == notes
+    assert table.column("user").to_pylist() == list(range(300))

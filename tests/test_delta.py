@@ -197,6 +197,20 @@ def test_without_refresh_the_version_is_fixed(tmp_path):
     np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(50))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_file_vacuumed_after_the_version_was_loaded_is_said_to_be_removed(tmp_path, device):
+    path = str(tmp_path / "t")
+    write_deltalake(path, rows(0, 50))
+    load = loader(tabloader.Dataset.from_delta(path), device)
+    write_deltalake(path, rows(50, 50), mode="overwrite")
+    DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with pytest.raises(tabloader.ReadError) as info:
+        epoch(load)
+    message = str(info.value)
+    assert "deleted or rewritten since the dataset listed it" in message
+    assert "refresh=True" in message and "corrupt" not in message
+
+
 def test_the_decoded_cache_is_keyed_by_the_table_version(tmp_path):
     path = str(tmp_path / "t")
     write_deltalake(path, rows(0, 64))

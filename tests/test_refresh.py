@@ -100,8 +100,9 @@ def test_a_file_deleted_mid_epoch_is_an_error_naming_it(tmp_path):
     batches = iter(loader)
     next(batches)
     os.remove(data / "b.parquet")
-    with pytest.raises(tabloader.ReadError, match=r"b\.parquet \(row group \d\)"):
+    with pytest.raises(tabloader.ReadError, match=r"b\.parquet \(row group \d\)") as info:
         list(batches)
+    assert "deleted or rewritten since the dataset listed it" in str(info.value)
 
 
 def test_skip_replaces_the_rows_of_a_vanished_file_and_keeps_batch_counts(tmp_path):

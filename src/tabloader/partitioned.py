@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.errors import InvalidArgumentError, ReadError
-from tabloader.sources.base import Source, read_error
+from tabloader.sources.base import Source
 from tabloader.sources.formats import Format, RowGroups
 from tabloader.sources.partitions import Filters
 
@@ -182,7 +182,12 @@ class Partitioned:
         except ReadError:
             raise
         except Exception as err:
-            raise read_error(self.describe_partition(index), err) from err
+            raise self.read_failure(index, err) from err
+
+    def read_failure(self, index: int, error: BaseException, where: str = "") -> ReadError:
+        """The error for partition ``index`` failing to read (``where``: its description):
+        a file deleted or rewritten since it was listed is said to be so, not damaged."""
+        return self._source.read_failure(index, error, where)
 
     @property
     def format(self) -> Format:

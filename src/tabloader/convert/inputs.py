@@ -207,7 +207,9 @@ def _csv_options(item: Input, column_types: Mapping[str, pa.DataType] | None) ->
     )
     return {
         "read_options": read,
-        "parse_options": pacsv.ParseOptions(delimiter=item.delimiter),
+        # a quoted value may hold line breaks (spreadsheets and pandas write them); at no
+        # measurable cost to the reading
+        "parse_options": pacsv.ParseOptions(delimiter=item.delimiter, newlines_in_values=True),
         "convert_options": pacsv.ConvertOptions(
             column_types=dict(column_types or {}),
             strings_can_be_null=True,
@@ -538,6 +540,9 @@ def _value_error(
     if index is None:
         return InvalidFileError(f"{item.path} could not be read{after}: {message}")
     name = item.schema.names[int(index.group(1))]
+    row = _row_holding(item, name, value.group(1), rows) if value else None
+    if row is not None:
+        after = f" at row {row:,}"
     target = schema.field(name).type
     if "invalid UTF8" in message:
         return InvalidFileError(
@@ -555,6 +560,31 @@ def _value_error(
         f"from the first rows of the files (or from schema=). Pass --schema {name}=TYPE "
         f"(schema={{{name!r}: ...}}) with a type that holds every value, e.g. {wider}"
     )
+
+
+def _row_holding(item: Input, name: str, value: str, rows: int) -> int | None:
+    """The row (from 1) of ``item``'s CSV column ``name`` that first holds the text
+    ``value`` after its first ``rows`` rows: the CSV reader names the value it could not
+    convert, not its row. The file is read again up to it, that column alone, as text;
+    None if it cannot be found (the file changed)."""
+    raw, stream = _open_stream(item)
+    try:
+        options = _csv_options(item, {name: pa.string()})
+        options["convert_options"].include_columns = [name]
+        seen = 0
+        for batch in pacsv.open_csv(stream, **options):
+            column = batch.column(0)
+            if seen + len(column) > rows:
+                skip = max(rows - seen, 0)
+                found = pc.index(column.slice(skip), value).as_py()
+                if found >= 0:
+                    return seen + skip + found + 1
+            seen += len(column)
+    except (pa.ArrowException, OSError):
+        return None
+    finally:
+        raw.close()
+    return None
 
 
 # -- every value checked --------------------------------------------------------------------

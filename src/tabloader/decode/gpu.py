@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from tabloader._deps import optional as _optional_import
+from tabloader.casting import check_block
 from tabloader.decode.gpu_columns import (
     PlcColumn,
     Undecodable,
@@ -41,7 +42,6 @@ from tabloader.errors import (
     ReadError,
     is_out_of_memory,
 )
-from tabloader.sources.base import read_error
 from tabloader.sources.formats import DeviceChunk
 from tabloader.sources.partitions import same_reads
 
@@ -308,12 +308,21 @@ class DeviceReader:
         frames, on_default = dataset.format.read_on_device(self, chunk)
         cupy = self._cupy
         with cupy.cuda.Stream.null if on_default else contextlib.nullcontext():
-            converted = [
-                frame_columns(frame, columns, lists, fill_null, rows, dataset, cupy, vectors)
-                for frame, rows in zip(
-                    frames, pieces_by_frame(pieces, chunk_plan, frames), strict=True
+            converted = []
+            for frame, rows in zip(
+                frames, pieces_by_frame(pieces, chunk_plan, frames), strict=True
+            ):
+                arrays = frame_columns(
+                    frame, columns, lists, fill_null, rows, dataset, cupy, vectors
                 )
-            ]
+                # values that would not fit their dtype: an error, in the rows delivered,
+                # naming the row group as the host's decoder does
+                for partition, start, stop in rows:
+                    piece = {c: arrays[c][start:stop] for c in columns}
+                    where = dataset.describe_partition(partition)
+                    for block in blocks:
+                        check_block(piece, block, where=where)
+                converted.append(arrays)
         return frames, converted, on_default
 
     def read_tables(self, chunk: DeviceChunk) -> tuple[list[dict[str, Any]], bool]:
@@ -388,7 +397,7 @@ class DeviceReader:
                 raise
             if len(read.files) > 1:
                 return self._read_each_file(chunk, files, read)
-            raise read_error(where, err) from err
+            raise dataset.read_failure(parts[0], err, where) from err
         if rows != expected:
             if len(read.files) > 1:
                 return self._read_each_file(chunk, files, read)

@@ -46,11 +46,24 @@ PieceResult = tuple[Piece, "pa.Table | BaseException"]
 """A piece with its rows, or the error reading it raised."""
 
 
-def read_error(where: str, error: BaseException) -> ReadError:
-    """The error for a partition that failed to read or decode (any backend)."""
+def read_error(where: str, error: BaseException, *, changed: str | None = None) -> ReadError:
+    """The error for a partition that failed to read or decode (any backend); ``changed``
+    names what a file deleted or rewritten since it was listed belongs to (``"dataset"``
+    or the table format), which is then said instead of damage."""
+    if changed is None:
+        return ReadError(
+            f"could not read {where}: {type(error).__name__}: {error}. The file may be "
+            "truncated or corrupt; re-create it or remove it from the dataset."
+        )
+    remedy = (
+        "a later version of the table removed it and a vacuum or expiry deleted it"
+        if changed in ("delta", "iceberg")
+        else "a file the dataset holds must stay as it was while it is read"
+    )
     return ReadError(
-        f"could not read {where}: {type(error).__name__}: {error}. The file may be "
-        "truncated or corrupt; re-create it or remove it from the dataset."
+        f"could not read {where}: the file was deleted or rewritten since the dataset "
+        f"listed it ({remedy}; {type(error).__name__}: {error}). Create the Dataset again, "
+        "or pass refresh=True to list the files at each epoch."
     )
 
 
@@ -154,9 +167,7 @@ class Source(Protocol):
                 yield piece, err
                 continue
             except Exception as err:
-                failure = read_error(self.describe(partition), err)
-                failure.__cause__ = err
-                yield piece, failure
+                yield piece, self.read_failure(partition, err)
                 continue
             yield piece, table.slice(first, stop - first)
 
@@ -199,6 +210,23 @@ class Source(Protocol):
     def changed(self, file_index: int) -> bool:
         """Whether file ``file_index`` was deleted or rewritten since it was listed."""
         return False
+
+    def read_failure(self, partition: int, error: BaseException, where: str = "") -> ReadError:
+        """The [`ReadError`][tabloader.errors.ReadError] for ``partition`` failing to read
+        (``where``: its description, by default `describe`'s), caused by ``error``: a
+        file deleted or rewritten since it was listed is said to be so, not damaged."""
+        file = self.file_of(partition)
+        try:
+            changed = file >= 0 and self.changed(file)
+        except Exception:  # its stamp cannot be read either: nothing more is known
+            changed = False
+        failure = read_error(
+            where or self.describe(partition),
+            error,
+            changed=(self.table_format or "dataset") if changed else None,
+        )
+        failure.__cause__ = error
+        return failure
 
     def display(self, path: str) -> str:
         """``path`` as messages show it (a URL for object storage)."""

@@ -32,7 +32,7 @@ from tabloader.errors import (
     SourceNotFoundError,
     TabloaderError,
 )
-from tabloader.sources.base import Piece, PieceResult, Source, read_error
+from tabloader.sources.base import Piece, PieceResult, Source
 from tabloader.sources.footers import (
     ColumnStats,
     Leaves,
@@ -346,9 +346,7 @@ class ParquetSource(Source):
             except ReadError as err:
                 return err
             except Exception as err:
-                failure = read_error(self.describe(piece[0]), err)
-                failure.__cause__ = err
-                return failure
+                return self.read_failure(piece[0], err)
 
         for piece, handle in self.remote.prefetch(pieces, fetch):
             partition, first, last = piece
@@ -358,9 +356,7 @@ class ParquetSource(Source):
             try:
                 table = self.decode(partition, handle, columns)
             except Exception as err:
-                failure = read_error(self.describe(partition), err)
-                failure.__cause__ = err
-                yield piece, failure
+                yield piece, self.read_failure(partition, err)
                 continue
             yield piece, table.slice(first, last - first)
 
