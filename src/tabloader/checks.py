@@ -249,8 +249,11 @@ def _check_ranges(
     """
     narrowed, unvouched = set(), set()
     for name, kind in types.items():
-        target, source = config.dtypes[name], stored_dtype(kind)
-        if lossless(source, target):
+        # each file's own type, not only the one they widen to: uint64 ids beside int32
+        # ones widen to int64, which does not hold what uint64 may
+        target = config.dtypes[name]
+        sources = {stored_dtype(t) for t in (kind, *dataset.stored_types(name))}
+        if all(lossless(source, target) for source in sources):
             continue
         narrowed.add(name)
         ranges = dataset.value_ranges(name)
@@ -266,7 +269,8 @@ def _check_ranges(
                             option=config.dtype_option(name),
                         )
                     )
-        if (source.kind == "f" and target.kind in "iu") or not all(map(_bounded, ranges)):
+        floats = any(source.kind == "f" for source in sources)
+        if (floats and target.kind in "iu") or not all(map(_bounded, ranges)):
             unvouched.add(name)
     return frozenset(narrowed), frozenset(unvouched)
 

@@ -230,6 +230,16 @@ class Partitioned:
         """
         return self._source.column_types(columns)
 
+    def stored_types(self, column: str) -> list[pa.DataType]:
+        """The types the files store ``column`` as, each once, where their schemas name it
+        (`column_types` gives the type they widen to together)."""
+        found: list[pa.DataType] = []
+        for schema in self._source.schemas:
+            index = schema.get_field_index(column)
+            if index >= 0 and schema.field(index).type not in found:
+                found.append(schema.field(index).type)
+        return found
+
     def check_worker_processes(self, start_method: Any = None) -> None:
         """Refuse worker processes that cannot read this dataset (before they start):
         a Dask DataFrame with a dask.distributed Client cannot be computed in forked

@@ -315,8 +315,14 @@ def assemble_frames(
     segment: Segment = {}
     for b in blocks:
         if b.ragged:
-            whole = Ragged.concatenate([f[b.columns[0]] for f in frames])
-            segment[b.name] = Ragged(whole.values.astype(b.dtype, copy=False), whole.offsets)
+            # each frame's values cast first: files that store the column with other
+            # types (uint64 and int32) would concatenate to float64 and round
+            segment[b.name] = Ragged.concatenate(
+                [
+                    Ragged(part.values.astype(b.dtype, copy=False), part.offsets)
+                    for part in (f[b.columns[0]] for f in frames)
+                ]
+            )
             continue
         k = b.width
         if b.column_major:
