@@ -28,6 +28,7 @@ import tabloader
 from conftest import make_table, write_dataset
 from tabloader.batches import segment_rows
 from tabloader.cache import MANIFEST, DecodedCache, cache_directory
+from tabloader.cache.files import CHECKSUM
 from tabloader.plan import fixed_share, plan_cached_epoch, plan_epoch, rank_rows
 
 COLS = {"cats": ["id", "cat"], "conts": ["x"], "labels": ["label"]}
@@ -539,7 +540,7 @@ def test_a_manifest_describes_the_cache(files, tmp_path):
     assert [b["columns"] for b in manifest["blocks"]] == [["id"], ["cat"], ["x"], ["label"]]
     assert [f["path"] for f in manifest["key"]["files"]] == [os.path.abspath(f) for f in files]
     assert [f["file"] for f in manifest["files"]] == [f"block{i}.npy" for i in range(4)]
-    assert all(len(f["sha256"]) == 1 for f in manifest["files"])  # one segment each, here
+    assert all(len(f[CHECKSUM]) == 1 for f in manifest["files"])  # one segment each, here
     ids_block = np.load(directory / manifest["blocks"][0]["files"][0])
     assert ids_block[:, 0].tolist() == list(range(ROWS))
 

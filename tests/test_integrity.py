@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import tabloader
 from conftest import make_table, write_dataset
 from tabloader.cache import MANIFEST
+from tabloader.cache.files import CHECKSUM, checksum
 from tabloader.state import STATE_FORMAT
 
 COLS = {"cats": ["id", "cat"], "conts": ["x"], "labels": ["label"]}
@@ -442,7 +443,49 @@ def test_the_checksums_cover_every_segment(files, tmp_path, monkeypatch):
     directory = _publish(files, tmp_path / "c")
     manifest = json.loads((directory / MANIFEST).read_text())
     entry = manifest["files"][0]
-    assert manifest["segment_bytes"] == 512 and len(entry["sha256"]) == -(-ROWS * 8 // 512)
+    assert manifest["segment_bytes"] == 512 and len(entry[CHECKSUM]) == -(-ROWS * 8 // 512)
+
+
+def _swap_two_segments(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    end = len(data)
+    first, second = data[end - 1024 : end - 512], data[end - 512 :]
+    assert first != second
+    data[end - 1024 :] = second + first
+    path.write_bytes(bytes(data))
+
+
+def test_segments_swapped_within_a_file_are_damage(files, tmp_path, monkeypatch):
+    import tabloader.cache.files
+
+    monkeypatch.setattr(tabloader.cache.files, "SEGMENT_BYTES", 512)
+    root = tmp_path / "c"
+    directory = _publish(files, root)
+    _swap_two_segments(directory / "block0.npy")
+    loader = tabloader.Loader(files, **COLS, batch_size=50, cache="disk", cache_dir=root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = run(loader)
+    assert any("is damaged or was altered" in m for m in cache_warnings(caught))
+    assert not loader.stats().from_cache and ids(batches) == list(range(ROWS))
+    check_rows_intact(batches)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=4096),
+    at=st.integers(0, 4095),
+    change=st.integers(1, 2**32 - 1),
+)
+def test_the_checksum_finds_every_change_of_up_to_32_bits_in_a_row(data, at, change):
+    """The cases the cache's checksum must catch: any bits flipped within 32 in a row
+    (a flipped bit, an overwritten small value), wherever they fall in a segment."""
+    changed = bytearray(data + bytes(4))
+    at %= len(data)
+    for i, byte in enumerate(change.to_bytes(4, "little")):
+        changed[at + i] ^= byte
+    original = data + bytes(4)
+    assert checksum(bytes(changed)) != checksum(original)
 
 
 # -- security: the cache directory is private ---------------------------------------------

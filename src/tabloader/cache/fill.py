@@ -187,7 +187,7 @@ class Publisher:
                     "file": name,
                     "shape": list(array.shape),
                     "dtype": str(array.dtype),
-                    "sha256": digests,
+                    _files.CHECKSUM: digests,
                 }
                 for (name, array), digests in zip(files.items(), sums, strict=True)
             ],

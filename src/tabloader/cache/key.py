@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "cache_key", "digest", "file_identities", "lineage"]
 
-FORMAT = 2
+FORMAT = 3
 """Version of the on-disk layout; part of the key, so a new layout never reads an old one.
-2: list columns, footer digests in the key, checksums in the manifest."""
+2: list columns, footer digests in the key, checksums in the manifest; 3: CRC-32
+checksums (`tabloader.cache.files.CHECKSUM`)."""
 
 
 def file_identities(dataset: Dataset) -> list[dict[str, Any]]:

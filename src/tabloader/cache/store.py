@@ -9,7 +9,7 @@ directory is kept like an ssh key directory:
 - only regular files are read (never a link, a FIFO or a device), opened without
   following links, and a manifest names exactly the files the loader expects, so no
   entry can point out of the cache;
-- every file's data is checksummed (SHA-256 per segment, `tabloader.cache.files`) when
+- every file's data is checksummed (a CRC-32 per segment, `tabloader.cache.files`) when
   the cache is published and verified when it is opened: a mismatch is `CacheDamaged`
   (the loader warns, deletes it, streams and writes it again);
 - temporary directories carry an owner record (user, host, boot id, PID namespace, PID
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tabloader.cache.files import (
+    CHECKSUM,
     CacheDamaged,
     CacheRefused,
     FileSpec,
@@ -279,7 +280,7 @@ class CacheStore:
         for spec, entry in zip(specs, entries, strict=True):
             shape = spec.shape if spec.shape is not None else _length(entry.get("shape"))
             arrays[spec.name] = read_npy(directory / spec.name, shape, spec.dtype)
-            listed = entry.get("sha256")
+            listed = entry.get(CHECKSUM)
             if not isinstance(listed, list) or not all(isinstance(s, str) for s in listed):
                 raise CacheDamaged(f"its manifest has no checksums of {spec.name}")
             sums.append(listed)
