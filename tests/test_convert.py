@@ -571,3 +571,17 @@ def test_quoted_values_holding_line_breaks_are_converted_whole(tmp_path, monkeyp
     table = read(tmp_path / "out")
     assert table.column("note").to_pylist() == notes
     assert table.column("user").to_pylist() == list(range(300))
+
+
+def test_spark_int96_timestamps_keep_dates_beyond_the_nanosecond_range(tmp_path):
+    import datetime
+
+    times = [datetime.datetime(2024, 3, 1, 12), datetime.datetime(9999, 12, 31),
+             datetime.datetime(1500, 1, 1)]  # fmt: skip
+    src = tmp_path / "part-00000.snappy.parquet"
+    table = pa.table({"valid_to": pa.array(times, pa.timestamp("us")), "v": [1, 2, 3]})
+    pq.write_table(table, src, use_deprecated_int96_timestamps=True)  # as Spark writes
+    convert(str(src), tmp_path / "kept")
+    assert read(tmp_path / "kept").column("valid_to").to_pylist() == times
+    convert(str(src), tmp_path / "parts", time_parts={"valid_to": ["year"]})
+    assert read(tmp_path / "parts").column("valid_to_year").to_pylist() == [2024, 9999, 1500]

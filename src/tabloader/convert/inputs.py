@@ -226,7 +226,7 @@ def probe(
     first: pa.RecordBatch | None = None
     if item.format == "parquet":
         try:
-            parquet = pq.ParquetFile(item.path)
+            parquet = pq.ParquetFile(item.path, coerce_int96_timestamp_unit="us")
             item.schema = parquet.schema_arrow
             _refuse_repeated_names(item, item.schema.names)
             first = next(parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS), None)
@@ -481,7 +481,7 @@ def read(item: Input, schema: pa.Schema) -> Iterator[tuple[pa.Table, int, int]]:
     consumed so far, and the number of rows before these in the file."""
     done = 0
     if item.format == "parquet":
-        parquet = pq.ParquetFile(item.path)
+        parquet = pq.ParquetFile(item.path, coerce_int96_timestamp_unit="us")
         total = max(parquet.metadata.num_rows, 1)
         try:
             for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=schema.names):
