@@ -42,6 +42,18 @@ def test_a_directory_a_glob_a_file_and_a_list_resolve_to_sorted_files(tmp_path):
     assert tabloader.Dataset([paths[2], paths[0], paths[2]]).files == [paths[2], paths[0]]
 
 
+def test_a_file_named_twice_under_other_spellings_is_read_once(tmp_path, monkeypatch):
+    paths = write_dataset(tmp_path / "d", [[3], [4]])
+    os.symlink(paths[1], tmp_path / "link.parquet")
+    monkeypatch.chdir(tmp_path / "d")
+    name = os.path.basename(paths[0])
+    spellings = [name, f"./{name}", paths[0], str(tmp_path / "d" / ".." / "d" / name)]
+    ds = tabloader.Dataset([*spellings, paths[1], str(tmp_path / "link.parquet")])
+    assert ds.files == [name, paths[1]] and ds.num_rows == 7
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=7)
+    assert sorted(next(iter(loader))["id"].tolist()) == list(range(7))
+
+
 def test_a_directory_is_searched_recursively(tmp_path):
     write_dataset(tmp_path / "d" / "year=2024", [[3]])
     write_dataset(tmp_path / "d" / "year=2025", [[4]])

@@ -136,7 +136,14 @@ class ParquetSource(Source):
         files: list[str] = []
         for spec in self.specs:
             files.extend(expand(spec, self.remote, self._roots))
-        return list(dict.fromkeys(files))
+        if self.remote is not None:
+            return list(dict.fromkeys(files))
+        # a file named twice, under any spelling ("a.parquet", "./a.parquet", its
+        # absolute path, a link to it), is read once, as first named
+        first: dict[str, str] = {}
+        for path in files:
+            first.setdefault(os.path.realpath(path), path)
+        return list(first.values())
 
     def listing(self) -> Any:
         """What rank 0 broadcasts so that every rank builds the same partitions."""
