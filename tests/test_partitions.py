@@ -112,6 +112,20 @@ def test_keys_are_features_typed_from_the_values(tmp_path, device):
     np.testing.assert_array_equal(w, np.where(day == 3, 0.5, 2.5).astype(np.float32))
 
 
+def test_keys_beyond_int64_or_float64_are_strings_not_wrapped_or_infinite(tmp_path):
+    root = tmp_path / "d"
+    for shard, w in (("1", "0.5"), ("18446744073709551616", "1e400")):
+        folder = root / f"shard={shard}" / f"w={w}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"id": np.arange(3)}), folder / "p.parquet")
+    ds = tabloader.Dataset(str(root))
+    assert ds.partition_keys == {"shard": pa.string(), "w": pa.string()}
+    with pytest.raises(tabloader.ColumnTypeError, match="'shard'"):
+        tabloader.Loader(ds, cats=["shard"], batch_size=2)
+    with pytest.raises(tabloader.ColumnTypeError, match="'w'"):
+        tabloader.Loader(ds, conts=["w"], batch_size=2)
+
+
 def test_a_string_key_filters_but_is_not_a_feature(hive):
     root, _ = hive
     ds = tabloader.Dataset(str(root))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -300,12 +301,15 @@ def hive_values(relative_path: str) -> dict[str, str | None]:
 
 
 def infer_key_types(values: Sequence[Mapping[str, str | None]]) -> dict[str, pa.DataType]:
-    """A type per key from its values in every file: int64 if all are integers, float64
-    if all are numbers, else string. Keys in the order first seen.
+    """A type per key from its values in every file: int64 if all are integers that fit
+    it, float64 if all are finite float64 numbers, else string (as pyarrow keeps them).
+    Keys in the order first seen.
 
     Examples:
         >>> infer_key_types([{"day": "3", "r": "eu"}, {"day": "10", "r": "1.5"}])
         {'day': DataType(int64), 'r': DataType(string)}
+        >>> infer_key_types([{"id": "18446744073709551616", "w": "1e400"}])
+        {'id': DataType(string), 'w': DataType(string)}
     """
     seen: dict[str, list[str]] = {}
     for file_values in values:
@@ -316,7 +320,8 @@ def infer_key_types(values: Sequence[Mapping[str, str | None]]) -> dict[str, pa.
     types: dict[str, pa.DataType] = {}
     for key, texts in seen.items():
         if texts and all(_INTEGER.match(t) for t in texts):
-            types[key] = pa.int64()
+            fit = all(-(2**63) <= int(t) < 2**63 for t in texts)
+            types[key] = pa.int64() if fit else pa.string()  # not rounded through float64
         elif texts and all(_is_float(t) for t in texts):
             types[key] = pa.float64()
         else:
@@ -325,11 +330,11 @@ def infer_key_types(values: Sequence[Mapping[str, str | None]]) -> dict[str, pa.
 
 
 def _is_float(text: str) -> bool:
+    """Whether ``text`` is a finite float64 (``1e400`` is not: it would be infinity)."""
     try:
-        float(text)
+        return math.isfinite(float(text))
     except ValueError:
         return False
-    return text.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")
 
 
 def parse_key_values(
