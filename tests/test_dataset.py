@@ -54,6 +54,16 @@ def test_a_file_named_twice_under_other_spellings_is_read_once(tmp_path, monkeyp
     assert sorted(next(iter(loader))["id"].tolist()) == list(range(7))
 
 
+def test_a_recursive_glob_skips_what_writers_keep_to_themselves_unless_named(tmp_path):
+    paths = write_dataset(tmp_path / "out", [[3], [4]])
+    attempt = tmp_path / "out" / "_temporary" / "0" / "_temporary" / "attempt_0"
+    write_dataset(attempt, [[3]])  # a task's output Spark has not committed (yet)
+    assert tabloader.Dataset(str(tmp_path / "out" / "**" / "*.parquet")).files == paths
+    assert tabloader.Dataset(str(tmp_path / "out")).files == paths  # as the walk does
+    named = tabloader.Dataset(str(tmp_path / "out" / "_temporary" / "**" / "*.parquet"))
+    assert len(named.files) == 1  # a glob that names the directory reads it
+
+
 def test_a_directory_is_searched_recursively(tmp_path):
     write_dataset(tmp_path / "d" / "year=2024", [[3]])
     write_dataset(tmp_path / "d" / "year=2025", [[4]])

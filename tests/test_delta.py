@@ -156,6 +156,25 @@ def test_a_data_file_replaced_after_its_commit_is_refused(tmp_path):
     assert "replaced after it was committed" in str(info.value)
 
 
+def test_a_tables_files_read_as_plain_parquet_are_refused_from_above_inside_or_by_glob(
+    tmp_path,
+):
+    table = tmp_path / "lake" / "events"
+    write_deltalake(str(table), rows(0, 60), partition_by=["day"])
+    write_deltalake(str(table), rows(0, 60), partition_by=["day"], mode="overwrite")
+    (day,) = [d for d in sorted(table.iterdir()) if d.name.startswith("day=")][:1]
+    (file,) = sorted(day.glob("*.parquet"))[:1]
+    for spec in (tmp_path / "lake", tmp_path, day, table / "*" / "*.parquet", file):
+        with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table") as info:
+            tabloader.Dataset(str(spec))
+        assert f"from_delta({str(table)!r})" in str(info.value)
+    pq.write_table(rows(0, 5), tmp_path / "elsewhere.parquet")
+    assert tabloader.Dataset(str(tmp_path / "elsewhere.parquet")).num_rows == 5
+    with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table"):
+        tabloader.Dataset([str(tmp_path / "elsewhere.parquet"), str(file)])
+    assert tabloader.Dataset.from_delta(str(table)).num_rows == 60
+
+
 def test_time_travel_errors_name_the_versions(history):
     path, _ = history
     with pytest.raises(tabloader.InvalidArgumentError) as info:
@@ -533,6 +552,11 @@ def test_a_table_on_s3_loads_with_the_usual_storage_options(s3_endpoint):
     np.testing.assert_array_equal(np.sort(epoch(loader(tuned, "cpu"))), np.arange(1000, 1100))
     with pytest.raises(tabloader.InvalidArgumentError, match="retry_seconds"):
         tabloader.Dataset.from_delta(uri, storage_options=fsspec_options, retry_seconds=-1)
+    # the directory above the table, read as plain parquet, is refused as the table is
+    parent = uri.rsplit("/", 1)[0]
+    with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table") as info:
+        tabloader.Dataset(parent, storage_options=fsspec_options)
+    assert f"from_delta('{uri.removeprefix('s3://')}')" in str(info.value)
 
 
 def test_the_log_on_s3_is_retried_as_the_data_files_are(s3_endpoint):

@@ -149,8 +149,13 @@ def test_the_current_snapshot_by_default_from_a_table_or_a_catalog(history, cata
         np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), truth(table))
     on_disk = {str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
     assert set(ds.files) < on_disk  # the overwritten and deleted files are not read
+    location = Path(table.location().removeprefix("file://"))
     with pytest.raises(tabloader.InvalidArgumentError, match="is an Apache Iceberg table"):
-        tabloader.Dataset(table.location().removeprefix("file://"))
+        tabloader.Dataset(str(location))
+    # its data directory, a glob over it, the warehouse above it: refused as well
+    for spec in (location / "data", location / "data" / "**" / "*.parquet", location.parent.parent):
+        with pytest.raises(tabloader.InvalidArgumentError, match="an Apache Iceberg table"):
+            tabloader.Dataset(str(spec))
 
 
 def test_bad_arguments_are_clear_errors(history, catalog):

@@ -3,16 +3,17 @@
 `expand` turns one spec into the files it names now, sorted: directories searched
 recursively for ``*.parquet``, ``*.parq`` and ``*.pq``, skipping names that start with
 ``_`` or ``.`` and files still being written (``*.tmp``, ``*.inprogress``); a path that
-exists is itself, even with glob characters; a Delta or Iceberg table's directory is
-refused (it holds the files of every version). It records where each directory's or
-glob's ``key=value`` directories start (`below_root`).
+exists is itself, even with glob characters; a Delta or Iceberg table's files are
+refused however they are named (its directory, one above it, one of its partitions, a
+glob over them: the directory holds the files of every version). It records where
+each directory's or glob's ``key=value`` directories start (`below_root`).
 """
 
 from __future__ import annotations
 
 import glob as globlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tabloader.errors import InvalidArgumentError, SourceNotFoundError
@@ -35,20 +36,26 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
         path = os.path.expanduser(spec)
         # A path that exists is itself, even with glob characters: "a[1].parquet".
         if globlib.has_magic(path) and not os.path.exists(path):
+            root = _glob_root(path)
+            named = set(path.replace("\\", "/").split("/"))
             found = sorted(
                 p
                 for p in globlib.glob(path, recursive=True)
-                if os.path.isfile(p) and not _hidden(p)
+                if os.path.isfile(p) and not _hidden(p) and not _left_by_writers(p, root, named)
             )
             if not found:
                 raise SourceNotFoundError(f"the glob {spec!r} matched no files")
-            roots[spec] = _glob_root(path)
+            _refuse_table_files(spec, found)
+            roots[spec] = root
             return found
         if os.path.isdir(path):
             _refuse_table_directory(spec, _table_markers(path))
             roots[spec] = path.rstrip("/") + "/"
-            return _from_directory(spec, _walk_local(path))
+            found = _from_directory(spec, _walk_local(path))
+            _refuse_table_files(spec, found)
+            return found
         if os.path.isfile(path):
+            _refuse_table_files(spec, [path])
             return [path]
         raise SourceNotFoundError(f"{spec!r} does not exist")
     store = remote
@@ -79,7 +86,14 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
     if info is not None and info.get("type") == "directory":
         listing = sorted(call("find", path) or [])
         root = path.rstrip("/") + "/"
-        _refuse_table_directory(spec, [p[len(root) :] for p in listing if p.startswith(root)])
+        below = [p[len(root) :] for p in listing if p.startswith(root)]
+        _refuse_table_directory(spec, below)
+        for name in below:  # a table further down: the names say where
+            parts = name.split("/")
+            for i, part in enumerate(parts[:-1]):
+                if part == "_delta_log" or (part == "metadata" and i == len(parts) - 2):
+                    table = root + "/".join(parts[:i])
+                    _refuse_table_directory(spec, ["/".join(parts[i:])], table=table)
         roots[spec] = root
         return _from_directory(spec, listing, root=path)
     if info is not None:
@@ -151,22 +165,64 @@ def _table_markers(directory: str) -> list[str]:
     return found
 
 
-def _refuse_table_directory(spec: str, names: Iterable[str]) -> None:
-    """A table's directory holds the files of every version: refuse to read them all."""
+def _refuse_table_directory(spec: str, names: Iterable[str], table: str | None = None) -> None:
+    """A table's directory holds the files of every version: refuse to read them all.
+    ``names``: what is below the table's directory, ``table`` (by default ``spec``)."""
+    where = f"{spec!r} is" if table is None else f"{spec!r} holds files of the table {table!r},"
+    table = spec if table is None else table
     for name in names:
         if name.startswith("_delta_log/"):
             raise InvalidArgumentError(
-                f"{spec!r} is a Delta Lake table: its directory also holds files that older "
+                f"{where} a Delta Lake table: its directory also holds files that older "
                 "versions replaced or deleted, so reading every file would duplicate and "
-                f"resurrect rows. Load it with tabloader.Dataset.from_delta({spec!r})"
+                f"resurrect rows. Load it with tabloader.Dataset.from_delta({table!r}) "
+                "(filters= selects partitions)"
             )
         if name.startswith("metadata/") and name.endswith(".metadata.json"):
             raise InvalidArgumentError(
-                f"{spec!r} is an Apache Iceberg table: its data directory also holds files "
+                f"{where} an Apache Iceberg table: its data directory also holds files "
                 "that older snapshots replaced or deleted. Load it with "
                 "tabloader.Dataset.from_iceberg(catalog.load_table(...)), or for a table "
                 "without a catalog pyiceberg.table.StaticTable.from_metadata(...)"
             )
+
+
+def _refuse_table_files(spec: str, files: Sequence[str]) -> None:
+    """Refuse local ``files`` that lie in a Delta or Iceberg table's directory (at any
+    depth: a partition's directory, ``data/``, a glob over them, a directory above): the
+    table decides which of them hold its rows."""
+    table_of: dict[str, str | None] = {}  # directory -> the table it lies in, if any
+
+    def table_above(directory: str) -> str | None:
+        chain = []
+        found: str | None = None
+        while directory not in table_of:
+            chain.append(directory)
+            if _table_markers(directory):
+                found = directory
+                break
+            parent = os.path.dirname(directory)
+            if parent == directory:
+                break
+            directory = parent
+        else:
+            found = table_of[directory]
+        for d in chain:
+            table_of[d] = found
+        return found
+
+    for directory in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
+        table = table_above(directory)
+        if table is not None:
+            _refuse_table_directory(spec, _table_markers(table), table=table)
+
+
+def _left_by_writers(path: str, root: str, named: set[str]) -> bool:
+    """Whether a glob's match lies in a directory writers keep to themselves (``_`` or
+    ``.`` names, as Spark's ``_temporary/``) that the glob does not name itself."""
+    below = path[len(root) :] if path.startswith(root) else path
+    parts = below.replace("\\", "/").split("/")[:-1]
+    return any(p.startswith(("_", ".")) and p not in named for p in parts)
 
 
 def _walk_local(root: str) -> list[str]:
