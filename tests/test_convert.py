@@ -585,3 +585,42 @@ def test_spark_int96_timestamps_keep_dates_beyond_the_nanosecond_range(tmp_path)
     assert read(tmp_path / "kept").column("valid_to").to_pylist() == times
     convert(str(src), tmp_path / "parts", time_parts={"valid_to": ["year"]})
     assert read(tmp_path / "parts").column("valid_to_year").to_pylist() == [2024, 9999, 1500]
+
+
+def test_only_an_empty_cell_is_a_null_in_csv(tmp_path):
+    src = tmp_path / "a.csv"
+    src.write_text('country,user,price\nNA,null,NaN\nfr,"",1.5\nN/A,NULL,\nde,n/a,2.5\n')
+    convert(str(src), tmp_path / "out")
+    table = read(tmp_path / "out")
+    assert table.column("country").to_pylist() == ["NA", "fr", "N/A", "de"]
+    assert table.column("user").to_pylist() == ["null", None, "NULL", "n/a"]
+    price = table.column("price").to_pylist()
+    assert np.isnan(price[0]) and price[1:] == [1.5, None, 2.5]
+
+
+def test_files_named_themselves_are_converted_whatever_their_names(tmp_path):
+    a = write_csv(tmp_path / "a.csv", [[1], [2]], ["id"])
+    b = write_csv(tmp_path / "_b.csv", [[3], [4]], ["id"])
+    c = write_csv(tmp_path / ".c.csv", [[5]], ["id"])
+    convert([a, b, c], tmp_path / "out")
+    assert sorted(read(tmp_path / "out").column("id").to_pylist()) == [1, 2, 3, 4, 5]
+    only = tmp_path / "only"
+    write_csv(only / "_hidden.csv", [[1]], ["id"])
+    for spec in (only, only / "*.csv"):
+        with pytest.raises(tabloader.SourceNotFoundError, match="name such a file itself"):
+            convert(str(spec), tmp_path / "out2")
+
+
+def test_a_value_that_does_not_parse_in_the_first_block_is_a_clear_error(tmp_path):
+    src = write_csv(tmp_path / "a.csv", [[1, "x"], [2, "3"]], ["id", "price"])
+    with pytest.raises(tabloader.InvalidFileError, match=r"'price' holds 'x' at row 1, which"):
+        convert(src, tmp_path / "out", schema={"price": "int64"})
+
+
+def test_a_txt_file_is_told_by_its_text(tmp_path):
+    src = tmp_path / "train.txt"  # Criteo's: tab-separated, no header
+    src.write_text("1\t51\t\t5487ce1e\n0\t2\t3\t68fd1e64\n")
+    convert(str(src), tmp_path / "out")
+    table = read(tmp_path / "out")
+    assert table.num_rows == 2 and table.num_columns == 4
+    assert table.column(3).to_pylist() == ["5487ce1e", "68fd1e64"]

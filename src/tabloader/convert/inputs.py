@@ -58,7 +58,6 @@ SUFFIXES: dict[str, Format] = {
     ".csv": "csv",
     ".tsv": "tsv",
     ".tab": "tsv",
-    ".txt": "csv",
     ".json": "json",
     ".jsonl": "json",
     ".ndjson": "json",
@@ -102,6 +101,9 @@ def expand(sources: Sequence[str]) -> list[str]:
             raise InvalidArgumentError(
                 f"convert reads local files, got {spec!r}: copy the files here first"
             )
+        if os.path.isfile(path):
+            files.append(path)  # named: converted whatever its name
+            continue
         if globlib.has_magic(path):
             found = sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
             if not found:
@@ -109,12 +111,19 @@ def expand(sources: Sequence[str]) -> list[str]:
         elif os.path.isdir(path):
             found = sorted(_data_files(path))
             if not found:
-                raise SourceNotFoundError(f"the directory {spec!r} holds no files")
-        elif os.path.isfile(path):
-            found = [path]
+                raise SourceNotFoundError(
+                    f"the directory {spec!r} holds no files (names that start with '_' or "
+                    "'.' are a writer's own, skipped: name such a file itself to convert it)"
+                )
         else:
             raise SourceNotFoundError(f"{spec!r} does not exist")
-        files.extend(f for f in found if not os.path.basename(f).startswith((".", "_")))
+        kept = [f for f in found if not os.path.basename(f).startswith((".", "_"))]
+        if not kept:
+            raise SourceNotFoundError(
+                f"{spec!r} names only files whose names start with '_' or '.' (a writer's "
+                "own files, skipped): name such a file itself to convert it"
+            )
+        files.extend(kept)
     # One file named twice (a/b.csv and ./a/b.csv, a directory and a file in it) is read
     # once: its rows would be converted twice.
     first: dict[str, str] = {}
@@ -169,7 +178,7 @@ def describe(path: str, given: Format | None) -> Input:
     size = os.path.getsize(path)
     kind: Format | None = given or SUFFIXES.get(suffix)
     item = Input(path, kind or "csv", compression, size)
-    if kind is None:  # no telling suffix: look at the text
+    if kind is None:  # no telling suffix (".txt" tells nothing): look at the text
         head = _head(item).lstrip()
         if head.startswith("PAR1"):
             item.format = "parquet"
@@ -212,6 +221,9 @@ def _csv_options(item: Input, column_types: Mapping[str, pa.DataType] | None) ->
         "parse_options": pacsv.ParseOptions(delimiter=item.delimiter, newlines_in_values=True),
         "convert_options": pacsv.ConvertOptions(
             column_types=dict(column_types or {}),
+            # only an empty cell is a null: "NA" (Namibia), "null" (a user's name) and
+            # "NaN" (a float) are values, as they are in JSON lines
+            null_values=[""],
             strings_can_be_null=True,
             quoted_strings_can_be_null=True,
         ),
@@ -509,7 +521,12 @@ def read(item: Input, schema: pa.Schema) -> Iterator[tuple[pa.Table, int, int]]:
                 ),
             )
         else:
-            reader = pacsv.open_csv(stream, **_csv_options(item, _types(schema)))
+            try:  # the reader converts its first block as it opens
+                reader = pacsv.open_csv(stream, **_csv_options(item, _types(schema)))
+            except pa.ArrowInvalid as err:
+                raise _value_error(item, schema, err, done) from None
+            except OSError as err:
+                raise _damaged(item, err, done) from None
         while True:
             try:
                 batch = reader.read_next_batch()
