@@ -276,6 +276,8 @@ def test_thread_oversubscription_is_named_with_what_to_set():
     assert "torch.set_num_threads(1) or set OMP_NUM_THREADS=1" in advice
     assert "OMP_NUM_THREADS=6" in (thread_advice(8, 8) or "")
     assert thread_advice(6, 8) is None
+    # the advice followed already: nothing left to lower, nothing said
+    assert thread_advice(1, 2) is None and thread_advice(1, 1) is None
 
 
 @pytest.mark.torch

@@ -36,3 +36,9 @@ def test_bench_and_selftest_name_every_framework():
     assert f"the {framework_titles()} adapters" in " ".join(
         commands["selftest"].description.split()
     )
+
+
+def test_selftest_passes_with_an_odd_number_of_rows():
+    for rows in (1, 2_001):
+        out = io.StringIO()
+        assert run_selftest("cpu", rows=rows, out=out, frameworks=[]) == 0, out.getvalue()

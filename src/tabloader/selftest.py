@@ -68,11 +68,13 @@ class _Check:
 
 
 def _write_data(directory: Path, rows: int) -> list[str]:
-    """Two files of several row groups; ``id`` is unique, the rest derive from it."""
+    """Two files of several row groups; ``id`` is unique (0 to ``rows - 1``), the rest
+    derive from it."""
     paths = []
-    per_file = rows // 2
+    bounds = [0, rows // 2, rows]
     for f in range(2):
-        ids = np.arange(f * per_file, (f + 1) * per_file, dtype=np.int64)
+        ids = np.arange(bounds[f], bounds[f + 1], dtype=np.int64)
+        per_file = len(ids)
         x = (ids / 8.0).astype(np.float64)
         x[ids % 97 == 3] = np.nan
         x[ids % 89 == 5] = np.inf

@@ -22,15 +22,18 @@ and the reader's short-lived layout helpers."""
 def thread_advice(torch_threads: int, cores: int) -> str | None:
     """What to set when PyTorch's intra-op threads and the loader's threads exceed the cores.
 
+    None too when the advice is followed already (one thread on a machine of two cores
+    or fewer: there is nothing left to lower).
+
     Examples:
         >>> thread_advice(2, 2).split(";")[0]
         'PyTorch uses 2 intra-op threads and the loader 2 background threads on 2 cores'
-        >>> thread_advice(6, 8) is None
-        True
+        >>> thread_advice(6, 8) is None, thread_advice(1, 2) is None
+        (True, True)
     """
-    if torch_threads + LOADER_THREADS <= cores:
-        return None
     fit = max(1, cores - LOADER_THREADS)
+    if torch_threads + LOADER_THREADS <= cores or torch_threads <= fit:
+        return None
     return (
         f"PyTorch uses {torch_threads} intra-op threads and the loader {LOADER_THREADS} "
         f"background threads on {cores} cores; they will fight over the cores and an epoch "
