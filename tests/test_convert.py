@@ -624,3 +624,28 @@ def test_a_txt_file_is_told_by_its_text(tmp_path):
     table = read(tmp_path / "out")
     assert table.num_rows == 2 and table.num_columns == 4
     assert table.column(3).to_pylist() == ["5487ce1e", "68fd1e64"]
+
+
+def test_key_value_directories_and_table_directories_are_refused_not_dropped(tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({"user": np.arange(12), "day": np.arange(12) % 3})
+    frame.to_parquet(tmp_path / "hive", partition_cols=["day"])  # pandas', Spark's layout
+    for spec in (tmp_path / "hive", tmp_path / "hive" / "**" / "*.parquet"):
+        with pytest.raises(tabloader.InvalidArgumentError, match=r"key=value.*\(day\)"):
+            convert(str(spec), tmp_path / "out")
+    # the way the message gives: a directory each, into the same layout
+    for day in range(3):
+        convert(str(tmp_path / "hive" / f"day={day}"), tmp_path / "out" / f"day={day}")
+    loader = tabloader.Loader(str(tmp_path / "out"), cats=["user", "day"], batch_size=12)
+    (batch,) = list(loader)
+    assert sorted(zip(batch["user"].tolist(), batch["day"].tolist(), strict=True)) == [
+        (u, u % 3) for u in range(12)
+    ]
+
+    deltalake = pytest.importorskip("deltalake")
+    table = tmp_path / "delta"
+    deltalake.write_deltalake(str(table), pa.table({"user": np.arange(10)}))
+    deltalake.write_deltalake(str(table), pa.table({"user": np.arange(10)}), mode="overwrite")
+    with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table"):
+        convert(str(table), tmp_path / "delta_out")

@@ -42,6 +42,8 @@ from tabloader.errors import (
     SchemaMismatchError,
     SourceNotFoundError,
 )
+from tabloader.sources.listing import refuse_table_files
+from tabloader.sources.partitions import hive_values
 
 __all__ = [
     "Input",
@@ -123,13 +125,43 @@ def expand(sources: Sequence[str]) -> list[str]:
                 f"{spec!r} names only files whose names start with '_' or '.' (a writer's "
                 "own files, skipped): name such a file itself to convert it"
             )
+        root = path if os.path.isdir(path) else _glob_root(path)
+        _refuse_keys_in_directories(spec, root, kept)
         files.extend(kept)
+    refuse_table_files(", ".join(sources), files)
     # One file named twice (a/b.csv and ./a/b.csv, a directory and a file in it) is read
     # once: its rows would be converted twice.
     first: dict[str, str] = {}
     for f in files:
         first.setdefault(os.path.realpath(f), f)
     return list(first.values())
+
+
+def _refuse_keys_in_directories(spec: str, root: str, files: Sequence[str]) -> None:
+    """Refuse files found in ``key=value`` directories below ``root`` (a hive layout):
+    their keys are in the directories' names, not in the files, and converting the files
+    alone would lose them."""
+    for path in files:
+        keys = hive_values(os.path.relpath(path, root))
+        if keys:
+            key, value = next(iter(keys.items()))
+            raise InvalidArgumentError(
+                f"{spec!r} holds files in key=value directories ({key}={value}/ and "
+                f"others): their keys ({', '.join(keys)}) are in the directories' names, "
+                "not in the files, and converting the files alone would lose them. Convert "
+                f"each directory on its own into the same layout (tabloader convert "
+                f"SRC/{key}={value} DEST/{key}={value}), which the loader reads the keys from"
+            )
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob's matches start below."""
+    fixed: list[str] = []
+    for part in pattern.split("/")[:-1]:
+        if globlib.has_magic(part):
+            break
+        fixed.append(part)
+    return "/".join(fixed) or "."
 
 
 def _data_files(directory: str) -> Iterator[str]:

@@ -23,7 +23,7 @@ from tabloader.splits import refuse_mixed_splits
 if TYPE_CHECKING:
     from tabloader.sources.remote import RemoteStore
 
-__all__ = ["PARQUET_SUFFIXES", "TEMPORARY_SUFFIXES", "below_root", "expand"]
+__all__ = ["PARQUET_SUFFIXES", "TEMPORARY_SUFFIXES", "below_root", "expand", "refuse_table_files"]
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
@@ -45,17 +45,17 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
             )
             if not found:
                 raise SourceNotFoundError(f"the glob {spec!r} matched no files")
-            _refuse_table_files(spec, found)
+            refuse_table_files(spec, found)
             roots[spec] = root
             return found
         if os.path.isdir(path):
             _refuse_table_directory(spec, _table_markers(path))
             roots[spec] = path.rstrip("/") + "/"
             found = _from_directory(spec, _walk_local(path))
-            _refuse_table_files(spec, found)
+            refuse_table_files(spec, found)
             return found
         if os.path.isfile(path):
-            _refuse_table_files(spec, [path])
+            refuse_table_files(spec, [path])
             return [path]
         raise SourceNotFoundError(f"{spec!r} does not exist")
     store = remote
@@ -187,7 +187,7 @@ def _refuse_table_directory(spec: str, names: Iterable[str], table: str | None =
             )
 
 
-def _refuse_table_files(spec: str, files: Sequence[str]) -> None:
+def refuse_table_files(spec: str, files: Sequence[str]) -> None:
     """Refuse local ``files`` that lie in a Delta or Iceberg table's directory (at any
     depth: a partition's directory, ``data/``, a glob over them, a directory above): the
     table decides which of them hold its rows."""
