@@ -578,3 +578,18 @@ def test_torch_lists_from_the_gpu_backend_match_the_cpu(paths):
 
 def torch_equal(a: Any, b: Any) -> bool:
     return bool((a.cpu() == b.cpu()).all()) and a.dtype == b.dtype and a.shape == b.shape
+
+
+def test_a_default_chunk_counts_the_values_of_list_columns(tmp_path):
+    """Chunks of about 128 MiB of decoded data with long lists too: counted one value a
+    row, a chunk held the whole dataset however large."""
+    rows, per_row = 4_000, 50
+    values = pa.array(np.arange(rows * per_row, dtype=np.int64))
+    offsets = pa.array(np.arange(0, rows * per_row + 1, per_row, dtype=np.int32))
+    table = pa.table({"id": np.arange(rows), "hist": pa.ListArray.from_arrays(offsets, values)})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=1_000)
+    loader = tabloader.Loader(str(tmp_path), cats=["id"], sparse_names=["hist"], batch_size=100)
+    row_bytes = 8 + 8 * per_row + 8  # the id, the list's values, its offset
+    assert loader.config.chunk_rows == (128 << 20) // row_bytes
+    plain = tabloader.Loader(str(tmp_path), cats=["id"], batch_size=100)
+    assert plain.config.chunk_rows == (128 << 20) // 8

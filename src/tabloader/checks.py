@@ -58,6 +58,9 @@ class DatasetChecks:
     narrowed: frozenset[str]
     unvouched: frozenset[str]
     widths: dict[str, int] = field(default_factory=dict)
+    list_values: dict[str, float] = field(default_factory=dict)
+    """Each list column's values a row on average, where the footers tell (for sizing
+    chunks)."""
 
     def read_checks(self, device: Device) -> frozenset[str]:
         """The columns whose values are checked as they are read on ``device``: on the
@@ -100,7 +103,23 @@ def check_dataset(config: LoaderConfig, dataset: Dataset, *, stacklevel: int) ->
         for name, t in types.items()
         if name not in config.sparse_names and (width := vector_width(t)) is not None
     }
-    return DatasetChecks(types, narrowed, unvouched, widths)
+    return DatasetChecks(types, narrowed, unvouched, widths, _list_values(config, dataset))
+
+
+def _list_values(config: LoaderConfig, dataset: Dataset) -> dict[str, float]:
+    """Each list column's values a row, on average over the row groups whose footers
+    record them (the values of a list column's leaves)."""
+    out: dict[str, float] = {}
+    for name in config.sparse_names:
+        found = dataset.source.footer_statistics(name)
+        rows = values = 0
+        for partition, stats in enumerate(found or ()):
+            if stats is not None and stats.values is not None:
+                rows += int(dataset.partition_rows[partition])
+                values += stats.values
+        if rows:
+            out[name] = values / rows
+    return out
 
 
 def _check_types(config: LoaderConfig, types: Mapping[str, pa.DataType], dataset: Dataset) -> None:

@@ -230,21 +230,28 @@ class LoaderConfig:
             return finish
         return lambda batch: transform(finish(batch))
 
-    def with_widths(self, widths: Mapping[str, int]) -> LoaderConfig:
-        """This config for data whose vector columns hold ``widths`` values a row: a
-        default chunk size is counted in their values, so that a chunk of embeddings
-        holds about ``DEFAULT_CHUNK_BYTES`` too.
+    def with_widths(
+        self, widths: Mapping[str, int], list_values: Mapping[str, float] | None = None
+    ) -> LoaderConfig:
+        """This config for data whose vector columns hold ``widths`` values a row, and
+        whose list columns ``list_values`` on average: a default chunk size is counted in
+        their values, so that a chunk of embeddings or of long lists holds about
+        ``DEFAULT_CHUNK_BYTES`` too.
 
         Examples:
             >>> config = LoaderConfig.build(batch_size=4, conts=["emb"])
             >>> config.with_widths({"emb": 8}).chunk_rows == config.chunk_rows // 8
             True
+            >>> lists = LoaderConfig.build(batch_size=4, cats=["h"], sparse_names=["h"])
+            >>> lists.with_widths({}, {"h": 99.0}).chunk_rows  # 128 MiB / (99 ids, an offset)
+            167772
         """
-        if dict(widths) == dict(self.widths):
+        list_values = dict(list_values or {})
+        if dict(widths) == dict(self.widths) and not list_values:
             return self
         chunk_rows = self.chunk_rows
         if not self.chunk_given:
-            chunk_rows = _default_chunk_rows(self.dtypes, widths, self.batch_size)
+            chunk_rows = _default_chunk_rows(self.dtypes, widths, self.batch_size, list_values)
         return dataclasses.replace(self, widths=dict(widths), chunk_rows=chunk_rows)
 
     def check_device(self, device: Device) -> None:
@@ -466,12 +473,20 @@ LOADER_KEYWORDS = (
 
 
 def _default_chunk_rows(
-    dtypes: Mapping[str, np.dtype[Any]], widths: Mapping[str, int], batch_size: int
+    dtypes: Mapping[str, np.dtype[Any]],
+    widths: Mapping[str, int],
+    batch_size: int,
+    list_values: Mapping[str, float] | None = None,
 ) -> int:
     """Rows of about ``DEFAULT_CHUNK_BYTES`` of decoded columns (a vector column's row
-    holds its ``widths`` values), at least a batch."""
-    row_bytes = sum(d.itemsize * widths.get(c, 1) for c, d in dtypes.items())
-    return max(batch_size, DEFAULT_CHUNK_BYTES // row_bytes)
+    holds its ``widths`` values, a list column's its ``list_values`` and an offset), at
+    least a batch."""
+    lists = list_values or {}
+    row_bytes = sum(
+        d.itemsize * lists[c] + 8 if c in lists else d.itemsize * widths.get(c, 1)
+        for c, d in dtypes.items()
+    )
+    return max(batch_size, int(DEFAULT_CHUNK_BYTES // row_bytes))
 
 
 def list_widths_given(sparse_max: object) -> dict[str, Any]:

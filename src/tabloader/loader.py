@@ -477,7 +477,8 @@ class Loader(_Standing):
         self._range_checks = checks.read_checks(self.device)
         """Columns whose values are checked to fit their dtype when read (see
         `tabloader.checks.DatasetChecks.read_checks`)."""
-        config = self.config = config.with_widths(checks.widths)  # vectors' k, from the data
+        # vectors' k and lists' values a row, from the data: what a default chunk holds
+        config = self.config = config.with_widths(checks.widths, checks.list_values)
         self.layout_plan = self._layout(config.layout == "stacked")
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
