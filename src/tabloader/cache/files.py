@@ -282,25 +282,22 @@ def file_checksums(
 def read_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray[Any]:
     """The ``.npy`` file ``path`` as a read-only mapping, which must hold exactly an
     array of ``shape`` and ``dtype`` (and nothing else: no pickled objects, no trailing
-    bytes); raises `CacheDamaged` otherwise."""
+    bytes); raises `CacheDamaged` otherwise.
+
+    The header must be byte for byte the one tabloader writes for that array
+    (`npy_header`): compared, not parsed, so that a damaged header is never handed to
+    numpy's parser, which evaluates it as Python literals (one flipped bit in its
+    padding costs the tokenizer minutes).
+    """
+    expected = npy_header(tuple(shape), np.dtype(dtype), PAGE)
     fd = open_private(path)
     with os.fdopen(fd, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                header = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                header = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ValueError(f"version {version}")
-        except (ValueError, EOFError, OSError) as error:
-            raise CacheDamaged(f"{path.name} is not a valid .npy file ({error})") from None
-        found, fortran, found_dtype = header
-        if tuple(found) != tuple(shape) or fortran or found_dtype != np.dtype(dtype):
+        if f.read(len(expected)) != expected:
             raise CacheDamaged(
-                f"{path.name} holds a {found_dtype} array of shape {found}, not the cache's"
+                f"{path.name} does not start with the header of the cache's "
+                f"{np.dtype(dtype)} array of shape {tuple(shape)}"
             )
-        offset = f.tell()
+        offset = len(expected)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         size = os.fstat(f.fileno()).st_size
         if size != offset + nbytes:
