@@ -217,6 +217,35 @@ def test_state_is_small_json_and_says_where_the_epoch_stands(paths):
     assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (1, 0)
 
 
+def test_an_epoch_that_failed_or_was_closed_is_not_finished_however_often_it_is_asked(
+    tmp_path,
+):
+    """Asked past a failure or a close(), the iterator ends, and the state stays at the
+    next batch not handed out: it was taken for the epoch's end, and a resume skipped
+    the rest of the epoch."""
+    import os
+
+    paths = write_dataset(tmp_path / "d", [[100, 100], [100, 100]])
+    options = {"cats": ["id"], "batch_size": 50, "parts_per_chunk": 1, "prefetch": 1}
+    loader = tabloader.Loader(paths, **options)
+    iterator = iter(loader)
+    next(iterator)
+    os.remove(paths[1])
+    with pytest.raises(tabloader.ReadError):
+        list(iterator)
+    served = iterator.cursor.batches
+    assert served < 8 and list(iterator) == [] and not iterator.finished
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (0, served)
+
+    whole = write_dataset(tmp_path / "e", [[100, 100]])
+    loader = tabloader.Loader(whole, **options)
+    iterator = iter(loader)
+    next(iterator)
+    iterator.close()
+    assert list(iterator) == [] and not iterator.finished
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (0, 1)
+
+
 def test_resume_does_not_read_chunks_before_the_resume_point(paths):
     loader = _loader(paths, parts_per_chunk=1, batch_size=10)  # 7 chunks, in stored order
     state = loader.epoch_state(0, 30)  # 300 rows delivered: only the last chunk is left
@@ -542,6 +571,23 @@ def test_torch_stateful_dataloader_resumes_exactly_in_process(paths, drawn, frac
 def test_torch_stateful_dataloader_resumes_exactly_with_worker_processes(paths, drawn, fraction):
     pytest.importorskip("torchdata")
     _check_torch_resume(paths, drawn, fraction, workers=2)
+
+
+@pytest.mark.torch
+def test_agreed_state_refuses_a_plain_dataloader_whose_workers_it_cannot_count(paths):
+    torch = pytest.importorskip("torch")
+    from tabloader.torch import DLDataLoader, TorchAsyncItr, agreed_state
+
+    itr = TorchAsyncItr(tabloader.Dataset(paths), cats=["id"], batch_size=64)
+    plain = torch.utils.data.DataLoader(itr, batch_size=None, num_workers=2)
+    with pytest.raises(tabloader.InvalidArgumentError, match="DLDataLoader, or torchdata"):
+        agreed_state(plain)
+    # in this process (no workers) its copy is the one iterated: counted exactly
+    inline = torch.utils.data.DataLoader(itr, batch_size=None)
+    batches = iter(inline)
+    next(batches)
+    assert agreed_state(inline)["batches"] == 1
+    assert agreed_state(DLDataLoader(itr, batch_size=None, num_workers=2))["batches"] == 1
 
 
 @pytest.mark.torch

@@ -238,6 +238,20 @@ def test_the_ranks_states_agree_or_are_refused_naming_the_ranks():
     other_data = [*states[:2], {**states[2], "dataset": {**DATA, "rows": 99}}]
     with pytest.raises(tabloader.InvalidArgumentError, match=r"rank 2's dataset is .*Every rank"):
         agreed_state(other_data)
+    # a copy of the data on each rank's node: the same rows, another place and stamps
+    copies = [{**st_, "dataset": {**DATA, "place": f"p{r}", "stamps": f"s{r}"}}
+              for r, st_ in enumerate(states)]  # fmt: skip
+    assert agreed_state(copies)["batches"] == 5
+    # unshuffled, each rank's own seed (drawn where none was given) decides nothing
+    in_order = [
+        Cursor(0, seed, 5)
+        .position(global_size=3)
+        .to_state(Fingerprint(DATA, {**OPTIONS, "shuffle": False}))
+        for seed in (1, 2, 3)
+    ]
+    assert agreed_state(in_order)["batches"] == 5
+    with pytest.raises(tabloader.InvalidArgumentError, match=r"rank 1's seed is 8, rank 0's 7"):
+        agreed_state([states[0], {**states[1], "seed": 8}, states[2]])
     with pytest.raises(tabloader.InvalidArgumentError, match=r"2 state\(s\) for a job of 3"):
         agreed_state(states[:2])
     with pytest.raises(tabloader.InvalidArgumentError, match="no states"):

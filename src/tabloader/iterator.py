@@ -94,7 +94,9 @@ class BatchIterator:
         try:
             rows, batch = next(self._stage)
         except StopIteration:
-            self.progress.finished = True
+            # the end of the epoch only if its batches ran out: not after a failure or
+            # a close(), where the state stays at the next batch not handed out
+            self.progress.finished = self._stage.exhausted
             self._finish()
             release_arrow_memory()  # the epoch's threads have ended
             raise

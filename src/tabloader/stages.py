@@ -210,6 +210,9 @@ class Prefetcher(Generic[T]):
         self._stop = stop if stop is not None else threading.Event()
         self._stops = (self._stop,) if linked is None else (self._stop, linked)
         self._done = False
+        self.exhausted = False
+        """Whether the producer's items ran out (not closed, not failed): the consumer
+        asked past the last."""
         self.starved = starved if starved is not None else threading.Event()
         """Set while the consumer waits for an item and none is ready, and once closed."""
         self._thread = threading.Thread(
@@ -250,6 +253,7 @@ class Prefetcher(Generic[T]):
                         f"background thread {self._thread.name} ended without a result"
                     ) from None
         if item is _END:
+            self.exhausted = True
             self.close()
             raise StopIteration
         if isinstance(item, _Failure):

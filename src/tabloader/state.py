@@ -161,6 +161,12 @@ def dataset_difference(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str 
     return None
 
 
+def _rows_identity(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a dataset fingerprint tells its rows, not where they are read from (the
+    place and the files' stamps: every node of a job may read a copy of its own)."""
+    return {k: v for k, v in fingerprint.items() if k not in ("place", "stamps")}
+
+
 def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
 
@@ -528,9 +534,16 @@ step on every rank (after the same number of batches)
                 "rank resumes its own. Save the states again with this version"
             )
     first = states[0]
+    shuffled = bool(first.get(STATE_OPTIONS, {}).get("shuffle", True))
     for rank, state in enumerate(states[1:], start=1):
         for key in sorted(set(first) | set(state)):
-            if first.get(key) != state.get(key):
+            mine, theirs = first.get(key), state.get(key)
+            if key == STATE_SEED and not shuffled:
+                continue  # it decides nothing unshuffled (ranks draw their own without one)
+            if key == STATE_DATASET and isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+                # the same rows, wherever each rank reads them from (a copy on each node)
+                mine, theirs = _rows_identity(mine), _rows_identity(theirs)
+            if mine != theirs:
                 raise InvalidArgumentError(
                     f"the ranks' states differ: rank {rank}'s {key} is "
                     f"{_short(state.get(key))}, rank 0's {_short(first.get(key))}. "

@@ -312,7 +312,18 @@ def _job_state(source: Any) -> dict[str, Any]:
     dataset = getattr(source, "dataset", None)
     if isinstance(source, torch.utils.data.DataLoader) and isinstance(dataset, TorchAsyncItr):
         saved = getattr(source, "state_dict", None)
-        return stateful_loader_state(saved()) if callable(saved) else dataset.state_dict()
+        if callable(saved):
+            return stateful_loader_state(saved())
+        if source.num_workers > 0 and not isinstance(source, DLDataLoader):
+            # the batches come from copies of the iterator in the worker processes: this
+            # process's copy has counted none of them
+            raise InvalidArgumentError(
+                f"agreed_state cannot tell how far a {type(source).__name__} with "
+                f"num_workers={source.num_workers} got: its worker processes iterate "
+                "copies of the TorchAsyncItr. Use tabloader.torch.DLDataLoader, or "
+                "torchdata's StatefulDataLoader, which count the batches they hand out"
+            )
+        return dataset.state_dict()
     raise InvalidArgumentError(
         "agreed_state takes a TorchAsyncItr, a DLDataLoader or StatefulDataLoader over "
         f"one, or a state dict, got {type(source).__name__}"
