@@ -686,3 +686,45 @@ def test_shuffled_gpu_columns_reach_the_framework_without_a_copy(dataset_dir, mo
     loader = make_loader(dataset_dir([[300, 200]]), device="cuda", shuffle=True)
     assert sum(1 for _ in loader) == len(loader) == 16
     assert copied == [] and len(shared) >= 2 * 16
+
+
+def test_a_growing_dataset_gives_each_epoch_and_each_fit_its_own_listing(tmp_path):
+    """A ``refresh=True`` dataset is listed when an epoch starts: each epoch and each
+    ``fit`` of one epoch sees the files that joined before it (each was cut to the
+    previous epoch's batches)."""
+    import keras
+
+    from tabloader.keras import KerasSequenceLoader
+
+    directory = tmp_path / "growing"
+    directory.mkdir()
+
+    def add(index: int, rows: int = 1_000) -> None:
+        ids = np.arange(index * rows, (index + 1) * rows)
+        table = pa.table({"id": ids, "x": (ids % 7).astype("float32"), "label": ids % 2 * 1.0})
+        pq.write_table(table, directory / f"part-{index:03d}.parquet")
+
+    add(0)
+    train = KerasSequenceLoader(
+        tabloader.Dataset(str(directory), refresh=True), batch_size=250, cat_names=["id"],
+        cont_names=["x"], label_names=["label"], seed=0,
+    )  # fmt: skip
+    for epoch in range(3):
+        ids = np.concatenate([np.asarray(f["id"]) for f, _ in train])
+        assert sorted(ids.tolist()) == list(range((epoch + 1) * 1_000))
+        add(epoch + 1)
+    inputs = {
+        "id": keras.Input(shape=(), name="id", dtype=np.dtype(id_dtype()).name),
+        "x": keras.Input(shape=(1,), name="x"),
+    }
+    embedded = keras.layers.Embedding(10_000, 2)(inputs["id"])
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([embedded, inputs["x"]]))
+    model = keras.Model(inputs, out)
+    model.compile("sgd", "mse")
+    steps: list[int] = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
+    for k in range(2):
+        steps.clear()
+        model.fit(train, epochs=1, verbose=0, callbacks=[counter])
+        assert len(steps) == (4 + k) * 1_000 // 250
+        add(4 + k)

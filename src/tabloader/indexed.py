@@ -60,11 +60,11 @@ class IndexedEpochs:
         self.loader = loader
         """The core [`tabloader.Loader`][tabloader.Loader] (its ``stats()``, ``plan()``);
         this object keeps its own epoch and seed and never changes the loader's."""
-        self._num_batches = len(loader)  # of the epoch being served
+        self._epoch = loader.epoch
+        self._known: int | None = None  # batches of the epoch being served, once counted
         self._start = 0  # batches of that epoch delivered before a resume (on this world)
         self._legs: tuple[Leg, ...] = ()  # the worlds that served it before (a resume)
         self._lock = threading.RLock()
-        self._epoch = loader.epoch
         self._seed = loader.seed  # a loaded state's, once adopted
         # Where the current epoch stands: a few counters and maps, reset by _reset_pass.
         self._given: dict[int, int] = {}  # batch index -> position in the epoch's stream
@@ -76,8 +76,12 @@ class IndexedEpochs:
         self._consumed = 0  # batches taken from _iterator
 
     def __len__(self) -> int:
-        """Batches of the epoch being served (after a resume: those still to come)."""
-        return self._num_batches
+        """Batches of the epoch being served (after a resume: those still to come). The
+        epoch after it is counted once `on_epoch_end` made way for it, when first asked:
+        a dataset listed again at each epoch is listed then (Keras asks ``len()`` as
+        ``fit`` starts, and again at an epoch's end, before it calls `on_epoch_end`)."""
+        with self._lock:
+            return self._num_batches
 
     def __getitem__(self, index: int) -> Any:
         return self.batch(index, stacklevel=2)
@@ -148,7 +152,7 @@ class IndexedEpochs:
             self._close_iterator()
             self._epoch = epoch
             self._reset_pass()
-            self._start, self._legs, self._num_batches = 0, (), len(self.loader)
+            self._start, self._legs, self._known = 0, (), None
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, to continue exactly there after a restart.
@@ -190,13 +194,14 @@ class IndexedEpochs:
         saved = self.loader.resume_cursor(state, seed=self._seed)
         rest = self.loader.cursor_plan(saved).num_batches
         if rest == 0 and (saved.batches or saved.legs):  # it ended: Keras needs batches
-            saved, rest = saved.next_epoch(), len(self.loader)
+            saved = saved.next_epoch()
+            rest = self._batches_of(saved.epoch)
         with self._lock:
             self._close_iterator()
             self._seed = saved.seed
             self._epoch = saved.epoch
             self._reset_pass()
-            self._start, self._legs, self._num_batches = saved.batches, saved.legs, rest
+            self._start, self._legs, self._known = saved.batches, saved.legs, rest
 
     def close(self) -> None:
         """Stop the background threads of an unfinished epoch and drop its kept batches."""
@@ -219,7 +224,22 @@ class IndexedEpochs:
         self._close_iterator()
         self._epoch += 1
         self._reset_pass()
-        self._start, self._legs, self._num_batches = 0, (), len(self.loader)
+        self._start, self._legs, self._known = 0, (), None
+
+    @property
+    def _num_batches(self) -> int:
+        """Batches of the epoch being served: counted when first asked, so that a
+        dataset listed again at each epoch is listed when the epoch starts (Keras asks
+        ``len()`` then), not when the one before ended."""
+        if self._known is None:
+            self._known = self._batches_of(self._epoch)
+        return self._known
+
+    def _batches_of(self, epoch: int) -> int:
+        """Batches of ``epoch`` from its start: of its listing, for a dataset that is
+        listed again at each epoch (`Loader.refresh`)."""
+        self.loader.refresh(epoch)
+        return len(self.loader)
 
     def _is_replay(self, i: int) -> bool:
         """Whether index ``i`` asks again for a kept batch given out before the last hook.
@@ -236,7 +256,7 @@ class IndexedEpochs:
         i = int(index)
         # Once an epoch is done the next one is whole again (after a resume, too).
         done = len(self._given) == self._num_batches
-        limit = len(self.loader) if done else self._num_batches
+        limit = self._batches_of(self._epoch + 1) if done else self._num_batches  # it starts
         if not 0 <= i < limit:
             raise IndexError(
                 f"batch index {i} is out of range: this loader has {limit} "
