@@ -280,3 +280,13 @@ def test_a_dask_frame_on_a_distributed_cluster_is_computed_there():
         assert len(loader) == 4
         ids = np.concatenate([b["id"] for b in loader])
         assert sorted(ids.tolist()) == list(range(30))
+
+
+def test_a_fifo_named_like_data_is_never_opened(tmp_path):
+    paths = write_dataset(tmp_path / "d", [[3]])
+    fifo = tmp_path / "d" / "part-999.parquet"
+    os.mkfifo(fifo)  # opening it would block the listing for ever
+    assert tabloader.Dataset(str(tmp_path / "d")).files == paths
+    assert tabloader.Dataset(str(tmp_path / "d" / "*.parquet")).files == paths
+    with pytest.raises(tabloader.InvalidArgumentError, match="not a regular file"):
+        tabloader.Dataset(str(fifo))

@@ -57,6 +57,8 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
         if os.path.isfile(path):
             refuse_table_files(spec, [path])
             return [path]
+        if os.path.exists(path):
+            raise InvalidArgumentError(f"{spec!r} is not a regular file (a FIFO, a device)")
         raise SourceNotFoundError(f"{spec!r} does not exist")
     store = remote
     path = store.filesystem._strip_protocol(spec)
@@ -226,8 +228,12 @@ def _left_by_writers(path: str, root: str, named: set[str]) -> bool:
 
 
 def _walk_local(root: str) -> list[str]:
+    """The regular files below ``root`` (links to them too), but in directories whose
+    names start with ``_`` or ``.``: a FIFO named like data is not opened (it would
+    block the listing for ever)."""
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, _ in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
-        found.extend(os.path.join(dirpath, name) for name in filenames)
+        with os.scandir(dirpath) as entries:
+            found.extend(e.path for e in entries if e.is_file())
     return sorted(found)
