@@ -591,6 +591,32 @@ def test_agreed_state_refuses_a_plain_dataloader_whose_workers_it_cannot_count(p
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize("new_size", [2, 3])
+def test_len_of_a_resumed_epoch_is_the_batches_still_to_come(paths, new_size):
+    pytest.importorskip("torch")
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    def build(rank: int, size: int) -> TorchAsyncItr:
+        return TorchAsyncItr(
+            tabloader.Dataset(paths), cats=["id"], batch_size=16, shuffle=True, seed=1,
+            global_rank=rank, global_size=size,
+        )  # fmt: skip
+
+    old = [build(r, 2) for r in range(2)]
+    for itr in old:
+        epoch = iter(DLDataLoader(itr, batch_size=None))
+        for _ in range(3):
+            next(epoch)
+    state = tabloader.agreed_state([itr.state_dict() for itr in old])
+    resumed = build(0, new_size)
+    resumed.load_state_dict(state)
+    loader = DLDataLoader(resumed, batch_size=None)
+    promised = len(loader)
+    assert promised == sum(1 for _ in loader) and promised < len(build(0, new_size))
+    assert len(loader) == len(build(0, new_size))  # the next epoch is whole
+
+
+@pytest.mark.torch
 def test_torch_async_itr_state_dict_in_a_plain_loop(paths):
     pytest.importorskip("torch")
     from tabloader.torch import DLDataLoader, TorchAsyncItr

@@ -318,6 +318,14 @@ class Epochs:
         self.advance()
         return self.live
 
+    def batches_next(self) -> int:
+        """Batches the next `start` delivers to this rank (all worker shares together):
+        after `load_state_dict`, those of the resumed epoch still to come."""
+        if self.resume is None:
+            return len(self.loader)
+        start = self.loader.resume_at(self.resume, worker=0, num_workers=1)
+        return self.loader.cursor_plan(start).num_batches
+
     def _start_of(self, worker: int, num_workers: int) -> Cursor:
         """Where worker share ``worker`` of ``num_workers`` starts the next epoch (a resumed
         one where `load_state_dict` said), its seed chosen (`prepare`)."""
@@ -518,8 +526,9 @@ class IterableEpochs:
         return self._loader.global_size
 
     def __len__(self) -> int:
-        """Batches one epoch delivers to this rank (all worker processes together)."""
-        return len(self._loader)
+        """Batches one epoch delivers to this rank (all worker processes together); after
+        `load_state_dict`, those of the resumed epoch still to come."""
+        return self._epochs.batches_next()
 
     @property
     def epoch(self) -> int:
