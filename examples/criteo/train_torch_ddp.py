@@ -192,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
                 print(f"left after {steps} steps, as if pre-empted")
             break
         dist.all_reduce(total)
+        if total[1] == 0:  # resumed from a checkpoint taken at this epoch's last step
+            if rank == 0:
+                print(f"epoch {epoch}: every batch was trained on before the restart")
+            continue
         mean = float(total[0] / total[1])
         history.append(mean)
         if rank == 0:
