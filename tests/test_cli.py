@@ -144,6 +144,10 @@ def test_inspect_reports_rows_and_batches_per_rank(dataset_dir, capsys):
         "rows_left_over": 0,
     }
     assert any("fewer than one batch of 300" in w for w in report["warnings"])
+    assert main(["inspect", path, "--ranks", "2000", "--json"]) == 0  # more ranks than rows
+    report = json.loads(capsys.readouterr().out)
+    assert report["per_rank"]["rows"] == 0
+    assert any("every rank gets 0 rows" in w for w in report["warnings"])
 
 
 def test_inspect_json_is_the_whole_report_for_machines(mixed, capsys):

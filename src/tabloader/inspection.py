@@ -365,7 +365,12 @@ def inspect_dataset(
     per_rank_rows = dataset.num_rows // ranks
     batches = count_batches(per_rank_rows, batch_size, drop_last=False)
     lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)
-    if per_rank_rows and per_rank_rows < batch_size:
+    if dataset.num_rows and not per_rank_rows:
+        warns.append(
+            f"every rank gets 0 rows: {ranks:,} ranks share {dataset.num_rows:,} rows, so "
+            "the loader yields no batch. Use fewer ranks"
+        )
+    elif per_rank_rows and per_rank_rows < batch_size:
         warns.append(
             f"every rank gets {per_rank_rows:,} rows, fewer than one batch of {batch_size:,}: "
             "with drop_last=True the loader would yield nothing. Lower the batch size"
