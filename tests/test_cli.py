@@ -574,9 +574,11 @@ def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
     assert "  item 0..29, 30 distinct -> 30 x 16, 1.9 KiB\n" in out
     bare = tmp_path / "bare.parquet"
     pq.write_table(pq.read_table(user_data), bare, write_statistics=["item"], row_group_size=200)
-    # without statistics the footers cannot tell the nulls either: that shows when reading
-    assert main(["inspect", str(bare), "--cats", "user,item", "--json"]) == 0
-    ids = json.loads(capsys.readouterr().out)["ids"]
+    # without statistics the footers cannot tell the nulls either: they are counted
+    assert main(["inspect", str(bare), "--cats", "user,item", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("null value(s) (counted: the footers do not" in e for e in report["errors"])
+    ids = report["ids"]
     assert ids["user"] == {
         "min": 0,
         "max": 96,
@@ -589,7 +591,7 @@ def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
         "row_groups": 3,
     }
     assert ids["item"]["row_groups_read"] == 0
-    assert main(["inspect", str(bare), "--cats", "user,item"]) == 0
+    assert main(["inspect", str(bare), "--cats", "user,item"]) == 1
     assert (
         "  no statistics in the footers, so read to find the ids: user (3 of 3 row groups)\n"
         in capsys.readouterr().out
@@ -767,3 +769,14 @@ def test_text_and_time_columns_are_told_how_to_become_numbers(tmp_path, capsys):
     assert "conts" not in str(info.value)  # text is no measurement
     with pytest.raises(tabloader.ColumnTypeError, match="list it under conts"):
         tabloader.Loader(str(tmp_path / "t.parquet"), cats=["price"], batch_size=2)
+
+
+def test_inspect_counts_the_nulls_footers_without_statistics_do_not_record(tmp_path, capsys):
+    table = pa.table({"user": pa.array([1, None, 3, None]), "label": [1.0, 0.0, 1.0, 0.0]})
+    path = str(tmp_path / "bare.parquet")
+    pq.write_table(table, path, write_statistics=False)
+    assert main(["inspect", path, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("column 'user' has 2 null value(s) (counted" in e for e in report["errors"])
+    assert {c["name"]: c["nulls"] for c in report["columns"]}["user"] == 2
+    assert main(["inspect", path, "--fill-null", "user=0"]) == 0

@@ -274,6 +274,18 @@ def _null_counts(dataset: Dataset) -> dict[str, int | None]:
     return counts
 
 
+def _count_nulls(dataset: Dataset, name: str) -> int:
+    """Nulls of column ``name``, read from the row groups whose footers do not say."""
+    found = dataset.source.footer_statistics(name) or [None] * dataset.num_partitions
+    total = 0
+    for partition, stats in enumerate(found):
+        if stats is not None and stats.nulls is not None and not stats.nested:
+            total += stats.nulls
+        else:
+            total += dataset.read_partition(partition, [name]).column(0).null_count
+    return total
+
+
 def inspect_dataset(
     dataset: Dataset,
     *,
@@ -360,6 +372,23 @@ def inspect_dataset(
         )
     if failure is not None:
         errors.append(f"with {which}: {failure}")
+    else:  # nulls the footers do not record: counted, as the loader would meet them
+        every = fill_null is not None and not isinstance(fill_null, Mapping)  # one for all
+        filled = set(fill_null) if isinstance(fill_null, Mapping) else set()
+        for name in [c for names in requested.values() for c in names]:
+            if every or name in filled or nulls.get(name) is not None:
+                continue
+            null_count = _count_nulls(dataset, name)
+            for column in columns:
+                if column["name"] == name:
+                    column["nulls"] = null_count
+            if null_count:
+                errors.append(
+                    f"with {which}: column {name!r} has {null_count:,} null value(s) (counted: "
+                    "the footers do not record them), which the loader refuses as it reads "
+                    f"them. Pass --fill-null {name}=0 (fill_null={{{name!r}: 0}}), or fill "
+                    "them in the data"
+                )
     ids, advice = _id_report(dataset, requested["cats"], vocabulary)
     warns += advice
     per_rank_rows = dataset.num_rows // ranks
