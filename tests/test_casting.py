@@ -404,3 +404,39 @@ def test_uint64_ids_beside_signed_ones_do_not_wrap(tmp_path, device, statistics,
     ids = batch["id"][0] if kind == "list" else batch["id"]  # a list column: its values
     ids = ids.get() if hasattr(ids, "get") else ids
     assert sorted(ids.tolist()) == sorted([1, 2**63 - 1, 3, 4, -5, 6])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    ("narrow", "wide", "fill", "options"),
+    [
+        (pa.int8(), pa.int64(), 1000, {"cats": ["a"]}),
+        (pa.float32(), pa.float64(), 1e39, {"conts": ["a"], "cont_dtype": "float64"}),
+        (pa.list_(pa.int8()), pa.list_(pa.int64()), 1000, {"cats": ["a"], "sparse_names": ["a"]}),
+        (
+            pa.list_(pa.int8(), 2), pa.list_(pa.int64(), 2), 1000,
+            {"conts": ["a"], "cont_dtype": "float64"},
+        ),
+    ],
+    ids=["int8-int64", "float32-float64", "list", "vector"],
+)  # fmt: skip
+def test_a_fill_that_only_the_widened_type_holds_is_delivered(
+    tmp_path, device, narrow, wide, fill, options
+):
+    """Files store a column with other widths: the fill was checked against the type
+    they widen to, and is delivered as given, not wrapped, infinite or an Arrow error."""
+    is_list = pa.types.is_list(narrow) or pa.types.is_fixed_size_list(narrow)
+    first = [[1, None], None] if is_list else [1, None]
+    second = [[3, 4], [5, 6]] if is_list else [3, 4]
+    if pa.types.is_list(narrow):
+        first = [[1, None], []]
+    pq.write_table(pa.table({"a": pa.array(first, narrow)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"a": pa.array(second, wide)}), tmp_path / "b.parquet")
+    loader = tabloader.Loader(
+        str(tmp_path), batch_size=4, fill_null={"a": fill}, device=device, **options
+    )
+    (batch,) = list(loader)
+    values = batch["a"][0] if pa.types.is_list(narrow) else batch["a"]
+    values = values.get() if hasattr(values, "get") else np.asarray(values)
+    assert fill in values.ravel().tolist()
+    assert not np.isinf(values).any() or np.isinf(fill)

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from tabloader.batches import Block, Layout
 
 __all__ = [
+    "holding",
     "checked_layout",
     "check_block",
     "check_values",
@@ -268,6 +269,24 @@ def check_values(
     first = xp.where(bad)[0][:1]
     value = _host(values[first])[0].item()
     raise ValueRangeError(misfit_message(column, value, target, where=where, option=option))
+
+
+def holding(dtype: np.dtype[Any], fill: float) -> np.dtype[Any]:
+    """``dtype``, or the one nulls are filled in when ``fill`` does not fit it: a file
+    may store a column narrower than the type the files widen to (int8 beside int64),
+    and the fill was checked against that.
+
+    Examples:
+        >>> holding(np.dtype("int8"), 5), holding(np.dtype("int8"), 1000)
+        (dtype('int8'), dtype('int64'))
+        >>> holding(np.dtype("float32"), 1e39), holding(np.dtype("uint8"), 0.5)
+        (dtype('float64'), dtype('float64'))
+    """
+    dtype = np.dtype(dtype)
+    if fits(fill, dtype):
+        return dtype
+    whole = float(fill).is_integer() and dtype.kind in "iub"
+    return np.dtype(np.int64 if whole and fits(fill, np.dtype(np.int64)) else np.float64)
 
 
 def check_block(piece: Mapping[str, Any], block: Block, *, where: str = "") -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabloader.batches import Ragged, host_int
+from tabloader.casting import holding
 from tabloader.decode.host import null_message
 from tabloader.errors import NullValuesError, ReadError
 
@@ -71,6 +72,9 @@ def device_column(series: Any, name: str, fill: float | None, where: str, cupy: 
         return series.values
     if fill is None:
         raise NullValuesError(null_message(name, nulls, where))
+    wanted = holding(series.dtype, fill)  # a file's narrower type may not hold it
+    if wanted != series.dtype:
+        series = series.astype(wanted)
     values = series.fillna(series.dtype.type(fill)).values
     if series.dtype.kind == "f":
         is_nan = (series != series).fillna(False).values
@@ -144,6 +148,7 @@ class PlcColumn:
             return values
         if fill is None:
             raise NullValuesError(null_message(name, self.null_count, where))
+        values = values.astype(holding(values.dtype, fill), copy=False)
         return cupy.where(self.valid(0, self.size), values, values.dtype.type(fill))
 
     def to_ragged(self, name: str, fill: float | None, where: str, cupy: Any) -> Ragged:

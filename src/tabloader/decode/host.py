@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabloader.batches import Ragged
-from tabloader.casting import check_block
+from tabloader.casting import check_block, holding
 from tabloader.errors import NullValuesError
 
 if TYPE_CHECKING:
@@ -104,13 +104,24 @@ def column_to_numpy(
     if column.null_count:
         if fill is None:
             raise NullValuesError(null_message(name, column.null_count, where))
-        column = pc.fill_null(column, pa.scalar(fill).cast(column.type))
+        column = _filled(column, fill)
     if isinstance(column, pa.ChunkedArray):
         if column.num_chunks == 1:
             column = column.chunk(0)
         elif column.num_chunks == 0:
             return np.empty(0, dtype=column.type.to_pandas_dtype())
     return array_to_numpy(column)
+
+
+def _filled(values: Any, fill: float) -> Any:
+    """Arrow ``values`` with their nulls taken by ``fill``, in their own type, or in one
+    that holds it (`tabloader.casting.holding`)."""
+    kind = values.type
+    wanted = holding(np.dtype(kind.to_pandas_dtype()), fill)
+    if wanted != np.dtype(kind.to_pandas_dtype()):
+        kind = pa.from_numpy_dtype(wanted)
+        values = values.cast(kind)
+    return pc.fill_null(values, pa.scalar(fill).cast(kind))
 
 
 def array_to_numpy(array: pa.Array[Any] | pa.ChunkedArray[Any]) -> NDArray[Any]:
@@ -158,7 +169,7 @@ def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str
     if values.null_count:
         if fill is None:
             raise NullValuesError(null_message(name, values.null_count, where + " (inside lists)"))
-        values = pc.fill_null(values, pa.scalar(fill).cast(values.type))
+        values = _filled(values, fill)
     return Ragged(array_to_numpy(values), offsets)
 
 
@@ -185,12 +196,12 @@ def vector_to_numpy(column: Any, name: str, fill: float | None, where: str) -> N
             inside &= ~null_rows[:, None]
         if inside.any() and fill is None:
             raise NullValuesError(null_message(name, int(inside.sum()), where + " (inside lists)"))
-        values = pc.fill_null(values, pa.scalar(0 if fill is None else fill).cast(values.type))
+        values = _filled(values, 0 if fill is None else fill)
     dense = array_to_numpy(values).reshape(rows, width)
     if null_rows is not None:
         if fill is None:
             raise NullValuesError(null_message(name, int(null_rows.sum()), where))
-        dense = dense.copy()
+        dense = dense.astype(holding(dense.dtype, fill))  # a copy
         dense[null_rows] = fill
     return dense
 

@@ -211,6 +211,17 @@ class Series:
     notna = notnull
 
     @_on_default_stream
+    @_on_default_stream
+    def astype(self, dtype: Any) -> Series:
+        """A copy cast to ``dtype``, nulls kept (cudf.Series.astype,
+        https://docs.rapids.ai/api/cudf/stable/user_guide/api_docs/api/cudf.series.astype;
+        numeric columns only here)."""
+        if self._data is None:
+            raise NotImplementedError("the emulated cudf has astype() for numeric columns")
+        out = Series(self._data.astype(dtype), name=self.name)
+        out._valid = self._valid
+        return out
+
     def fillna(self, value: Any) -> Series:
         """A copy with nulls, and NaN of a float column, replaced by ``value``.
 
