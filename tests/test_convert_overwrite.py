@@ -125,3 +125,27 @@ def test_sigint_at_any_moment_leaves_the_old_set_or_the_new_one_whole(tmp_path):
             assert "interrupted; " in err and "is as it was" in err and "Traceback" not in err
         assert not [p for p in dest.iterdir() if p.name.startswith(".tabloader-convert-")]
     assert ("old", 130) in outcomes and ("new", 0) in outcomes, outcomes
+
+
+def test_sigterm_leaves_nothing_behind_and_a_failure_no_directory_it_made(tmp_path):
+    new = write_rows(tmp_path / "new.csv", 400_000, version=2)
+    dest = tmp_path / "made" / "for" / "it"
+    work = tmp_path / "work"
+    work.mkdir()
+    command = [sys.executable, "-m", "tabloader.cli", "convert", str(new), str(dest),
+               "--split", "valid=0.2", "--categorify", "version", "--quiet",
+               "--row-group-rows", "20000"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(work)}
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    while not (dest.is_dir() and any(dest.iterdir())):  # writing has begun
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 143 and "terminated" in err and "Traceback" not in err, err
+    assert not (tmp_path / "made").exists() and not list(work.iterdir())
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,t\n1,2024-03-01 10:00:00\n2,yesterday\n")
+    with pytest.raises(tabloader.InvalidFileError):
+        convert(str(bad), tmp_path / "nested" / "a" / "b", time_parts={"t": ["hour"]})
+    assert not (tmp_path / "nested").exists()

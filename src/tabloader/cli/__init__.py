@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -56,14 +58,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the command's thread so that its clean-up runs (Python's own
+    handling of the signal ends the process on the spot, leaving half-written files)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     out: TextIO = sys.stdout
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         code: int = args.run(args, out, sys.stderr)
         out.flush()  # a closed pipe shows here, not at exit
         return code
+    except Terminated:
+        sys.stderr.write("\ntabloader: terminated\n")
+        return 143  # 128 + SIGTERM
     except TabloaderError as error:
         sys.stderr.write(f"tabloader: error: {error}\n")
         return 2
@@ -79,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real fd
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by the pipe
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 _EXAMPLES = """\

@@ -130,7 +130,13 @@ class Destination:
                 )
             )
         self.staging = os.path.join(root, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
-        self._made_root = not os.path.exists(root)
+        # the directories this conversion makes (the destination, its missing parents),
+        # deepest first: a conversion that fails leaves none of them
+        self._made: list[str] = []
+        missing = os.path.abspath(root)
+        while not os.path.exists(missing):
+            self._made.append(missing)
+            missing = os.path.dirname(missing)
         self._remove_abandoned()
         os.makedirs(self.staging)
         with open(os.path.join(self.staging, ".owner"), "w") as f:
@@ -223,9 +229,9 @@ class Destination:
         """Remove the staging directory (a SIGINT waits: it would leave half of it)."""
         with _signals_held():
             shutil.rmtree(self.staging, ignore_errors=True)
-            if self._made_root:  # nothing was moved into it: as it was, absent
+            for made in self._made:  # nothing was moved into them: as they were, absent
                 with contextlib.suppress(OSError):
-                    os.rmdir(self.root)
+                    os.rmdir(made)
 
 
 def _alive(pid: int) -> bool:
