@@ -128,6 +128,19 @@ def test_forked_torch_workers_are_refused_at_construction(cluster, marked):
 
 
 @pytest.mark.torch
+def test_a_persisted_frame_is_refused_for_worker_processes_of_any_kind(cluster, marked):
+    """Its partitions are futures in the cluster's memory: a spawned worker, without a
+    Client, failed every read, blamed on the files."""
+    from tabloader.torch import DLDataLoader, TorchAsyncItr
+
+    frame, _ = marked
+    itr = TorchAsyncItr(frame.persist(), cats=["id"], batch_size=500, device="cpu")
+    with pytest.raises(tabloader.InvalidArgumentError, match="was persisted"):
+        DLDataLoader(itr, collate_fn=_identity, num_workers=2, multiprocessing_context="spawn")
+    assert len(list(DLDataLoader(itr, collate_fn=_identity, num_workers=0))) == len(itr)
+
+
+@pytest.mark.torch
 def test_a_plain_torch_dataloader_with_fork_fails_instead_of_hanging(cluster, marked):
     import torch
 

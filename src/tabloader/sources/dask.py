@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabloader.errors import InvalidArgumentError, TabloaderError
-from tabloader.sources.base import Piece, Source, read_error
+from tabloader.errors import InvalidArgumentError, ReadError, TabloaderError
+from tabloader.sources.base import Piece, Source
 from tabloader.sources.formats import ComputedPartitions
 
 __all__ = ["DaskSource", "forked_dask_message", "is_dask_frame"]
@@ -99,6 +99,18 @@ class DaskSource(Source):
         except Exception:  # dask raises its own error types for objects it cannot hash
             return None
 
+    def _persisted(self) -> bool:
+        """Whether the frame's graph holds dask.distributed futures (``persist()``)."""
+        if "distributed" not in sys.modules:
+            return False
+        from distributed import Future
+
+        graph = self.frame.__dask_graph__()
+        return any(
+            isinstance(task, Future) or isinstance(getattr(task, "value", None), Future)
+            for task in graph.values()
+        )
+
     def describe(self, index: int) -> str:
         return f"Dask partition {int(self.part_index[index])}"
 
@@ -150,10 +162,19 @@ class DaskSource(Source):
             except Exception as err:
                 if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
                     raise
-                raise read_error(self.describe(partition), err) from err
+                raise ReadError(
+                    f"could not compute {self.describe(partition)}: {type(err).__name__}: {err}"
+                ) from err
         return frames
 
     def check_worker_processes(self, start_method: Any) -> None:
+        if self._persisted():
+            raise InvalidArgumentError(
+                "this Dask DataFrame was persisted: its partitions live in the dask.distributed "
+                "cluster's memory, which worker processes cannot reach (they have no Client). "
+                "Use num_workers=0 (tabloader reads in a background thread already, and the "
+                "cluster holds the data), or do not persist the frame"
+            )
         if _distributed_client() is None:
             return
         if start_method is not None and not isinstance(start_method, str):
