@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -340,6 +341,39 @@ def test_a_lasting_outage_fails_within_the_budget_naming_object_and_range(proxy,
     assert "bytes " in message and "attempt(s) failed" in message
     assert "retry_seconds" in message and "network" in message
     assert "corrupt" not in message
+
+
+def test_a_lasting_outage_is_not_a_deleted_file_even_when_deleted_files_are_skipped(proxy, bucket):
+    objects = [f"s3://{bucket}/data/part-{f}.parquet" for f in range(len(LAYOUT))]
+    ds = tabloader.Dataset(
+        objects, storage_options=options(proxy), retry_seconds=2, request_timeout=1,
+        on_missing="skip", max_concurrent_reads=1,
+    )  # fmt: skip
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=50, parts_per_chunk=1, prefetch=1)
+    batches = iter(loader)
+    next(batches)
+    proxy.outage()  # for good: the objects' metadata cannot be read either
+    with pytest.raises(tabloader.ReadError, match="network"):
+        list(batches)
+    assert ds.rows_skipped == 0  # nothing replaced by repeats: the epoch failed
+
+
+def test_an_object_deleted_mid_epoch_is_skipped_when_asked(proxy, bucket, s3_server):
+    """The deletion is seen, though the listing that found the object is cached."""
+    ds = tabloader.Dataset(
+        f"s3://{bucket}/data/", storage_options=options(proxy), on_missing="skip",
+        max_concurrent_reads=1,
+    )  # fmt: skip
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=50, parts_per_chunk=1, prefetch=1)
+    batches = iter(loader)
+    first = [next(batches)]
+    last = ds.files[-1].rsplit("/", 1)[-1]
+    client(s3_server).delete_object(Bucket=bucket, Key=f"data/{last}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rest = list(batches)
+    assert ds.rows_skipped > 0 and len(first) + len(rest) == len(loader)
+    assert any("was deleted or changed during the epoch" in str(w.message) for w in caught)
 
 
 def test_an_outage_at_construction_fails_within_the_budget(proxy, bucket):

@@ -421,13 +421,18 @@ class Fill:
         """
         publisher = self.publisher
         skipped = dataset.rows_skipped - self.skipped
-        changed = dataset.changed_files()
-        if skipped or changed:
+        unchecked = None
+        try:
+            changed = dataset.changed_files()
+        except Exception as err:  # an outage, access denied: whether they changed is unknown
+            changed, unchecked = [], f"the files could not be checked ({type(err).__name__}: {err})"
+        if skipped or changed or unchecked:
             why = (
                 f"{skipped} rows of files deleted or changed during the epoch were replaced "
                 "by repeats"
                 if skipped
-                else f"{changed[0]} changed since it was listed"
+                else unchecked
+                or f"{changed[0]} changed since it was listed"
                 + (f" (and {len(changed) - 1} more files)" if len(changed) > 1 else "")
             )
             warnings.warn(

@@ -50,6 +50,12 @@ def read_error(where: str, error: BaseException, *, changed: str | None = None) 
     """The error for a partition that failed to read or decode (any backend); ``changed``
     names what a file deleted or rewritten since it was listed belongs to (``"dataset"``
     or the table format), which is then said instead of damage."""
+    if changed is None and isinstance(error, PermissionError):
+        return ReadError(
+            f"could not read {where}: access was denied ({type(error).__name__}: {error}). "
+            "Check the credentials (storage_options, or the environment) and that they may "
+            "read it"
+        )
     if changed is None:
         return ReadError(
             f"could not read {where}: {type(error).__name__}: {error}. The file may be "

@@ -30,7 +30,6 @@ from tabloader.errors import (
     InvalidFileError,
     ReadError,
     SourceNotFoundError,
-    TabloaderError,
 )
 from tabloader.sources.base import Piece, PieceResult, Source
 from tabloader.sources.footers import (
@@ -244,7 +243,11 @@ class ParquetSource(Source):
 
     def changed(self, index: int) -> bool:
         """Whether a file was deleted, truncated or rewritten since it was listed: its
-        stamp is part of its identity, so one ``stat`` (or metadata request) tells."""
+        stamp is part of its identity, so one ``stat`` (or metadata request, not answered
+        from a listing cached earlier) tells. What keeps the stamp from being read (an
+        outage, access denied) is raised: it tells nothing of the file."""
+        if self.remote is not None:
+            self.remote.filesystem.invalidate_cache(self.files[index])
         stamp = file_stamps([self.files[index]], self.remote)[0]
         return stamp is None or stamp != self._stamps[index]
 
@@ -469,8 +472,8 @@ def file_stamps(files: list[str], remote: RemoteStore | None) -> list[Any]:
                 stamps.append(_local_stamp(os.stat(path)))
             else:
                 stamps.append(remote.stamp(path))
-        except (OSError, TabloaderError):
-            stamps.append(None)
+        except (FileNotFoundError, NotADirectoryError, SourceNotFoundError):
+            stamps.append(None)  # gone; what else fails (an outage, access denied) is raised
     return stamps
 
 
