@@ -376,6 +376,25 @@ def test_an_object_deleted_mid_epoch_is_skipped_when_asked(proxy, bucket, s3_ser
     assert any("was deleted or changed during the epoch" in str(w.message) for w in caught)
 
 
+def test_an_object_rewritten_shorter_mid_epoch_is_said_at_once_not_retried(
+    proxy, bucket, s3_server
+):
+    ds = tabloader.Dataset(
+        f"s3://{bucket}/data/", storage_options=options(proxy), retry_seconds=30,
+        max_concurrent_reads=1,
+    )  # fmt: skip
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=50, parts_per_chunk=1, prefetch=1)
+    batches = iter(loader)
+    next(batches)
+    last = ds.files[-1].rsplit("/", 1)[-1]
+    # shorter than where its first row group starts: the store refuses the range (416)
+    client(s3_server).put_object(Bucket=bucket, Key=f"data/{last}", Body=b"PAR")
+    started = time.monotonic()
+    with pytest.raises(tabloader.ReadError, match="deleted or rewritten since the dataset"):
+        list(batches)
+    assert time.monotonic() - started < 15  # not the 30 s of retries a network failure gets
+
+
 def test_an_outage_at_construction_fails_within_the_budget(proxy, bucket):
     proxy.outage()
     started = time.monotonic()

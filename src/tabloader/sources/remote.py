@@ -21,6 +21,7 @@ PyTorch ``DataLoader`` worker processes with either start method.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import random
@@ -213,6 +214,10 @@ class RemoteStore:
                 return attempt()
             except _PERMANENT:
                 raise
+            except OSError as err:
+                if err.errno == errno.EINVAL:  # a request the store refuses (a range past
+                    raise  # the end of an object rewritten shorter): retrying cannot help
+                last = err
             except TabloaderError as err:
                 if not isinstance(err, ReadError):
                     raise
