@@ -74,6 +74,7 @@ class NetProxy:
         """The most requests in flight at once since the counters were reset."""
         self.throttled = 0
         self._throttle = 0
+        self._throttle_only: bytes | None = None
         self._lock = threading.Lock()
         self._down = threading.Event()
         self._closed = threading.Event()
@@ -98,10 +99,12 @@ class NetProxy:
         self._down.set()
         self.drop_connections()
 
-    def throttle(self, requests: int) -> None:
-        """Answer the next ``requests`` requests with 503 SlowDown."""
+    def throttle(self, requests: int, only: bytes | None = None) -> None:
+        """Answer the next ``requests`` requests with 503 SlowDown (those whose request
+        holds the bytes ``only``, as a key's name, if given)."""
         with self._lock:
             self._throttle = requests
+            self._throttle_only = only
 
     def restore(self) -> None:
         self._down.clear()
@@ -171,7 +174,8 @@ class NetProxy:
                         self.requests += 1
                         self.in_flight += 1
                         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-                        slow_down = self._throttle > 0
+                        only = self._throttle_only
+                        slow_down = self._throttle > 0 and (only is None or only in data)
                         if slow_down:
                             self._throttle -= 1
                             self.throttled += 1

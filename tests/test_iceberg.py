@@ -617,3 +617,46 @@ def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path, p
         np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), ids[ids % 3 != 0])
     finally:
         server.stop()
+
+
+def test_a_manifest_list_throttled_on_s3_is_retried_as_data_files_are(tmp_path):
+    """A refreshing epoch meets 503 SlowDown reading the new snapshot's manifest list: it
+    waits within retry_seconds (it was refused at once as an incomplete table)."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    from netproxy import NetProxy
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host_, port = server.get_host_and_port()
+        endpoint = f"http://{host_}:{port}"
+        boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id="testing",
+            aws_secret_access_key="testing", region_name="us-east-1",
+        ).create_bucket(Bucket="warehouse")  # fmt: skip
+
+        def catalog_at(url: str) -> SqlCatalog:
+            return SqlCatalog(
+                "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/",
+                **{"s3.endpoint": url, "s3.access-key-id": "testing",
+                   "s3.secret-access-key": "testing", "s3.region": "us-east-1"},
+            )  # fmt: skip
+
+        writer = catalog_at(endpoint)
+        writer.create_namespace("db")
+        writer.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY).append(rows(0, 100))
+        with NetProxy((host_, int(port))) as proxy:
+            ds = tabloader.Dataset.from_iceberg(
+                (catalog_at(proxy.url), "db.t"), refresh=True, retry_seconds=60
+            )
+            load = loader(ds, "cpu")
+            np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(100))
+            writer.load_table("db.t").append(rows(100, 50))
+            proxy.throttle(6, only=b"snap-")  # the new snapshot's manifest list
+            np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(150))
+            assert proxy.throttled > 0
+    finally:
+        server.stop()

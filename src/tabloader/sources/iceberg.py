@@ -24,7 +24,12 @@ from typing import Any
 import pyarrow as pa
 
 from tabloader import _deps
-from tabloader.errors import InvalidArgumentError, SourceNotFoundError, UnsupportedTableError
+from tabloader.errors import (
+    InvalidArgumentError,
+    ReadError,
+    SourceNotFoundError,
+    UnsupportedTableError,
+)
 from tabloader.options import int_at_least
 from tabloader.sources.partitions import TableFile, TableLog, TableSnapshot, in_load_order
 
@@ -236,6 +241,10 @@ class IcebergLog(TableLog):
                 raise UnsupportedTableError(_deletes_message(where, "equality")) from err
             raise
         except OSError as err:
+            if not isinstance(err, (FileNotFoundError, PermissionError)):
+                # a storage service failure (a 503, a cut connection): the caller retries
+                # it within retry_seconds, as it does reading the data files
+                raise ReadError(f"could not read the manifests of {where}: {err}") from err
             manifests = table.snapshot_by_id(version).manifest_list
             raise SourceNotFoundError(
                 f"{where}: its manifest list {manifests}, or a manifest it names, cannot be "
