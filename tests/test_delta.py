@@ -554,9 +554,14 @@ def test_a_table_on_s3_loads_with_the_usual_storage_options(s3_endpoint):
         tabloader.Dataset.from_delta(uri, storage_options=fsspec_options, retry_seconds=-1)
     # the directory above the table, read as plain parquet, is refused as the table is
     parent = uri.rsplit("/", 1)[0]
-    with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table") as info:
-        tabloader.Dataset(parent, storage_options=fsspec_options)
-    assert f"from_delta('{uri.removeprefix('s3://')}')" in str(info.value)
+    for spec in (parent, f"{uri}/*/*.parquet", f"{parent}/**/*.parquet"):
+        with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table") as info:
+            tabloader.Dataset(spec, storage_options=fsspec_options)
+        assert f"from_delta({uri!r})" in str(info.value)
+    old_version = tabloader.Dataset.from_delta(uri, version=0, storage_options=fsspec_options)
+    day = old_version.files[0].rsplit("/", 1)[0]  # a partition's directory, inside the table
+    with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table"):
+        tabloader.Dataset(f"s3://{day}/", storage_options=fsspec_options)
 
 
 def test_the_log_on_s3_is_retried_as_the_data_files_are(s3_endpoint):

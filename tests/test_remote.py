@@ -395,6 +395,18 @@ def test_an_object_rewritten_shorter_mid_epoch_is_said_at_once_not_retried(
     assert time.monotonic() - started < 15  # not the 30 s of retries a network failure gets
 
 
+def test_a_glob_skips_what_writers_keep_to_themselves_on_object_storage(proxy, bucket, s3_server):
+    s3 = client(s3_server)
+    put_table(s3, bucket, "data/_temporary/0/task_1/part-9.parquet", make_table(0, 10), 10)
+    put_table(s3, bucket, "data/.spark-staging-1/part-8.parquet", make_table(0, 10), 10)
+    found = tabloader.Dataset(f"s3://{bucket}/data/**/*.parquet", storage_options=options(proxy))
+    assert (
+        found.num_rows == TOTAL
+        and found.files
+        == tabloader.Dataset(f"s3://{bucket}/data/", storage_options=options(proxy)).files
+    )
+
+
 def test_an_outage_at_construction_fails_within_the_budget(proxy, bucket):
     proxy.outage()
     started = time.monotonic()

@@ -74,28 +74,30 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
     literal = call("info", path) if globlib.has_magic(path) else None
     if globlib.has_magic(path) and literal is None:
         listing = call("glob", path, detail=True) or {}
+        root = _glob_root(path)
+        named = set(path.split("/"))
         found = sorted(
-            p for p, info in listing.items() if info.get("type") == "file" and not _hidden(p)
+            p
+            for p, info in listing.items()
+            if info.get("type") == "file"
+            and not _hidden(p)
+            and not _left_by_writers(p, root, named)
         )
         if not found:
             raise SourceNotFoundError(
                 f"the glob {spec!r} matched no files; check the bucket name, the path "
                 "and the endpoint"
             )
-        roots[spec] = _glob_root(path)
+        if root:  # the tables below the glob's fixed part, and those it lies in
+            _refuse_remote_tables(spec, root, call("find", root.rstrip("/")) or [], call)
+        roots[spec] = root
         return found
     info = literal if literal is not None else call("info", path)
     if info is not None and info.get("type") == "directory":
         listing = sorted(call("find", path) or [])
         root = path.rstrip("/") + "/"
-        below = [p[len(root) :] for p in listing if p.startswith(root)]
-        _refuse_table_directory(spec, below)
-        for name in below:  # a table further down: the names say where
-            parts = name.split("/")
-            for i, part in enumerate(parts[:-1]):
-                if part == "_delta_log" or (part == "metadata" and i == len(parts) - 2):
-                    table = root + "/".join(parts[:i])
-                    _refuse_table_directory(spec, ["/".join(parts[i:])], table=table)
+        _refuse_table_directory(spec, [p[len(root) :] for p in listing if p.startswith(root)])
+        _refuse_remote_tables(spec, root, listing, call)
         roots[spec] = root
         return _from_directory(spec, listing, root=path)
     if info is not None:
@@ -217,6 +219,30 @@ def refuse_table_files(spec: str, files: Sequence[str]) -> None:
         table = table_above(directory)
         if table is not None:
             _refuse_table_directory(spec, _table_markers(table), table=table)
+
+
+def _refuse_remote_tables(spec: str, root: str, listing: Sequence[str], call: Any) -> None:
+    """Refuse a listing of objects below ``root`` that holds a Delta or Iceberg table's
+    files (its names say where), or a ``root`` inside a table's directory (one request
+    for each directory above it: a partition's, ``data/``)."""
+    protocol = spec.split("://", 1)[0] + "://" if "://" in spec else ""
+    for name in (p[len(root) :] for p in listing if p.startswith(root)):
+        parts = name.split("/")
+        for i, part in enumerate(parts[:-1]):
+            if part == "_delta_log" or (part == "metadata" and i == len(parts) - 2):
+                table = protocol + (root + "/".join(parts[:i])).rstrip("/")
+                _refuse_table_directory(spec, ["/".join(parts[i:])], table=table)
+    above = root.rstrip("/").split("/")[:-1]  # the bucket, then each directory down
+    for depth in range(len(above), 1, -1):
+        directory = "/".join(above[:depth])
+        markers = []
+        if call("info", f"{directory}/_delta_log") is not None:
+            markers.append("_delta_log/")
+        markers += [
+            f"metadata/{p.rsplit('/', 1)[-1]}"
+            for p in call("glob", f"{directory}/metadata/*.metadata.json") or []
+        ]
+        _refuse_table_directory(spec, markers, table=protocol + directory)
 
 
 def _left_by_writers(path: str, root: str, named: set[str]) -> bool:
