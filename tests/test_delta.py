@@ -564,6 +564,22 @@ def test_a_table_on_s3_loads_with_the_usual_storage_options(s3_endpoint):
         tabloader.Dataset(f"s3://{day}/", storage_options=fsspec_options)
 
 
+def test_a_missing_bucket_is_said_at_once_not_retried(s3_endpoint):
+    import time
+
+    fsspec_options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    }
+    started = time.monotonic()
+    with pytest.raises(tabloader.SourceNotFoundError, match=r"bucket .* does not exist"):
+        tabloader.Dataset.from_delta(
+            "s3://no-such-bucket/t", storage_options=fsspec_options, retry_seconds=30
+        )
+    assert time.monotonic() - started < 10  # not the 30 s a network failure gets
+
+
 def test_the_log_on_s3_is_retried_as_the_data_files_are(s3_endpoint):
     """An outage shorter than retry_seconds pauses a refreshing epoch, as it does reading
     data files; what retrying cannot change (a version the table does not have) is said

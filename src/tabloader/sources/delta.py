@@ -92,6 +92,15 @@ def _plain(err: Exception) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", str(err))
 
 
+_DENIED = re.compile(
+    r"lacked the necessary privileges|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch"
+    r"|\b(401 Unauthorized|403 Forbidden)\b"
+)
+"""What delta-rs (object_store) says of denied access, whose retries cannot succeed."""
+_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|bucket does not exist")
+"""... and of a bucket (container) that does not exist."""
+
+
 class DeltaLog(TableLog):
     """The log of one Delta table: its latest version, and the files of a version.
 
@@ -151,6 +160,18 @@ class DeltaLog(TableLog):
         except Exception as err:
             if version is not None and "version" in str(err).lower():
                 self._refuse_version(version, err)
+            text = str(err)
+            if _DENIED.search(text):  # retrying cannot change these: said at once
+                raise InvalidArgumentError(
+                    f"access to the log of the Delta table {self.name!r} was denied "
+                    f"({_plain(err)}): check the credentials (storage_options, or the "
+                    "environment) and that they may read this bucket"
+                ) from err
+            if _NO_BUCKET.search(text):
+                raise SourceNotFoundError(
+                    f"the bucket of the Delta table {self.name!r} does not exist "
+                    f"({_plain(err)}): check the bucket's name and the endpoint"
+                ) from err
             raise ReadError(
                 f"cannot read the log of the Delta table {self.name!r}: {_plain(err)}"
             ) from err
