@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import tabloader
 from conftest import make_table
 from netproxy import NetProxy
+from tabloader.sources.parquet import file_stamps
 from tabloader.sources.remote import RangeFile, merge_ranges
 
 boto3 = pytest.importorskip("boto3")
@@ -271,6 +272,29 @@ def test_prefetch_keeps_requests_in_flight_to_hide_latency(proxy, s3_server):
         # (at least half of it at some moment, even on a busy machine).
         assert bound // 2 <= proxy.max_in_flight <= bound, (bound, proxy.max_in_flight)
     proxy.latency = 0.0
+
+
+def test_a_refreshing_table_checks_its_objects_concurrently(proxy, s3_server):
+    """Each epoch of a refreshing table asks for every object's metadata (has it
+    changed?): up to max_concurrent_reads at a time, not one after another."""
+    name = f"h-{uuid.uuid4().hex[:12]}"
+    s3 = client(s3_server)
+    s3.create_bucket(Bucket=name)
+    for f in range(24):
+        put_table(s3, name, f"p/part-{f:02d}.parquet", make_table(f * 10, 10), 10)
+    ds = tabloader.Dataset(
+        f"s3://{name}/p/", storage_options=options(proxy), max_concurrent_reads=8
+    )
+    remote = ds.source.remote
+    remote.filesystem.invalidate_cache()  # asked of the store, as a table's files are
+    proxy.latency = 0.05
+    proxy.reset_counters()
+    try:
+        stamps = file_stamps(ds.files, remote)
+    finally:
+        proxy.latency = 0.0
+    assert None not in stamps and len(set(stamps)) == 24
+    assert proxy.requests >= 24 and 2 <= proxy.max_in_flight <= 8, proxy.max_in_flight
 
 
 # -- failures --------------------------------------------------------------------------

@@ -465,16 +465,19 @@ def file_stamps(files: list[str], remote: RemoteStore | None) -> list[Any]:
     rewrite changes the change time even when the modification time is put back, as
     ``cp -p`` and ``rsync -t`` do); for objects the size and the ETag, version or
     generation the store reports."""
-    stamps: list[Any] = []
-    for path in files:
+
+    def stamp(path: str) -> Any:
         try:
-            if remote is None:
-                stamps.append(_local_stamp(os.stat(path)))
-            else:
-                stamps.append(remote.stamp(path))
+            return _local_stamp(os.stat(path)) if remote is None else remote.stamp(path)
         except (FileNotFoundError, NotADirectoryError, SourceNotFoundError):
-            stamps.append(None)  # gone; what else fails (an outage, access denied) is raised
-    return stamps
+            return None  # gone; what else fails (an outage, access denied) is raised
+
+    if remote is None or len(files) < 2:
+        return [stamp(path) for path in files]
+    # objects: one metadata request each, max_concurrent_reads at a time (a table of
+    # thousands of files is checked at every refreshing epoch)
+    with ThreadPoolExecutor(min(remote.max_concurrent_reads, len(files))) as pool:
+        return list(pool.map(stamp, files))
 
 
 def identity(path: str, stamp: Any, digest: str, remote: RemoteStore | None) -> dict[str, Any]:
