@@ -593,3 +593,33 @@ def test_a_default_chunk_counts_the_values_of_list_columns(tmp_path):
     assert loader.config.chunk_rows == (128 << 20) // row_bytes
     plain = tabloader.Loader(str(tmp_path), cats=["id"], batch_size=100)
     assert plain.config.chunk_rows == (128 << 20) // 8
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_list_views_in_memory_deliver_what_lists_do(device):
+    lists = pa.array([[1, 2, 3], None, [4], [], [5, 6], [7, 8, 9]], pa.list_(pa.int64()))
+    views = pa.array(lists.to_pylist(), pa.list_view(pa.int64()))
+    batches = []
+    for column in (lists, views, pa.array(lists.to_pylist(), pa.large_list_view(pa.int64()))):
+        table = pa.table({"id": np.arange(6), "hist": column})
+        loader = tabloader.Loader(table, cats=["id"], sparse_names=["hist"], batch_size=3,
+                                  device=device)  # fmt: skip
+        batches.append([
+            (_on_host(b["hist"][0]).tolist(), _on_host(b["hist"][1]).tolist()) for b in loader
+        ])  # fmt: skip
+    assert batches[0] == [([1, 2, 3, 4], [0, 3, 3, 4]), ([5, 6, 7, 8, 9], [0, 0, 2, 5])]
+    assert batches[1] == batches[0] and batches[2] == batches[0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_float64_vector_in_memory_is_delivered_as_float32(device):
+    emb = pa.array([[0.5, 1.5, 2.5], [3.5, 4.5, 5.5]], pa.list_(pa.float64(), 3))
+    table = pa.table({"emb": emb, "y": [0.0, 1.0]})
+    loader = tabloader.Loader(table, conts=["emb"], labels=["y"], batch_size=2, device=device)
+    (batch,) = list(loader)
+    assert _on_host(batch["emb"]).tolist() == emb.to_pylist() and batch["emb"].dtype == np.float32
+
+
+def _on_host(array: Any) -> np.ndarray:
+    get = getattr(array, "get", None)  # cupy's copy to the host, on a GPU
+    return np.asarray(get() if callable(get) else array)

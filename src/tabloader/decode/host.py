@@ -155,17 +155,18 @@ def list_column_to_ragged(column: Any, name: str, fill: float | None, where: str
     as lists (named in ``sparse_names``) is a list column of rows of equal length."""
     if isinstance(column, pa.ChunkedArray):
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list_view(column.type):
-        column = column.cast(pa.list_(column.type.value_type))
-    elif pa.types.is_large_list_view(column.type):
-        column = column.cast(pa.large_list(column.type.value_type))
-    lengths = np.diff(np.asarray(column.offsets))  # the slice's own, whatever its offset
-    if column.null_count:
-        # A null slot may still span values; flatten() leaves them out, so do the offsets.
-        lengths[column.is_null().to_numpy(zero_copy_only=False)] = 0
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths = np.diff(np.asarray(column.offsets))  # the slice's own, whatever its offset
+        if column.null_count:
+            # A null slot may still span values; flatten() leaves them out, so do the offsets.
+            lengths[column.is_null().to_numpy(zero_copy_only=False)] = 0
+        values: Any = column.flatten()  # the values of the non-null lists, offset applied
+    else:  # fixed-size lists and list views, by their lengths (pyarrow's cast of a list
+        # view to a list can make an invalid array): what the GPU's reader does too
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
+        values = pc.list_flatten(column)
     offsets = np.zeros(len(column) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    values: Any = column.flatten()  # the values of the non-null lists, slice offset applied
     if values.null_count:
         if fill is None:
             raise NullValuesError(null_message(name, values.null_count, where + " (inside lists)"))

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabloader.columns import is_list_type
 from tabloader.sources.base import Source
 
 if TYPE_CHECKING:
@@ -100,11 +101,10 @@ class TableSource(Source):
         if column not in self.table.column_names:
             return super().value_ranges(column)
         whole: Any = self.table.column(column).combine_chunks()
-        listed = pa.types.is_list(whole.type) or pa.types.is_large_list(whole.type)
         ranges: list[tuple[Any, Any] | None] = []
         for p in range(len(self.rows)):
             part = whole.slice(int(self.starts[p]), int(self.rows[p]))
-            values = part.flatten() if listed else part
+            values = pc.list_flatten(part) if is_list_type(part.type) else part
             extremes = pc.min_max(values)
             low, high = extremes["min"].as_py(), extremes["max"].as_py()
             ranges.append(None if low is None else (low, high))
