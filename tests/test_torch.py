@@ -628,3 +628,16 @@ def test_nvtabulars_positional_call_shape_gives_the_same_batches(paths):
             assert torch.equal(left, right)
     with pytest.raises(tabloader.InvalidArgumentError, match="needs batch_size"):
         TorchAsyncItr(tabloader.Dataset(paths), ["id"])
+
+
+def test_list_columns_alone_make_empty_dense_tensors_beside_them(tmp_path):
+    torch = pytest.importorskip("torch")
+    from tabloader.torch import TorchAsyncItr
+
+    table = pa.table({"hist": pa.array([[1, 2], [3], []], pa.list_(pa.int64()))})
+    pq.write_table(table, tmp_path / "a.parquet")
+    itr = TorchAsyncItr(str(tmp_path), sparse_names=["hist"], batch_size=3)
+    x_cat, x_cont, y, lists = next(iter(itr))
+    assert x_cat.shape == (3, 0) and x_cont.shape == (3, 0) and x_cat.dtype == torch.int64
+    values, offsets = lists["hist"]
+    assert values.tolist() == [1, 2, 3] and offsets.tolist() == [0, 2, 3]  # EmbeddingBag's

@@ -655,7 +655,9 @@ class TorchBatchBuilder:
 
     def __call__(self, batch: dict[str, Any]) -> Any:
         tensor, torch = self.tensors.tensor, self.tensors.torch
-        rows = int(next(iter(batch.values())).shape[0])
+        first = next(iter(batch.values()))
+        # (a list column is (values, offsets): its rows are its offsets but one)
+        rows = len(first[1]) - 1 if isinstance(first, tuple) else int(first.shape[0])
         made = {kind: tensor(batch[kind]) for kind in self.dtypes if kind in batch}
         # A kind with no columns is an empty tensor (of its dtype) where the others are.
         where = next(iter(made.values())).device if made else self.device
