@@ -639,5 +639,6 @@ def test_list_columns_alone_make_empty_dense_tensors_beside_them(tmp_path):
     itr = TorchAsyncItr(str(tmp_path), sparse_names=["hist"], batch_size=3)
     x_cat, x_cont, y, lists = next(iter(itr))
     assert x_cat.shape == (3, 0) and x_cont.shape == (3, 0) and x_cat.dtype == torch.int64
+    assert y.shape == (3, 0)
     values, offsets = lists["hist"]
     assert values.tolist() == [1, 2, 3] and offsets.tolist() == [0, 2, 3]  # EmbeddingBag's
