@@ -244,6 +244,22 @@ def test_the_pool_takes_at_most_its_budget_and_says_so(tmp_path, monkeypatch):
 
 @gpu
 @pytest.mark.usefixtures("fresh_device")
+@pytest.mark.parametrize("budget", ["0.3", "0.003", str(50_000_001)])
+def test_a_budget_of_any_size_makes_a_pool_rmm_accepts(tmp_path, monkeypatch, budget):
+    """rmm refuses pool sizes that are not multiples of 256 bytes, and an initial size
+    above the maximum: a share of the device's memory, or bytes, gives neither."""
+    import rmm
+
+    monkeypatch.setenv("TABLOADER_GPU_MEMORY", budget)
+    paths = write_dataset(tmp_path / "data", [[1_000]])
+    loader = _loader(paths, batch_size=100)
+    assert sum(len(b["id"]) for b in loader) == 1_000
+    pool = rmm.mr.get_per_device_resource(0).get_upstream()
+    assert pool.pool_size() % 256 == 0
+
+
+@gpu
+@pytest.mark.usefixtures("fresh_device")
 @pytest.mark.parametrize("how", ["close", "collected"])
 def test_a_loader_gives_its_gpu_memory_back(tmp_path, how):
     """After ``close()`` (or once the loader is collected) the driver has as much free

@@ -551,8 +551,10 @@ def acquire_pool(rmm: Any, device: int) -> _SharedPool | None:
 
         with cupy.cuda.Device(device):
             total = int(cupy.cuda.runtime.memGetInfo()[1])
-            maximum = max(memory_budget(total), 2**20)
-            initial = min(-(-size // 256) * 256, maximum)  # rmm pools grow by 256 bytes
+            # rmm takes pool sizes in multiples of 256 bytes only, the initial one at
+            # most the maximum (pool_memory_resource's constructor refuses others)
+            maximum = max(memory_budget(total), 2**20) // 256 * 256
+            initial = min(-(-size // 256) * 256, maximum)
             pool = rmm.mr.StatisticsResourceAdaptor(
                 rmm.mr.PoolMemoryResource(
                     current, initial_pool_size=initial, maximum_pool_size=maximum

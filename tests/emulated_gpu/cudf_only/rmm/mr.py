@@ -153,7 +153,16 @@ class PoolMemoryResource(_UpstreamAdaptor):
     ) -> None:
         super().__init__(upstream_mr)
         total = int(_runtime().memGetInfo()[1])
-        self._initial = _round(total // 2 if initial_pool_size is None else int(initial_pool_size))
+        # rmm refuses sizes that are not multiples of 256 bytes (pool_memory_resource's
+        # constructor: RMM_EXPECTS(is_aligned(..., CUDA_ALLOCATION_ALIGNMENT), "Error,
+        # Initial pool size required to be a multiple of 256 bytes"; the same of the
+        # maximum); its default initial size is rounded.
+        for name, given in (("Initial", initial_pool_size), ("Maximum", maximum_pool_size)):
+            if given is not None and int(given) % 256:
+                raise MemoryError(
+                    f"RMM failure: Error, {name} pool size required to be a multiple of 256 bytes"
+                )
+        self._initial = _round(total // 2) if initial_pool_size is None else int(initial_pool_size)
         self._maximum = total if maximum_pool_size is None else int(maximum_pool_size)
         if self._initial > self._maximum:
             raise ValueError("initial_pool_size must not exceed maximum_pool_size")
