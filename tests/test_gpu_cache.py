@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import tabloader
@@ -441,3 +442,18 @@ def test_a_gpu_caches_gather_helpers_are_as_many_as_the_loaders_threads_allow(mo
         ids.append(batch["id"].get())
     assert sorted(np.concatenate(ids).tolist()) == expected
     assert len(helpers) == threads - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("TABLOADER_GPU_CACHE_FRACTION", "50%"), ("TABLOADER_GPU_CACHE_RESERVE", "lots")],
+)
+def test_a_bad_device_cache_setting_is_refused_when_the_loader_is_built(
+    tmp_path, monkeypatch, name, value
+):
+    """It was read when the cache was placed: after a whole epoch had been delivered."""
+    monkeypatch.setenv(name, value)
+    pq.write_table(pa.table({"id": np.arange(100)}), tmp_path / "a.parquet")
+    with pytest.raises(tabloader.InvalidArgumentError, match=name):
+        tabloader.Loader(str(tmp_path), cats=["id"], batch_size=10, cache="memory", device="cuda")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tabloader.backends import get_backend
 from tabloader.batches import Layout
 from tabloader.cache import DecodedCache
+from tabloader.cache.device import device_reserve, device_share
 from tabloader.casting import checked_layout
 from tabloader.checks import check_dataset
 from tabloader.config import LOADER_KEYWORDS, ConfigAttributes, LoaderConfig, LoaderOptions
@@ -491,6 +492,8 @@ class Loader(_Standing):
         """The decoded cache (``cache=`` given), which also fixes each rank's rows."""
         self._cache_stacked = config.cache_stacked(self.device)
         if config.cache_mode is not None:
+            if self.device.is_cuda:  # the settings of a cache in GPU memory, checked now
+                device_share(), device_reserve()
             self.cache = self._cache_for(self.dataset)
 
     def _layout(self, stacked: bool, *, vectors_apart: bool = False) -> Layout:
