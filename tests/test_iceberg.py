@@ -13,6 +13,7 @@ import logging
 import os
 import pickle
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -577,10 +578,9 @@ def test_every_rank_loads_rank_zeros_snapshot(catalog, tmp_path):
 # -- object storage ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefix", ["s3", "client"])
-def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path, prefix):
-    """The data files are read through fsspec with the options of the table's FileIO:
-    ``s3.*`` credentials, or the ``client.*`` ones every client of the table shares."""
+@pytest.fixture
+def warehouse_endpoint() -> Iterator[str]:
+    """moto's S3 server with an empty ``warehouse`` bucket; yields its URL."""
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
     moto_server = pytest.importorskip("moto.server")
@@ -597,66 +597,60 @@ def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(tmp_path, p
             aws_secret_access_key="testing",
             region_name="us-east-1",
         ).create_bucket(Bucket="warehouse")
-        properties = {
-            "s3.endpoint": endpoint,
-            f"{prefix}.access-key-id": "testing",
-            f"{prefix}.secret-access-key": "testing",
-            f"{prefix}.region": "us-east-1",
-        }
-        catalog = SqlCatalog(
-            "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/", **properties
-        )
-        catalog.create_namespace("db")
-        table = catalog.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY)
-        table.append(rows(0, 300))
-        table.overwrite(rows(1000, 90))
-        ds = tabloader.Dataset.from_iceberg(table, filters=[("day", "!=", 0)])
-        assert all(f.startswith("warehouse/db/t/data/") for f in ds.files)
-        assert ds.describe_partition(0).startswith("s3://warehouse/")
-        ids = np.arange(1000, 1090)
-        np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), ids[ids % 3 != 0])
+        yield endpoint
     finally:
         server.stop()
 
 
-def test_a_manifest_list_throttled_on_s3_is_retried_as_data_files_are(tmp_path):
+@pytest.mark.parametrize("prefix", ["s3", "client"])
+def test_a_table_on_s3_reads_its_files_with_the_file_ios_credentials(
+    tmp_path, prefix, warehouse_endpoint
+):
+    """The data files are read through fsspec with the options of the table's FileIO:
+    ``s3.*`` credentials, or the ``client.*`` ones every client of the table shares."""
+    properties = {
+        "s3.endpoint": warehouse_endpoint,
+        f"{prefix}.access-key-id": "testing",
+        f"{prefix}.secret-access-key": "testing",
+        f"{prefix}.region": "us-east-1",
+    }
+    catalog = SqlCatalog(
+        "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/", **properties
+    )
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY)
+    table.append(rows(0, 300))
+    table.overwrite(rows(1000, 90))
+    ds = tabloader.Dataset.from_iceberg(table, filters=[("day", "!=", 0)])
+    assert all(f.startswith("warehouse/db/t/data/") for f in ds.files)
+    assert ds.describe_partition(0).startswith("s3://warehouse/")
+    ids = np.arange(1000, 1090)
+    np.testing.assert_array_equal(np.sort(epoch(loader(ds, "cpu"))), ids[ids % 3 != 0])
+
+
+def test_a_manifest_list_throttled_on_s3_is_retried_as_data_files_are(tmp_path, warehouse_endpoint):
     """A refreshing epoch meets 503 SlowDown reading the new snapshot's manifest list: it
     waits within retry_seconds (it was refused at once as an incomplete table)."""
-    pytest.importorskip("s3fs")
-    boto3 = pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
     from netproxy import NetProxy
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host_, port = server.get_host_and_port()
-        endpoint = f"http://{host_}:{port}"
-        boto3.client(
-            "s3", endpoint_url=endpoint, aws_access_key_id="testing",
-            aws_secret_access_key="testing", region_name="us-east-1",
-        ).create_bucket(Bucket="warehouse")  # fmt: skip
+    def catalog_at(url: str) -> SqlCatalog:
+        return SqlCatalog(
+            "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/",
+            **{"s3.endpoint": url, "s3.access-key-id": "testing",
+               "s3.secret-access-key": "testing", "s3.region": "us-east-1"},
+        )  # fmt: skip
 
-        def catalog_at(url: str) -> SqlCatalog:
-            return SqlCatalog(
-                "s3", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://warehouse/",
-                **{"s3.endpoint": url, "s3.access-key-id": "testing",
-                   "s3.secret-access-key": "testing", "s3.region": "us-east-1"},
-            )  # fmt: skip
-
-        writer = catalog_at(endpoint)
-        writer.create_namespace("db")
-        writer.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY).append(rows(0, 100))
-        with NetProxy((host_, int(port))) as proxy:
-            ds = tabloader.Dataset.from_iceberg(
-                (catalog_at(proxy.url), "db.t"), refresh=True, retry_seconds=60
-            )
-            load = loader(ds, "cpu")
-            np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(100))
-            writer.load_table("db.t").append(rows(100, 50))
-            proxy.throttle(6, only=b"snap-")  # the new snapshot's manifest list
-            np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(150))
-            assert proxy.throttled > 0
-    finally:
-        server.stop()
+    writer = catalog_at(warehouse_endpoint)
+    writer.create_namespace("db")
+    writer.create_table("db.t", schema=SCHEMA, partition_spec=BY_DAY).append(rows(0, 100))
+    host_, port = warehouse_endpoint.removeprefix("http://").split(":")
+    with NetProxy((host_, int(port))) as proxy:
+        ds = tabloader.Dataset.from_iceberg(
+            (catalog_at(proxy.url), "db.t"), refresh=True, retry_seconds=60
+        )
+        load = loader(ds, "cpu")
+        np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(100))
+        writer.load_table("db.t").append(rows(100, 50))
+        proxy.throttle(6, only=b"snap-")  # the new snapshot's manifest list
+        np.testing.assert_array_equal(np.sort(epoch(load)), np.arange(150))
+        assert proxy.throttled > 0
