@@ -40,6 +40,7 @@ from tabloader.errors import (
     InvalidArgumentError,
     PerformanceWarning,
     ReadError,
+    ValueRangeError,
     is_out_of_memory,
 )
 from tabloader.sources.formats import DeviceChunk
@@ -316,12 +317,16 @@ class DeviceReader:
                     frame, columns, lists, fill_null, rows, dataset, cupy, vectors
                 )
                 # values that would not fit their dtype: an error, in the rows delivered,
-                # naming the row group as the host's decoder does
-                for partition, start, stop in rows:
-                    piece = {c: arrays[c][start:stop] for c in columns}
-                    where = dataset.describe_partition(partition)
-                    for block in blocks:
-                        check_block(piece, block, where=where)
+                # naming the row group as the host's decoder does. The frame is checked
+                # whole first (one wait for the device), its pieces only when it fails.
+                for block in blocks:
+                    try:
+                        check_block(arrays, block)
+                    except ValueRangeError:
+                        for partition, start, stop in rows:
+                            piece = {c: arrays[c][start:stop] for c in block.columns}
+                            where = dataset.describe_partition(partition)
+                            check_block(piece, block, where=where)
                 converted.append(arrays)
         return frames, converted, on_default
 
