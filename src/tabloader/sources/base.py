@@ -69,7 +69,8 @@ def read_error(where: str, error: BaseException, *, changed: str | None = None) 
     return ReadError(
         f"could not read {where}: the file was deleted or rewritten since the dataset "
         f"listed it ({remedy}; {type(error).__name__}: {error}). Create the Dataset again, "
-        "or pass refresh=True to list the files at each epoch."
+        "or pass refresh=True to list the files at each epoch (a file listed must then "
+        "stay until its epoch ends), or on_missing='skip' to go on without its rows."
     )
 
 
