@@ -525,15 +525,6 @@ def _list_on_rank_zero(source: Source) -> None:
         source.relist(box[0])
 
 
-def _changed(source: Source, file_index: int) -> bool:
-    """Whether the file is known to have been deleted or rewritten: not when its stamp
-    cannot be read (an outage, access denied), which says nothing of the file."""
-    try:
-        return source.changed(file_index)
-    except Exception:
-        return False
-
-
 class _Skipped:
     """``on_missing="skip"``: the rows of files that went away during an epoch, replaced."""
 
@@ -553,7 +544,7 @@ class _Skipped:
         for (partition, first, stop), result in results:
             f = source.file_of(partition)
             if isinstance(result, BaseException):
-                if f not in gone and not _changed(source, f):
+                if f not in gone and not source.known_changed(f):
                     raise result
                 if f not in gone:
                     gone.add(f)

@@ -42,7 +42,7 @@ from tabloader.errors import (
     SchemaMismatchError,
     SourceNotFoundError,
 )
-from tabloader.sources.listing import refuse_table_files
+from tabloader.sources.listing import glob_root, refuse_table_files
 from tabloader.sources.partitions import hive_values
 
 __all__ = [
@@ -125,7 +125,7 @@ def expand(sources: Sequence[str]) -> list[str]:
                 f"{spec!r} names only files whose names start with '_' or '.' (a writer's "
                 "own files, skipped): name such a file itself to convert it"
             )
-        root = path if os.path.isdir(path) else _glob_root(path)
+        root = path if os.path.isdir(path) else glob_root(path) or "."
         _refuse_keys_in_directories(spec, root, kept)
         files.extend(kept)
     refuse_table_files(", ".join(sources), files)
@@ -152,16 +152,6 @@ def _refuse_keys_in_directories(spec: str, root: str, files: Sequence[str]) -> N
                 f"each directory on its own into the same layout (tabloader convert "
                 f"SRC/{key}={value} DEST/{key}={value}), which the loader reads the keys from"
             )
-
-
-def _glob_root(pattern: str) -> str:
-    """The directory a glob's matches start below."""
-    fixed: list[str] = []
-    for part in pattern.split("/")[:-1]:
-        if globlib.has_magic(part):
-            break
-        fixed.append(part)
-    return "/".join(fixed) or "."
 
 
 def _data_files(directory: str) -> Iterator[str]:

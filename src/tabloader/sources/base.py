@@ -218,15 +218,20 @@ class Source(Protocol):
         """Whether file ``file_index`` was deleted or rewritten since it was listed."""
         return False
 
+    def known_changed(self, file_index: int) -> bool:
+        """Whether file ``file_index`` is known to have been deleted or rewritten since
+        it was listed: not when its stamp cannot be read (an outage, access denied),
+        which says nothing of the file."""
+        try:
+            return file_index >= 0 and self.changed(file_index)
+        except Exception:
+            return False
+
     def read_failure(self, partition: int, error: BaseException, where: str = "") -> ReadError:
         """The [`ReadError`][tabloader.errors.ReadError] for ``partition`` failing to read
         (``where``: its description, by default `describe`'s), caused by ``error``: a
         file deleted or rewritten since it was listed is said to be so, not damaged."""
-        file = self.file_of(partition)
-        try:
-            changed = file >= 0 and self.changed(file)
-        except Exception:  # its stamp cannot be read either: nothing more is known
-            changed = False
+        changed = self.known_changed(self.file_of(partition))
         failure = read_error(
             where or self.describe(partition),
             error,

@@ -23,7 +23,14 @@ from tabloader.splits import refuse_mixed_splits
 if TYPE_CHECKING:
     from tabloader.sources.remote import RemoteStore
 
-__all__ = ["PARQUET_SUFFIXES", "TEMPORARY_SUFFIXES", "below_root", "expand", "refuse_table_files"]
+__all__ = [
+    "PARQUET_SUFFIXES",
+    "TEMPORARY_SUFFIXES",
+    "below_root",
+    "expand",
+    "glob_root",
+    "refuse_table_files",
+]
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 TEMPORARY_SUFFIXES = (".tmp", ".inprogress")
@@ -36,7 +43,7 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
         path = os.path.expanduser(spec)
         # A path that exists is itself, even with glob characters: "a[1].parquet".
         if globlib.has_magic(path) and not os.path.exists(path):
-            root = _glob_root(path)
+            root = glob_root(path)
             named = set(path.replace("\\", "/").split("/"))
             found = sorted(
                 p
@@ -74,7 +81,7 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
     literal = call("info", path) if globlib.has_magic(path) else None
     if globlib.has_magic(path) and literal is None:
         listing = call("glob", path, detail=True) or {}
-        root = _glob_root(path)
+        root = glob_root(path)
         named = set(path.split("/"))
         found = sorted(
             p
@@ -147,7 +154,7 @@ def _hidden(path: str) -> bool:
     return name.startswith(("_", ".")) or name.endswith(TEMPORARY_SUFFIXES)
 
 
-def _glob_root(pattern: str) -> str:
+def glob_root(pattern: str) -> str:
     """The directory a glob's matches start below: where their ``key=value`` parts begin."""
     parts = pattern.replace("\\", "/").split("/")
     fixed = []
@@ -258,8 +265,13 @@ def _walk_local(root: str) -> list[str]:
     names start with ``_`` or ``.``: a FIFO named like data is not opened (it would
     block the listing for ever)."""
     found: list[str] = []
-    for dirpath, dirnames, _ in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
-        with os.scandir(dirpath) as entries:
-            found.extend(e.path for e in entries if e.is_file())
+    below = [root]
+    while below:
+        with os.scandir(below.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):  # (as os.walk: links not walked)
+                    if not entry.name.startswith(("_", ".")):
+                        below.append(entry.path)
+                elif entry.is_file():
+                    found.append(entry.path)
     return sorted(found)
