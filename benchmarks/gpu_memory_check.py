@@ -5,7 +5,11 @@ GPU memory gives way to the training step.
    runs streamed epochs and epochs from a cache in GPU memory, then ``close()``. The
    framework (PyTorch on a GPU) must then allocate, in one piece, at least 95% of the
    memory that was free before.
-2. **Giving way.** A decoded cache is placed in GPU memory; then the training step grows
+2. **Unlocking.** A cache in pinned host memory: after ``close()`` none of it stays
+   page-locked: cupy's pinned memory pool, which keeps what it is given back locked,
+   holds no block of the loader's (the emulated device also counts the locked bytes;
+   the resident memory before, while running and after is reported beside).
+3. **Giving way.** A decoded cache is placed in GPU memory; then the training step grows
    (a block a batch) until the GPU keeps only 5% of its memory free, below the cache's
    reserve. The loader must move the cache to pinned host memory with a ``CacheWarning``,
    the step must never run out of memory, every epoch must deliver every row, and the
@@ -110,6 +114,61 @@ def check_closing(files: list[str], framework: Framework, batch_size: int) -> di
     }
 
 
+def _rss() -> int:
+    """This process's resident memory in bytes (Linux), 0 where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _locked_bytes(cupy: Any) -> int | None:
+    """Page-locked bytes on the emulated device (which counts them); None on a GPU, whose
+    driver has no such query: there the pool's free blocks and the resident memory say it."""
+    emulated = getattr(cupy.cuda, "pinned_memory", None)
+    return emulated.locked_bytes() if hasattr(emulated, "locked_bytes") else None
+
+
+def check_pinned_closing(files: list[str], framework: Framework, batch_size: int) -> dict[str, Any]:
+    import cupy
+
+    import tabloader
+
+    gc.collect()
+    pool = cupy.get_default_pinned_memory_pool()
+    free_blocks_before, rss_before = pool.n_free_blocks(), _rss()
+    locked_before = _locked_bytes(cupy)
+    loader = tabloader.Loader(
+        files, device="cuda", batch_size=batch_size, cache="memory", cache_placement="host",
+        **OPTIONS,
+    )  # fmt: skip
+    rows = [sum(len(b["c0"]) for b in loader) for _ in range(3)]
+    placed = loader.stats().cache_placement
+    cache_bytes = loader.cache.nbytes if loader.cache is not None else 0
+    rss_running = _rss()
+    loader.close()
+    del loader
+    gc.collect()
+    rss_after = _rss()
+    locked_after = _locked_bytes(cupy)
+    return {
+        "check": "close() unlocks the pinned host memory",
+        "placed": placed,
+        "cache_bytes": cache_bytes,
+        "rss_before": rss_before,
+        "rss_running": rss_running,
+        "rss_after": rss_after,
+        "default_pool_free_blocks": [free_blocks_before, pool.n_free_blocks()],
+        "page_locked_bytes": [locked_before, locked_after],
+        "rows_per_epoch": rows,
+        "passed": placed == "pinned host"
+        and len(set(rows)) == 1
+        and pool.n_free_blocks() == free_blocks_before
+        and locked_after == locked_before,
+    }
+
+
 def check_giving_way(files: list[str], framework: Framework, batch_size: int) -> dict[str, Any]:
     import tabloader
     from tabloader.errors import CacheWarning
@@ -185,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     files = write_data(Path(args.data), args.rows, args.row_group_size)
     framework = Framework()
     results = []
-    for check in (check_closing, check_giving_way):
+    for check in (check_closing, check_pinned_closing, check_giving_way):
         started = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)

@@ -290,6 +290,40 @@ def test_a_loader_gives_its_gpu_memory_back(tmp_path, how):
 
 @gpu
 @pytest.mark.usefixtures("fresh_device")
+@pytest.mark.parametrize("how", ["close", "collected"])
+def test_a_loader_gives_its_page_locked_host_memory_back(tmp_path, how):
+    """A cache in pinned host memory, and the pinned windows its batches are gathered
+    into, are page-locked for the loader alone: after ``close()`` (or once the loader is
+    collected) none of it stays locked, and none of it is left on cupy's pinned memory
+    pool, which keeps what it is given back page-locked until ``free_all_blocks()``
+    (``cupy/cuda/pinned_memory.pyx``): a cache's worth of RAM the system could not page
+    out again."""
+    import cupy
+
+    if not getattr(cupy, "__emulated__", False):
+        pytest.skip("counted on the emulated device (the GPU host run checks a GPU)")
+    pinned = cupy.cuda.pinned_memory
+    locked_before = pinned.locked_bytes()
+    pool = cupy.get_default_pinned_memory_pool()
+    free_blocks_before = pool.n_free_blocks()
+    paths = write_dataset(tmp_path / "data", [[256] * 4, [256] * 4])
+    loader = _loader(paths, cache="memory", cache_placement="host")
+    for _ in range(3):
+        ids = np.concatenate([batch["id"].get() for batch in loader])
+        assert sorted(ids.tolist()) == list(range(2048))
+    assert loader.stats().cache_placement == "pinned host"
+    assert pinned.locked_bytes() > locked_before  # the cache, page-locked
+    if how == "close":
+        loader.close()
+    else:
+        del loader
+    gc.collect()
+    assert pinned.locked_bytes() == locked_before
+    assert pool.n_free_blocks() == free_blocks_before
+
+
+@gpu
+@pytest.mark.usefixtures("fresh_device")
 def test_closing_a_loader_mid_epoch_ends_the_epoch_before_its_memory_goes_back(tmp_path):
     """The pool goes back to the driver only once no epoch of the loader runs on it: the
     epoch in progress ends first (its reader would go on decoding into it)."""

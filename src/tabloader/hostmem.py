@@ -31,6 +31,8 @@ __all__ = [
     "PinnedNumpy",
     "PooledNumpy",
     "map_in",
+    "pinned_buffer",
+    "pinned_empty",
     "populated_empty",
 ]
 
@@ -183,9 +185,18 @@ class BufferPool:
     buffer mapped for a rare moment (a third chunk in flight, an extra batch queued)
     would otherwise stay resident for good, and memory crept up from epoch to epoch."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        allocate: Callable[[int, int], Any] = _map_memory,
+        *,
+        min_bytes: int | None = None,
+    ) -> None:
+        self._allocate = allocate
+        """Makes a buffer: ``allocate(size, used)`` (`_map_memory`, or `pinned_buffer`)."""
+        if min_bytes is not None:
+            self.min_bytes = min_bytes
         self._lock = threading.Lock()
-        self._buffers: list[mmap.mmap] = []
+        self._buffers: list[Any] = []
         self._leases: list[weakref.ref[memoryview] | None] = []
         self._used: list[int] = []  # when each buffer was last lent (the clock then)
         self._clock = 0  # bytes lent so far
@@ -229,7 +240,7 @@ class BufferPool:
                 lent = sum(len(b) for b, free in zip(self._buffers, idle, strict=True) if not free)
                 self._peak_lent = max(self._peak_lent, lent + size)
                 self._release_idle(idle, room=size)
-                self._buffers.append(_map_memory(size, used=nbytes))
+                self._buffers.append(self._allocate(size, nbytes))
                 self._leases.append(None)
                 self._used.append(0)
                 best = len(self._buffers) - 1
@@ -328,18 +339,33 @@ class PooledNumpy:
         """Nothing to wait for (see ``hand_over``)."""
 
 
+def pinned_buffer(cupy: Any, nbytes: int, used: int = 0) -> memoryview:
+    """``nbytes`` of page-locked (pinned) host memory, straight from the driver and
+    unlocked once nothing refers to it any more.
+
+    Not ``cupy.cuda.alloc_pinned_memory``: that takes from cupy's pinned memory pool,
+    which keeps the memory given back page-locked until ``free_all_blocks()``
+    (``cupy/cuda/pinned_memory.pyx``), so a loader's cache would stay locked after
+    ``close()``, and no other process could have that RAM."""
+    memory = cupy.cuda.PinnedMemory(nbytes, cupy.cuda.runtime.hostAllocPortable)
+    return memoryview(cupy.cuda.PinnedMemoryPointer(memory, 0))
+
+
+def pinned_empty(cupy: Any, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
+    """An empty array of its own in page-locked host memory (see `pinned_buffer`),
+    unlocked when the array and its views are gone."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, dtype)
+    buffer = pinned_buffer(cupy, count * dtype.itemsize)
+    return np.frombuffer(buffer, dtype, count).reshape(shape)
+
+
 class PinnedNumpy(PooledNumpy):
-    """numpy, its new arrays in page-locked (pinned) host memory: copied to the device
-    asynchronously, at the bus's full speed."""
+    """numpy, its new arrays in page-locked (pinned) host memory, copied to the device
+    asynchronously at the bus's full speed: buffers of its own pool (`pinned_buffer`),
+    reused while it lives and unlocked once it and the arrays lent from it are gone."""
 
     def __init__(self, cupy: Any) -> None:
-        super().__init__(BufferPool())
-        self.cupy = cupy
-
-    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape))
-        if count == 0:
-            return np.empty(shape, dtype)
-        memory = self.cupy.cuda.alloc_pinned_memory(count * dtype.itemsize)
-        return np.frombuffer(memory, dtype, count).reshape(shape)
+        super().__init__(BufferPool(functools.partial(pinned_buffer, cupy), min_bytes=0))

@@ -52,7 +52,7 @@ from tabloader.batches import Ragged
 from tabloader.cache.fill import CachedList
 from tabloader.cache.serve import CacheBackend, CacheHandle, gather_list
 from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError, warn_caller
-from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy
+from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy, pinned_empty
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
 from tabloader.stages import Reading, read_in_stages
 
@@ -148,11 +148,14 @@ class _HostSide:
 
 
 class _Placed:
-    """A complete cache placed for a device: its arrays, and where they live."""
+    """A complete cache placed for a device: its arrays, and where they live; in pinned
+    host memory, also the pinned buffers its windows are gathered into (reused from one
+    window and epoch to the next, unlocked with the placement)."""
 
-    def __init__(self, arrays: Mapping[str, Any], where: str) -> None:
+    def __init__(self, arrays: Mapping[str, Any], where: str, staging: Any = None) -> None:
         self.arrays = dict(arrays)
         self.where = where
+        self.staging: PinnedNumpy | None = staging
 
     @property
     def on_device(self) -> bool:
@@ -424,7 +427,8 @@ class DeviceCacheBackend(CacheBackend):
             return segment, None
         if not isinstance(rows, np.ndarray):  # drawn on the device before the cache gave way
             rows = self.xp.cupy.asnumpy(rows)
-        pinned = PinnedNumpy(self.xp.cupy)
+        pinned = placed.staging
+        assert pinned is not None  # placed in pinned host memory
         gathered: Segment = {}
         jobs = []
         for name, a in placed.arrays.items():
@@ -457,10 +461,7 @@ class DeviceCacheBackend(CacheBackend):
         if placed is None:
             served = self.cache.served()
             arrays = self._to_device(served) if self._fits_on_device() else None
-            if arrays is None:
-                placed = _Placed(self._to_pinned(served), "pinned host")
-            else:
-                placed = _Placed(arrays, "device")
+            placed = self._in_pinned(served) if arrays is None else _Placed(arrays, "device")
             self.cache.placements.put(self.xp.device, placed)
         self.stats.cache_placement = placed.where
         return placed
@@ -498,7 +499,7 @@ class DeviceCacheBackend(CacheBackend):
             'memory). Pass cache_placement="host" to keep it there from the start',
             CacheWarning,
         )
-        placed = _Placed(self._to_pinned(self.cache.served()), "pinned host")
+        placed = self._in_pinned(self.cache.served())
         self.cache.placements.put(self.xp.device, placed)
         self.stats.cache_placement = placed.where
         return placed
@@ -542,18 +543,25 @@ class DeviceCacheBackend(CacheBackend):
             return None
         return out
 
+    def _in_pinned(self, arrays: Mapping[str, Any]) -> _Placed:
+        """The cache placed in pinned host memory (see `_to_pinned`), with the pinned
+        buffers its windows are gathered into."""
+        cupy = self.xp.cupy
+        return _Placed(self._to_pinned(arrays), "pinned host", staging=PinnedNumpy(cupy))
+
     def _to_pinned(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
-        """The cache's arrays in pinned host memory (as they are, where that fails)."""
-        pinned = PinnedNumpy(self.xp.cupy)
+        """The cache's arrays in pinned host memory of their own, unlocked with them (as
+        they are, where page-locking fails)."""
+        cupy = self.xp.cupy
         out: dict[str, Any] = {}
         for name, array in arrays.items():
             try:
                 if isinstance(array, CachedList):
                     out[name] = CachedList(
-                        _pinned_copy(pinned, array.values), _pinned_copy(pinned, array.spans)
+                        _pinned_copy(cupy, array.values), _pinned_copy(cupy, array.spans)
                     )
                 else:
-                    out[name] = _pinned_copy(pinned, array)
+                    out[name] = _pinned_copy(cupy, array)
             except Exception as err:  # page-locking that much memory failed: pageable
                 if "memory" not in str(err).lower() and not isinstance(err, MemoryError):
                     raise
@@ -579,8 +587,8 @@ def _is_device(array: Any) -> bool:
     return type(values).__module__.split(".")[0] == "cupy"
 
 
-def _pinned_copy(pinned: PinnedNumpy, array: Any) -> NDArray[Any]:
-    out = pinned.empty(array.shape, array.dtype)
+def _pinned_copy(cupy: Any, array: Any) -> NDArray[Any]:
+    out = pinned_empty(cupy, array.shape, array.dtype)
     out[...] = array
     out.flags.writeable = False
     return out

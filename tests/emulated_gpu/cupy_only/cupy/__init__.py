@@ -616,6 +616,10 @@ def get_default_memory_pool() -> _memory.MemoryPool:
     return _memory._default_pool
 
 
+def get_default_pinned_memory_pool() -> Any:
+    return cuda.pinned_memory._default_pool
+
+
 # -- array functions ----------------------------------------------------------------------
 
 

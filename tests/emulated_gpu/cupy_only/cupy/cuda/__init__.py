@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from . import _order, memory, runtime
+from . import _order, memory, pinned_memory, runtime
 from ._order import RaceError
 from .memory import (
     BaseMemory,
@@ -22,6 +22,13 @@ from .memory import (
     get_allocator,
     set_allocator,
     using_allocator,
+)
+from .pinned_memory import (
+    PinnedMemory,
+    PinnedMemoryPointer,
+    PinnedMemoryPool,
+    alloc_pinned_memory,
+    set_pinned_memory_allocator,
 )
 from .runtime import CUDARuntimeError
 
@@ -37,6 +44,9 @@ __all__ = [
     "MemoryPointer",
     "MemoryPool",
     "OutOfMemoryError",
+    "PinnedMemory",
+    "PinnedMemoryPointer",
+    "PinnedMemoryPool",
     "RaceError",
     "alloc_pinned_memory",
     "Stream",
@@ -45,8 +55,10 @@ __all__ = [
     "get_allocator",
     "get_current_stream",
     "memory",
+    "pinned_memory",
     "runtime",
     "set_allocator",
+    "set_pinned_memory_allocator",
     "using_allocator",
 ]
 
@@ -224,14 +236,6 @@ def _stack() -> list[Stream]:
 def get_current_stream(device_id: Any = None) -> Stream:
     stack = _stack()
     return stack[-1] if stack else Stream.null
-
-
-def alloc_pinned_memory(size: int) -> bytearray:
-    """Page-locked host memory of ``size`` bytes (``cupy.cuda.alloc_pinned_memory``, from
-    the pinned memory pool): a buffer numpy views with ``numpy.frombuffer``. Host memory
-    here, as every emulated allocation is; copies from it (``ndarray.set``) are ordered
-    on the stream given, like any other."""
-    return bytearray(int(size))
 
 
 def current_key() -> _order.Key:

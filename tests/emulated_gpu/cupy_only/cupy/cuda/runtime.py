@@ -165,3 +165,8 @@ def pointerGetAttributes(ptr: int) -> SimpleNamespace:
 def _allocated(device: int) -> int:
     with _held:
         return _used.get(device, 0)
+
+
+# cudaHostAlloc's flags (cupy_backends/cuda/api/runtime.pyx)
+hostAllocDefault = 0
+hostAllocPortable = 1
