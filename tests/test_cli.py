@@ -218,7 +218,7 @@ def test_bench_runs_epochs_and_splits_the_time(dataset_dir, capsys):
     assert code == 0
     captured = capsys.readouterr()
     assert captured.out.startswith(
-        "measured: tabloader.Loader (numpy arrays per column) on cpu; 2 epochs of 500 rows "
+        "measured: tabloader.Loader (an array per column) on cpu; 2 epochs of 500 rows "
         "(rank 0 of 1) in batches of 64; 2 cats, 1 cont, 1 label; shuffle on; cache none\n"
     )
     assert "epoch 0: 500 rows" in captured.out

@@ -257,6 +257,12 @@ def test_a_gpu_without_cudf_is_refused_with_the_install_hint(paths, monkeypatch)
     for options in ({"device": "cuda"}, {"backend": "gpu", "device": None}):
         with pytest.raises(tabloader.TabloaderError, match=r"pip install 'tabloader\[gpu\]'"):
             make(paths, **options)
+    # without a backend named, the way that needs no cudf is named too
+    with pytest.raises(tabloader.GPUUnavailableError, match=r"or pass backend='cpu'"):
+        make(paths, device="cuda")
+    with pytest.raises(tabloader.GPUUnavailableError) as refused:
+        make(paths, device="cuda", backend="gpu")
+    assert "backend='cpu'" not in str(refused.value)
 
 
 def test_bad_devices_and_backends_are_refused(paths):

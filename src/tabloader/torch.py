@@ -35,7 +35,12 @@ from tabloader.config import LOADER_KEYWORDS, LoaderOptions
 from tabloader.dataset import Dataset
 from tabloader.device import split_backend
 from tabloader.epochs import EpochRun, IterableEpochs, quiet_copy, stateful_loader_state
-from tabloader.errors import InvalidArgumentError, PerformanceWarning, TabloaderError
+from tabloader.errors import (
+    GPUUnavailableError,
+    InvalidArgumentError,
+    PerformanceWarning,
+    TabloaderError,
+)
 from tabloader.loader import Loader
 from tabloader.options import keywords_of, ranks, reject_unknown
 from tabloader.staging import staging_target
@@ -149,10 +154,19 @@ class TorchAsyncItr(IterableEpochs, torch.utils.data.IterableDataset[Batch]):
 
     def _make_loader(self, dataset: Dataset | Any) -> Loader:
         self._builder = TorchBatchBuilder(_TENSORS)
-        loader = Loader(
-            dataset, **self._options, layout="stacked", device=self._core_device,
-            transform=self._builder,
-        )  # fmt: skip
+        try:
+            loader = Loader(
+                dataset, **self._options, layout="stacked", device=self._core_device,
+                transform=self._builder,
+            )  # fmt: skip
+        except GPUUnavailableError as err:
+            if self.backend is not None:
+                raise
+            # A GPU without RAPIDS: PyTorch can still have the batches on the GPU.
+            raise GPUUnavailableError(
+                f"{err}; or pass backend='cpu' to read and shuffle on the CPU and copy "
+                "each batch to the GPU (no cudf needed)"
+            ) from err.__cause__
         self._core_device = str(loader.device)  # worker processes' copies read there too
         self.device = self._builder.set_loader(loader, self._options, self._stage_to)
         return loader

@@ -42,7 +42,7 @@ DESCRIPTION = wrap(
 )
 
 MEASURED = {
-    "none": "tabloader.Loader (numpy arrays per column)",
+    "none": "tabloader.Loader (an array per column)",
     **{framework.name: framework.measured for framework in FRAMEWORKS},
 }
 """What ``bench --framework`` times, in the words its report uses: the core loader, or
@@ -123,7 +123,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--cache",
         choices=["none", "memory", "disk"],
         default="none",
-        help="keep decoded rows after the first epoch, in memory or on disk (CPU only)",
+        help="keep decoded rows after the first epoch, in memory or on disk",
     )
     group.add_argument(
         "--cache-dir",
