@@ -179,6 +179,10 @@ def test_resume_continues_bit_identically_and_every_row_comes_once(paths, drawn,
 
     resumed = _loader(paths, **options)
     resumed.load_state_dict(state)
+    if stop and stop == len(epochs[0]):  # every batch taken: the epoch is over
+        assert (state["epoch"], state["batches"]) == (1, 0)
+        assert _same([_copy(b) for b in resumed], epochs[1])
+        return
     after = [_copy(b) for b in resumed]
     assert _same(before + after, epochs[0])
     assert _same([_copy(b) for b in resumed], epochs[1])
@@ -215,6 +219,33 @@ def test_state_is_small_json_and_says_where_the_epoch_stands(paths):
     assert len(json.dumps(state)) < 1000
     list(iterator)  # the epoch ends: the state points at the next one
     assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (1, 0)
+
+
+def test_an_epoch_whose_every_batch_was_taken_is_over_before_its_end_is_asked(paths):
+    """A loop counting ``len()`` steps (``zip(range(n), loader)``) never asks past the last
+    batch: the epoch is over all the same (``loader.epoch`` says so), and its state
+    points at the next epoch, which a resume then delivers whole."""
+    pytest.importorskip("torch")
+    from tabloader.torch import TorchAsyncItr
+
+    loader = _loader(paths, shuffle=True)
+    reference = _loader(paths, shuffle=True)
+    epochs = [[b["id"].tolist() for b in reference] for _ in range(2)]
+    iterator = iter(loader)
+    taken = [next(iterator)["id"].tolist() for _ in range(len(loader))]
+    assert taken == epochs[0] and loader.epoch == 1
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (1, 0)
+    resumed = _loader(paths, shuffle=True)
+    resumed.load_state_dict(state)
+    assert [b["id"].tolist() for b in resumed] == epochs[1]
+
+    options = {**COLS, "batch_size": 32, "shuffle": True, "seed": 3, "device": "cpu"}
+    itr = TorchAsyncItr(paths, **options)
+    steps = iter(itr)
+    for _ in range(len(itr)):
+        next(steps)
+    assert (itr.state_dict()["epoch"], itr.state_dict()["batches"]) == (1, 0)
 
 
 def test_an_epoch_that_failed_or_was_closed_is_not_finished_however_often_it_is_asked(
@@ -401,6 +432,13 @@ def test_an_epoch_resumed_on_another_number_of_ranks_delivers_every_row_left_onc
     epoch_rows = np.concatenate([_rows_of(batches) for batches in epoch])
     stop = round(fraction * len(epoch[0]))
     before, after, state, new = _elastic_run(make, old_size, new_size, stop)
+    if stop and stop == len(epoch[0]):  # every batch taken: the new job's next epoch
+        assert (state["epoch"], state["batches"]) == (1, 0)
+        fresh = [make(r, new_size) for r in range(new_size)]
+        for loader in fresh:
+            loader.set_epoch(1)
+        assert all(_same(a, [_copy(b) for b in f]) for a, f in zip(after, fresh, strict=True))
+        return
     assert (state["global_size"], state["batches"]) == (old_size, stop)
     for rank, batches in enumerate(before):  # the old run, as it would have been
         assert _same(batches, epoch[rank][:stop])
@@ -414,9 +452,7 @@ def test_an_epoch_resumed_on_another_number_of_ranks_delivers_every_row_left_onc
         assert set(delivered.tolist()) <= set(epoch_rows.tolist())
     left = len(epoch_rows) - sum(len(_rows_of(b)) for b in before)
     sitting_out = len(epoch_rows) - len(delivered)
-    if stop and stop == len(epoch[0]):  # the epoch was over: nothing left
-        assert all(batches == [] for batches in after)
-    elif stop and not drawn["drop_last"]:
+    if stop and not drawn["drop_last"]:
         assert sitting_out == (left % new_size if new_size != old_size else 0)
     elif stop:
         assert sitting_out < new_size * drawn["batch_size"]
@@ -863,6 +899,21 @@ def test_keras_refuses_a_state_of_another_setup(paths):
         _keras(paths, seed=9).load_state_dict(state)
 
 
+def test_keras_with_seed_fn_resumes_on_the_saved_seed(paths):
+    """``seed_fn`` draws a seed once, another in a restarted run: the restarted loader
+    takes the saved one, as PyTorch's and JAX's do, rather than refusing every resume."""
+    pytest.importorskip("tensorflow")
+    draws = iter([11, 12])
+    first = _keras(paths, seed=None, seed_fn=lambda: next(draws))
+    reference = [_keras_batch(b) for b in _keras(paths, seed=11)]
+    before = [_keras_batch(first[i]) for i in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = _keras(paths, seed=None, seed_fn=lambda: next(draws))  # draws 12
+    resumed.load_state_dict(state)
+    assert _same_tensors(before + [_keras_batch(b) for b in resumed], reference)
+
+
 def test_a_cached_loader_resumes_exactly_and_refuses_a_streaming_state(tmp_path):
     import pyarrow as pa
 
@@ -935,6 +986,46 @@ def test_a_growing_dataset_resumes_on_the_listing_checked_when_the_state_was_loa
     again = make()
     again.load_state_dict(at_start)
     assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in boundary]
+
+
+def test_a_state_saved_after_listing_the_next_epoch_is_of_the_epoch_in_progress(tmp_path):
+    """``refresh(next_epoch)`` mid-epoch (to know the next epoch's ``len()``) lists a file
+    that joined: a state saved after it still describes the files the epoch in progress
+    reads. A restart that lists the new file too refuses it (it took the state for the new
+    listing's, and delivered rows twice and rows of the next epoch); one that lists the
+    epoch's files resumes it exactly."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from conftest import make_table
+
+    directory = tmp_path / "data"
+    write_dataset(directory, [[10, 10], [10, 10]])
+
+    def make() -> tabloader.Loader:
+        dataset = tabloader.Dataset(str(directory), refresh=True)
+        return tabloader.Loader(dataset, cats=["id"], batch_size=8, shuffle=True, seed=3)
+
+    reference = [b["id"].tolist() for b in make()]
+    saver = make()
+    epoch = iter(saver)
+    head = [next(epoch)["id"].tolist() for _ in range(2)]
+    joined = directory / "part-100.parquet"
+    pq.write_table(make_table(1000, 20), joined, row_group_size=10)
+    saver.refresh(1)
+    assert len(saver) == 8  # the next epoch's 60 rows
+    state = saver.state_dict()
+    assert (state["epoch"], state["batches"], state["dataset"]["files"]) == (0, 2, 2)
+    assert head + [b["id"].tolist() for b in epoch] == reference
+    with pytest.raises(
+        tabloader.InvalidArgumentError, match="differs from this loader in the dataset"
+    ):
+        make().load_state_dict(state)
+    os.remove(joined)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b["id"].tolist() for b in resumed] == reference[2:]
 
 
 @given(

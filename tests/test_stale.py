@@ -136,6 +136,32 @@ def test_a_state_resumes_on_copies_made_with_or_without_their_times(tmp_path, wr
     assert len(before) + len(rest) == len(loader)
 
 
+def test_a_state_resumes_on_another_machines_copy_at_the_same_path(
+    tmp_path, written, monkeypatch
+):
+    """Each node of a job may read a copy of its own at the same path (other inodes and
+    times): a state saved on one node resumes on another. The files' names, rows and
+    footers still decide; the stamps only on the machine that took them."""
+    import socket
+
+    path, _ = written
+    loader = tabloader.Loader(str(path), **_options(tmp_path, shuffle=True))
+    epoch = iter(loader)
+    next(epoch)
+    state = loader.state_dict()
+    rest = [b["id"].copy() for b in epoch]
+    copy = tmp_path / "copy.parquet"
+    shutil.copy(path, copy)
+    os.replace(copy, path)  # what the other node's copy is: another inode, other times
+    with pytest.raises(tabloader.InvalidArgumentError, match="rewritten in place"):
+        tabloader.Loader(str(path), **_options(tmp_path, shuffle=True)).load_state_dict(state)
+    monkeypatch.setattr(socket, "gethostname", lambda: "another-node")
+    resumed = tabloader.Loader(str(path), **_options(tmp_path, shuffle=True))
+    resumed.load_state_dict(state)
+    again = [b["id"] for b in resumed]
+    assert all(np.array_equal(a, b) for a, b in zip(again, rest, strict=True))
+
+
 def test_a_touched_file_at_the_same_place_refuses_a_state_saying_why(tmp_path, written):
     path, _ = written
     loader = tabloader.Loader(str(path), **_options(tmp_path))

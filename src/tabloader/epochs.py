@@ -111,6 +111,11 @@ class EpochRun:
         return self._batches.finished
 
     @property
+    def over(self) -> bool:
+        """Whether the epoch is over: ended, or its last batch handed out."""
+        return self._batches.over
+
+    @property
     def seed(self) -> int:
         """The seed this epoch is shuffled with."""
         return self.cursor.seed
@@ -409,7 +414,7 @@ class Epochs:
         if self.resume is not None:
             seed = self.base_seed if self.epoch_seed is None else self.epoch_seed
             position = replace(self.resume, seed=seed)
-        elif live is not None and not live.finished:
+        elif live is not None and not live.over:
             position = live.cursor.position(global_size=self.global_size)
         elif handed is not None and not handed.finished:
             position = handed.position(self.loader)
@@ -420,7 +425,7 @@ class Epochs:
 
     def state_of(self, position: Position) -> dict[str, Any]:
         """``position`` as a state dict of this loader's."""
-        return position.to_state(self.loader.fingerprint())
+        return position.to_state(self.loader.fingerprint(position.epoch))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next `start` continue from ``state`` (from `state_dict`), in whichever

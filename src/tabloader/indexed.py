@@ -56,10 +56,14 @@ class IndexedEpochs:
     epoch boundaries: requests between two of them are one go at the epoch. Thread-safe.
     """
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: Loader, *, adopt_seed: bool | None = None) -> None:
         self.loader = loader
         """The core [`tabloader.Loader`][tabloader.Loader] (its ``stats()``, ``plan()``);
         this object keeps its own epoch and seed and never changes the loader's."""
+        self._adopt_seed = adopt_seed
+        """Whether a loaded state's seed is taken rather than refused (None: when the
+        loader's seed was not given; True for a seed drawn by a ``seed_fn``, which a
+        restarted run draws anew)."""
         self._epoch = loader.epoch
         self._known: int | None = None  # batches of the epoch being served, once counted
         self._start = 0  # batches of that epoch delivered before a resume (on this world)
@@ -191,7 +195,7 @@ class IndexedEpochs:
         [`tabloader.InvalidArgumentError`][tabloader.errors.InvalidArgumentError] naming what
         differs.
         """
-        saved = self.loader.resume_cursor(state, seed=self._seed)
+        saved = self.loader.resume_cursor(state, seed=self._seed, adopt_seed=self._adopt_seed)
         rest = self.loader.cursor_plan(saved).num_batches
         if rest == 0 and (saved.batches or saved.legs):  # it ended: Keras needs batches
             saved = saved.next_epoch()

@@ -34,14 +34,22 @@ class EpochProgress:
     """How far one epoch's iterator got: the batches it handed out after its start, and
     whether it ended. Its `BatchIterator` is its only writer."""
 
-    def __init__(self, start: Cursor) -> None:
+    def __init__(self, start: Cursor, batches: int) -> None:
         self.start = start
+        self.batches = batches
+        """Batches the iterator was to hand out."""
         self.served = 0
         self.finished = False
 
     @property
     def cursor(self) -> Cursor:
         return self.start.at(self.start.batches + self.served)
+
+    @property
+    def over(self) -> bool:
+        """Whether the epoch is over: ended, or every batch of it handed out (a loop
+        counting ``len()`` steps never asks past the last one)."""
+        return self.finished or self.served >= self.batches
 
 
 class BatchIterator:
@@ -61,7 +69,7 @@ class BatchIterator:
         self._remaining = num_batches
         self._stats = stats
         self._started: float | None = None
-        self.progress = EpochProgress(start)
+        self.progress = EpochProgress(start, num_batches)
         """How far this epoch got; written by this iterator only, and kept by its loader
         to say where the epoch stands after the iterator is gone."""
 
@@ -80,6 +88,12 @@ class BatchIterator:
     def finished(self) -> bool:
         """Whether the epoch ended (its last batch was handed out and asked past)."""
         return self.progress.finished
+
+    @property
+    def over(self) -> bool:
+        """Whether the epoch is over: ended, or its last batch handed out (not after a
+        failure or a close(), where the rest is still to come)."""
+        return self.progress.over
 
     def __iter__(self) -> BatchIterator:
         return self

@@ -228,7 +228,8 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
             )
         self.buffer_size = buffer_size
         self._tensor_maker = make_tensors
-        IndexedEpochs.__init__(self, loader)  # self.loader: the core loader
+        # (self.loader: the core loader; a seed_fn's seed gives way to a loaded state's)
+        IndexedEpochs.__init__(self, loader, adopt_seed=True if seed_fn is not None else None)
 
     @property
     def batch_size(self) -> int:

@@ -66,6 +66,7 @@ class _Standing(_Options):
     _next: Cursor
     _resume: Cursor | None
     _live: EpochProgress | None
+    _listing_before: tuple[int, Fingerprint] | None
 
     if TYPE_CHECKING:
 
@@ -130,11 +131,12 @@ class _Standing(_Options):
             >>> [b["x"].tolist() for b in again] == [b["x"].tolist() for b in epoch]
             True
         """
-        position = self._resume
-        if position is None and self._live is not None and not self._live.finished:
-            position = self._live.cursor
-        cursor = position or self._next
-        return cursor.position(global_size=self.config.global_size).to_state(self.fingerprint())
+        cursor = self._resume
+        if cursor is None and self._live is not None and not self._live.over:
+            cursor = self._live.cursor
+        cursor = cursor or self._next
+        position = cursor.position(global_size=self.config.global_size)
+        return position.to_state(self.fingerprint(cursor.epoch))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from [`state_dict`][tabloader.Loader.state_dict]): the next
@@ -170,7 +172,8 @@ class _Standing(_Options):
         ``worker`` of ``num_workers`` (see [`state_dict`][tabloader.Loader.state_dict])."""
         seed = self.seed if seed is None else seed
         cursor = Cursor(epoch, seed, batches, worker, num_workers)
-        return cursor.position(global_size=self.config.global_size).to_state(self.fingerprint())
+        position = cursor.position(global_size=self.config.global_size)
+        return position.to_state(self.fingerprint(epoch))
 
     def check_state(
         self,
@@ -247,9 +250,14 @@ class _Standing(_Options):
             global_size=self.config.global_size, worker=worker, num_workers=num_workers
         )
 
-    def fingerprint(self) -> Fingerprint:
+    def fingerprint(self, epoch: int | None = None) -> Fingerprint:
         """What a saved state must match to resume here: the dataset and the options that
-        decide the order of rows."""
+        decide the order of rows; for ``epoch``, the listing that epoch was dealt from
+        (a ``refresh=True`` dataset listed for a later epoch while it ran: its state is
+        of the files it reads, not of the new listing)."""
+        before = self._listing_before
+        if before is not None and epoch == before[0]:
+            return before[1]
         options = self.config.order_options()
         notes = {}
         if self.config.shuffle == "global" and self.cache is not None and not self.cache.usable:
@@ -485,6 +493,9 @@ class Loader(_Standing):
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
         self._live: EpochProgress | None = None  # of the epoch iter() last started
         self._epochs_running: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
+        self._listing_before: tuple[int, Fingerprint] | None = None
+        """An epoch still in progress when the listing changed for a later one (a
+        ``refresh=True`` dataset), and the fingerprint of the listing it was dealt from."""
         self._threads = Threads.sized(config.threads)
         self._stats = StatsRecorder()
         self._stats.threads = self._threads.cores
@@ -555,6 +566,7 @@ class Loader(_Standing):
         """
         start = self._next if self._resume is None else self._resume
         self._resume = None
+        self._listing_before = None
         iterator = self.iter_epoch(start)
         self._live = iterator.progress
         self._next = Cursor(start.epoch, start.seed).next_epoch()
@@ -658,7 +670,15 @@ class Loader(_Standing):
         ``iter()`` calls it; call it before to know the next epoch's ``len()`` (on every
         rank: under torch.distributed, rank 0's listing is broadcast).
         """
+        running = [
+            it.cursor.epoch
+            for it in self._epochs_running
+            if not it.over and it.cursor.epoch != epoch
+        ]
+        before = (running[0], self.fingerprint()) if running and self.dataset.refreshes else None
         if self.dataset.refresh(epoch=epoch):
+            if before is not None and self._listing_before is None:
+                self._listing_before = before
             checks = check_dataset(self.config, self.dataset, stacklevel=2)
             if checks.widths != dict(self.config.widths):
                 raise SchemaMismatchError(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -104,7 +105,9 @@ def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
     ``place`` is a digest of where the files are and ``stamps`` of their whole
     identities: at the same place, a file rewritten since the state was saved (another
     modification or change time, inode, ETag or version) is told even when its footer
-    came out byte for byte the same (see `dataset_difference`).
+    came out byte for byte the same (see `dataset_difference`). A local file's stamps
+    are its machine's alone (another machine's copy at the same path has other inodes and
+    times): ``host`` says which machine took them.
     """
     rows = dataset.partition_rows.tolist()
     identities = dataset.file_identities()
@@ -114,6 +117,8 @@ def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
         contents: list[Any] = [f["footer"] for f in identities]
         fingerprint["place"] = _digest([f["path"] for f in identities])
         fingerprint["stamps"] = _digest(identities)
+        if any("inode" in f for f in identities):  # local files: this machine's stamps
+            fingerprint["host"] = _digest(socket.gethostname())
     else:
         content = dataset.content_digest()
         contents = [str(dataset.schema), content]
@@ -138,6 +143,9 @@ def dataset_difference(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str 
         True
         >>> dataset_difference(a, {**a, "stamps": "t"})[:54]  # the same place, rewritten
         'the dataset: its files were rewritten in place since t'
+        >>> local = {**a, "host": "h"}  # another machine's copy at the same path
+        >>> dataset_difference(local, {**local, "stamps": "t", "host": "i"}) is None
+        True
 
     """
     keys = ("files", "partitions", "rows", "digest")
@@ -152,7 +160,12 @@ def dataset_difference(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str 
             "nothing tells whether its rows are those the state was saved on. Build the "
             "frame from files (dask.dataframe.read_parquet) or from a pandas frame"
         )
-    if saved.get("place") == now.get("place") and saved.get("stamps") != now.get("stamps"):
+    same_machine = saved.get("host") == now.get("host")  # (None for object stores')
+    if (
+        same_machine
+        and saved.get("place") == now.get("place")
+        and saved.get("stamps") != now.get("stamps")
+    ):
         return (
             "the dataset: its files were rewritten in place since the state was saved (the "
             "same names, rows and footers, but other modification or change times, inodes "
@@ -163,8 +176,9 @@ def dataset_difference(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str 
 
 def _rows_identity(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """What of a dataset fingerprint tells its rows, not where they are read from (the
-    place and the files' stamps: every node of a job may read a copy of its own)."""
-    return {k: v for k, v in fingerprint.items() if k not in ("place", "stamps")}
+    place, the files' stamps and the machine that took them: every node of a job may
+    read a copy of its own)."""
+    return {k: v for k, v in fingerprint.items() if k not in ("place", "stamps", "host")}
 
 
 def _digest(value: object) -> str:
