@@ -136,9 +136,7 @@ def test_a_state_resumes_on_copies_made_with_or_without_their_times(tmp_path, wr
     assert len(before) + len(rest) == len(loader)
 
 
-def test_a_state_resumes_on_another_machines_copy_at_the_same_path(
-    tmp_path, written, monkeypatch
-):
+def test_a_state_resumes_on_another_machines_copy_at_the_same_path(tmp_path, written, monkeypatch):
     """Each node of a job may read a copy of its own at the same path (other inodes and
     times): a state saved on one node resumes on another. The files' names, rows and
     footers still decide; the stamps only on the machine that took them."""
@@ -284,6 +282,63 @@ def test_a_state_of_another_in_memory_table_of_the_same_shape_is_refused(kind):
     assert all(np.array_equal(a, b["id"]) for a, b in zip(rest, resumed, strict=True))
     with pytest.raises(tabloader.InvalidArgumentError, match=r"cannot resume.*the dataset"):
         tabloader.Loader(other, **options).load_state_dict(state)
+
+
+def _table(ids: np.ndarray) -> pa.Table:
+    return pa.table({"id": ids.astype(np.int64), "x": ids.astype(np.float64) / 1000})
+
+
+_DASK_RESUME = """
+import json, sys
+import dask.dataframe as dd
+import tabloader
+directory, state_file, step = sys.argv[1:4]
+frame = dd.read_parquet(directory)[["id", "x"]]
+loader = tabloader.Loader(frame, cats=["id"], conts=["x"], batch_size=100, shuffle=True, seed=2)
+if step == "save":
+    epoch = iter(loader)
+    next(epoch)
+    with open(state_file, "w") as f:
+        json.dump(loader.state_dict(), f)
+    print(json.dumps(sorted(int(i) for b in epoch for i in b["id"])))
+else:
+    with open(state_file) as f:
+        loader.load_state_dict(json.load(f))
+    print(json.dumps(sorted(int(i) for b in loader for i in b["id"])))
+"""
+
+
+def test_a_dask_frame_read_from_files_resumes_in_a_restarted_process(tmp_path):
+    """The same files read by ``dask.dataframe.read_parquet`` in a new process resume a
+    state: dask's own token of such a frame changes from one process to the next (it
+    hashes the pyarrow dataset object it keeps), so the frame is told by its expression
+    and the files' checksums. Files rewritten since the state was saved refuse it."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("dask.dataframe")
+    directory = tmp_path / "data"
+    directory.mkdir()
+    for i in range(2):
+        pq.write_table(_table(np.arange(500 * i, 500 * (i + 1))), directory / f"p{i}.parquet")
+    state = tmp_path / "state.json"
+    script = tmp_path / "resume.py"
+    script.write_text(_DASK_RESUME)
+
+    def run(step: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        command = [sys.executable, str(script), str(directory), str(state), step]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+
+    saved = run("save")
+    assert saved.returncode == 0, saved.stderr
+    resumed = run("load")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == json.loads(saved.stdout)  # the rest, exactly
+    pq.write_table(_table(np.arange(500, 1000)[::-1].copy()), directory / "p1.parquet")
+    refused = run("load")
+    assert refused.returncode != 0 and "cannot resume from this state" in refused.stderr
 
 
 def test_a_table_sliced_from_a_larger_one_has_the_digest_of_its_own_rows():

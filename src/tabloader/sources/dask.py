@@ -63,6 +63,49 @@ def _quiet_dask() -> Iterator[None]:
         yield
 
 
+_KEPT_DATASET = ("_dataset_info_cache", "_pq_length_stats")
+"""Operands of dask's parquet reads that hold what was found reading the files (a pyarrow
+dataset object, row counts): told by the read's checksum instead."""
+
+
+def _is_expression(value: Any) -> bool:
+    return hasattr(value, "operands") and hasattr(value, "_parameters")
+
+
+def _expression_token(expression: Any) -> str:
+    """A token of a dask expression tree the same in every process (see
+    `DaskSource.content_digest`): each node's type and operands, a parquet read's by
+    its checksum of the files rather than the dataset object it keeps."""
+    from itertools import zip_longest
+
+    from dask.base import tokenize
+
+    tokens: dict[int, str] = {}
+
+    def token(node: Any) -> str:
+        key = id(node)
+        if key not in tokens:
+            read = any(name in node._parameters for name in _KEPT_DATASET)
+            parts: list[Any] = [type(node).__module__, type(node).__qualname__]
+            if read:
+                parts.append(node.checksum)
+            for name, operand in zip_longest(node._parameters, node.operands):
+                if read and name in _KEPT_DATASET:
+                    continue
+                parts.append(value(operand))
+            tokens[key] = tokenize(*parts)
+        return tokens[key]
+
+    def value(operand: Any) -> Any:
+        if _is_expression(operand):
+            return token(operand)
+        if isinstance(operand, list | tuple):
+            return type(operand).__name__, [value(o) for o in operand]
+        return operand
+
+    return token(expression)
+
+
 class DaskSource(Source):
     """The non-empty partitions of a Dask DataFrame."""
 
@@ -88,13 +131,22 @@ class DaskSource(Source):
         self.files = []
 
     def content_digest(self) -> str | None:
-        """Dask's own deterministic token of the frame (its graph: the files it reads,
-        or the data it was made from), or None when dask cannot give one."""
+        """A deterministic token of the frame (the files it reads and their checksums, or
+        the data it was made from), the same in every process; None when dask cannot
+        give one.
+
+        Dask's own token of a frame from ``read_parquet`` hashes the pyarrow dataset
+        object it keeps, which differs from one process to the next: the frame's
+        expression is tokenized here instead, a parquet read by its checksum of the
+        files (their sizes and modification times) and its options."""
         import dask
         from dask.base import tokenize
 
         try:
             with dask.config.set({"tokenize.ensure-deterministic": True}):
+                expression = getattr(self.frame, "expr", None)
+                if expression is not None and _is_expression(expression):
+                    return str(_expression_token(expression))
                 return str(tokenize(self.frame))
         except Exception:  # dask raises its own error types for objects it cannot hash
             return None
