@@ -109,7 +109,8 @@ class _Standing(_Options):
         out in that epoch, the number of ranks (``global_size``), and a fingerprint of
         the dataset and of the options that decide the order of rows. Mid-epoch (an
         iterator that has not ended) it points at the next batch of that epoch;
-        otherwise at the start of the next epoch. Batches read ahead in the background
+        otherwise (an epoch whose every batch was taken has ended, asked past its last
+        or not) at the start of the next epoch. Batches read ahead in the background
         but not yet handed out do not count.
 
         Every rank of a job delivers the same number of batches, so every rank's state
