@@ -33,6 +33,7 @@ from tabloader.options import int_at_least
 from tabloader.state import STATE_FORMAT_KEY, Cursor, Position, merge_worker_states
 
 if TYPE_CHECKING:
+    from tabloader.iterator import EpochProgress
     from tabloader.loader import Loader
 
 __all__ = [
@@ -114,6 +115,11 @@ class EpochRun:
     def over(self) -> bool:
         """Whether the epoch is over: ended, or its last batch handed out."""
         return self._batches.over
+
+    @property
+    def progress(self) -> EpochProgress:
+        """How far this epoch got (kept by its `Epochs` once the epoch is dropped)."""
+        return self._batches.progress
 
     @property
     def seed(self) -> int:
@@ -239,7 +245,9 @@ class Epochs:
         self.cursor = Cursor(loader.epoch, loader.seed)
         """The epoch the next `start` delivers, and the seed of epochs without ``seed_fn``
         (a saved state's, once adopted)."""
-        self.live: EpochRun | None = None  # the epoch start() last started here
+        self.live: EpochProgress | None = None
+        """How far the epoch start() last started here got: its progress, not the epoch
+        (whose threads stop once the consumer drops it, a ``break`` out of a loop)."""
         self.resume: Position | None = None  # where the next start() begins
         self.handed: HandedEpoch | None = None  # the epoch worker processes run (training process)
         self.epoch_seed: int | None = None
@@ -318,10 +326,11 @@ class Epochs:
             )
         start = self._start_of(worker, num_workers)
         self.resume = self.handed = None
-        self.live = EpochRun(self, start, receive=receive)
+        run = EpochRun(self, start, receive=receive)
+        self.live = run.progress
         self.cursor = replace(self.cursor, epoch=start.epoch)
         self.advance()
-        return self.live
+        return run
 
     def batches_next(self) -> int:
         """Batches the next `start` delivers to this rank (all worker shares together):
@@ -344,7 +353,7 @@ class Epochs:
         """``run`` now continues ``saved`` (`EpochRun.load_state_dict`): the epoch after
         it comes next."""
         self.cursor = replace(self.cursor, epoch=saved.epoch + 1)
-        self.live = run
+        self.live = run.progress
 
     def hand_to_workers(
         self,
@@ -565,6 +574,12 @@ class IterableEpochs:
         run.
         """
         self._epochs.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the epochs in progress and give back the memory the loader holds for them
+        (see [`Loader.close`][tabloader.Loader.close]); the next ``iter()`` starts again.
+        Dropping an epoch's iterator (a ``break`` out of a loop) stops its threads too."""
+        self._loader.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
