@@ -203,7 +203,9 @@ def test_a_fill_value_must_fit_the_delivered_dtype_too():
     ):
         tabloader.Loader(table, cats=["x"], batch_size=2, fill_null=300, cat_dtype="int8")
     floats = pa.table({"x": pa.array([1.0, None], pa.float32())})
-    with pytest.raises(tabloader.InvalidArgumentError, match=r"fits float32.*got 1e\+39"):
+    with pytest.raises(
+        tabloader.InvalidArgumentError, match=r"1e\+39, which does not fit cont_dtype=float32"
+    ):
         tabloader.Loader(floats, conts=["x"], batch_size=2, fill_null=1e39)
     got = next(iter(tabloader.Loader(floats, conts=["x"], batch_size=2, fill_null=float("nan"))))
     assert np.isnan(got["x"][1])  # NaN is a float: nulls become NaN
@@ -440,3 +442,51 @@ def test_a_fill_that_only_the_widened_type_holds_is_delivered(
     values = values.get() if hasattr(values, "get") else np.asarray(values)
     assert fill in values.ravel().tolist()
     assert not np.isinf(values).any() or np.isinf(fill)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("cont_dtype", ["float32", "float64"])
+def test_a_fill_is_delivered_as_given_whatever_the_files_store(tmp_path, device, cont_dtype):
+    """A fill is rounded once, to the delivered dtype: not first to a narrower stored
+    type (0.1 in a float16 file became 0.0999755859375 on the CPU), the same on both
+    backends and in every file."""
+    pq.write_table(pa.table({"h": pa.array([1.5, None], pa.float16())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"h": pa.array([2.5, None], pa.float64())}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"h": pa.array([3.5, None], pa.float32())}), tmp_path / "c.parquet")
+    loader = tabloader.Loader(
+        str(tmp_path), conts=["h"], batch_size=6, fill_null={"h": 0.1}, device=device,
+        cont_dtype=cont_dtype,
+    )  # fmt: skip
+    (batch,) = list(loader)
+    values = batch["h"].get() if hasattr(batch["h"], "get") else batch["h"]
+    given = np.dtype(cont_dtype).type(0.1)
+    assert values.dtype == np.dtype(cont_dtype)
+    assert values.tolist() == [1.5, given, 2.5, given, 3.5, given]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_uint64_fill_beyond_int64_is_delivered(device):
+    table = pa.table({"u": pa.array([1, None, 2**64 - 1], pa.uint64())})
+    loader = tabloader.Loader(
+        table, cats=["u"], cat_dtype="uint64", batch_size=3, fill_null={"u": 2**63},
+        device=device,
+    )  # fmt: skip
+    (batch,) = list(loader)
+    values = batch["u"].get() if hasattr(batch["u"], "get") else batch["u"]
+    assert values.tolist() == [1, 2**63, 2**64 - 1]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fill", [0.5, float("nan")])
+def test_an_integer_measurement_delivered_as_floats_takes_a_fraction_or_nan(device, fill):
+    """Stored as int32, delivered as float32 conts: the fill must fit what is delivered
+    (a cat, delivered as integers, must still be filled with a whole number)."""
+    table = pa.table({"dwell": pa.array([3, None, 7], pa.int32())})
+    loader = tabloader.Loader(
+        table, conts=["dwell"], batch_size=3, fill_null={"dwell": fill}, device=device
+    )
+    (batch,) = list(loader)
+    values = batch["dwell"].get() if hasattr(batch["dwell"], "get") else batch["dwell"]
+    assert values.dtype == np.float32
+    assert values[0] == 3 and values[2] == 7
+    assert values[1] == fill or (np.isnan(fill) and np.isnan(values[1]))

@@ -271,6 +271,9 @@ def test_hive_values_and_key_types():
     assert types == {"a": pa.int64(), "b": pa.float64(), "c": pa.string()}
     assert infer_key_types([{"a": "nan"}, {"a": "1.0"}]) == {"a": pa.string()}
     assert infer_key_types([{"a": None}]) == {"a": pa.string()}
+    # Python's float() reads these as numbers; written so, they are names, not numbers
+    for odd in ("1_000", " 5", "5 ", "1e_3"):
+        assert infer_key_types([{"a": odd}, {"a": "2.5"}]) == {"a": pa.string()}, odd
 
 
 def test_lossless_widening_only():

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from tabloader.batches import Block, Layout
 
 __all__ = [
+    "delivered_fill",
     "holding",
     "checked_layout",
     "check_block",
@@ -274,16 +275,20 @@ def check_values(
 def holding(dtype: np.dtype[Any], fill: float) -> np.dtype[Any]:
     """``dtype``, or the one nulls are filled in when ``fill`` does not fit it: a file
     may store a column narrower than the type the files widen to (int8 beside int64),
-    and the fill was checked against that.
+    and the fill was checked against that. A float type holds a fill it represents
+    exactly (fills come rounded to the delivered dtype, see `LoaderConfig.fills`): a
+    narrower one would round it again (0.1 in float16 is 0.0999755859375).
 
     Examples:
         >>> holding(np.dtype("int8"), 5), holding(np.dtype("int8"), 1000)
         (dtype('int8'), dtype('int64'))
         >>> holding(np.dtype("float32"), 1e39), holding(np.dtype("uint8"), 0.5)
         (dtype('float64'), dtype('float64'))
+        >>> holding(np.dtype("float16"), 0.5), holding(np.dtype("float16"), 0.1)
+        (dtype('float16'), dtype('float64'))
     """
     dtype = np.dtype(dtype)
-    if fits(fill, dtype):
+    if fits(fill, dtype) and (dtype.kind != "f" or _exact(fill, dtype)):
         return dtype
     whole = float(fill).is_integer() and dtype.kind in "iub"
     return np.dtype(np.int64 if whole and fits(fill, np.dtype(np.int64)) else np.float64)
@@ -299,6 +304,31 @@ def check_block(piece: Mapping[str, Any], block: Block, *, where: str = "") -> N
         if values.ndim > 1:  # a vector column: every value of every row
             values = values.reshape(-1)
         check_values(values, block.dtype, column=column, where=where)
+
+
+def _exact(value: float, dtype: np.dtype[Any]) -> bool:
+    """Whether the float ``dtype`` represents ``value`` exactly (NaN and infinities
+    included)."""
+    number = float(value)
+    if not math.isfinite(number):
+        return True
+    with np.errstate(over="ignore"):
+        return float(dtype.type(number)) == number
+
+
+def delivered_fill(fill: float, dtype: np.dtype[Any]) -> float:
+    """``fill`` as the delivered ``dtype`` gives it: rounded to a float dtype's precision
+    once (then held exactly by every type at least that wide), as it is for an integer
+    dtype.
+
+    Examples:
+        >>> delivered_fill(0.1, np.dtype("float32")), delivered_fill(7, np.dtype("int64"))
+        (0.10000000149011612, 7)
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" or isinstance(fill, bool):
+        return fill
+    return float(dtype.type(fill))
 
 
 def checked_layout(layout: Layout, columns: Sequence[str] | frozenset[str]) -> Layout:

@@ -214,9 +214,11 @@ def _check_fill(config: LoaderConfig, types: Mapping[str, pa.DataType]) -> None:
     for name, value in config.fill_null.items():
         if not is_number(value):
             raise InvalidArgumentError(f"fill_null for {name!r} must be a number, got {value!r}")
-        # Nulls are filled in the stored type, then delivered: the value must fit both.
+        # Nulls are filled in the stored type (or one that holds the fill), then
+        # delivered: the value must fit what is delivered, and an id (delivered as
+        # integers) must be one the column's own type holds too.
         stored, delivered = stored_dtype(types[name]), config.dtypes[name]
-        if not fits(value, stored):
+        if delivered.kind in "iub" and not fits(value, stored):
             whole = "a whole number" if stored.kind in "iub" else "a number"
             raise InvalidArgumentError(
                 f"fill_null for {name!r} must be {whole} that fits {stored}, the "

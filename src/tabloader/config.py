@@ -41,6 +41,7 @@ from tabloader.cache import CacheMode, cache_directory
 from tabloader.cache.device import CachePlacement
 from tabloader.casting import (
     checked_layout,
+    delivered_fill,
     describe_range,
     fits,
 )
@@ -179,6 +180,13 @@ class LoaderConfig:
     def columns(self) -> tuple[str, ...]:
         """All delivered columns: cats, then conts, then labels."""
         return self.cats + self.conts + self.labels
+
+    @property
+    def fills(self) -> dict[str, float]:
+        """The values nulls are filled with: each ``fill_null`` value as its column's
+        delivered dtype gives it (a float rounded once, whatever type a file stores the
+        column in: see `tabloader.casting.delivered_fill`)."""
+        return {c: delivered_fill(v, self.dtypes[c]) for c, v in self.fill_null.items()}
 
     def dtype_option(self, name: str) -> str:
         """The option that chose column ``name``'s delivered dtype."""

@@ -528,7 +528,7 @@ class Loader(_Standing):
                 self._cache_stacked, vectors_apart=config.layout != "stacked"
             ).blocks,
             layout=self.layout_plan,
-            fill_null=config.fill_null,
+            fill_null=config.fills,
             global_rank=config.global_rank,
             global_size=config.global_size,
             cache_dir=config.cache_dir,
@@ -618,7 +618,7 @@ class Loader(_Standing):
             backend=backend,
             plan=plan,
             layout=self.layout_plan,
-            fill_null=self.config.fill_null,
+            fill_null=self.config.fills,
             transform=self.config.delivered(self.transform),
             prefetch=self.config.prefetch,
             threads=self._threads,

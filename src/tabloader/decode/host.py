@@ -121,7 +121,7 @@ def _filled(values: Any, fill: float) -> Any:
     if wanted != np.dtype(kind.to_pandas_dtype()):
         kind = pa.from_numpy_dtype(wanted)
         values = values.cast(kind)
-    return pc.fill_null(values, pa.scalar(fill).cast(kind))
+    return pc.fill_null(values, pa.scalar(wanted.type(fill), type=kind))
 
 
 def array_to_numpy(array: pa.Array[Any] | pa.ChunkedArray[Any]) -> NDArray[Any]:

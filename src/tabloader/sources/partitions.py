@@ -329,12 +329,20 @@ def infer_key_types(values: Sequence[Mapping[str, str | None]]) -> dict[str, pa.
     return types
 
 
+_FLOAT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+"""A decimal number as written: not Python's wider reading (``1_000``, `` 5``)."""
+
+
 def _is_float(text: str) -> bool:
-    """Whether ``text`` is a finite float64 (``1e400`` is not: it would be infinity)."""
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
+    """Whether ``text`` is a decimal number that is a finite float64 (``1e400`` is not:
+    it would be infinity; ``1_000`` and `` 5``, which Python's ``float`` takes, are not
+    numbers written so either).
+
+    Examples:
+        >>> [_is_float(t) for t in ("1.5", "-2e3", ".5", "1_000", " 5", "nan", "1e400")]
+        [True, True, True, False, False, False, False]
+    """
+    return _FLOAT.fullmatch(text) is not None and math.isfinite(float(text))
 
 
 def parse_key_values(
