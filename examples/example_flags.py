@@ -64,9 +64,11 @@ def parser(
         action="store_true",
         help="train on generated data, written to --data when it holds none",
     )
-    parser.add_argument("--rows", type=int, default=rows, help="rows --synthetic generates")
-    parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--batch-size", type=int, default=batch_size, help="rows per batch")
+    parser.add_argument(
+        "--rows", type=at_least(100), default=rows, help="rows --synthetic generates"
+    )
+    parser.add_argument("--epochs", type=at_least(1), default=epochs)
+    parser.add_argument("--batch-size", type=at_least(1), default=batch_size, help="rows per batch")
     parser.add_argument("--lr", type=float, default=lr, help="learning rate")
     parser.add_argument("--embedding-dim", type=int, default=embedding_dim)
     parser.add_argument("--seed", type=int, default=0)
@@ -85,6 +87,21 @@ def parser(
         )
     parser.set_defaults(default_data=data, default_synthetic=synthetic)
     return parser
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
 
 
 def genre_lists(paths: Sequence[str | Path]) -> tuple[int, int]:
@@ -118,7 +135,8 @@ def data_directory(
     """
     directory: Path = args.data or (args.default_synthetic if args.synthetic else args.default_data)
     missing = [name for name in needs if not _present(directory / name)]
-    if missing and args.synthetic:
+    generated = bool(missing and args.synthetic)
+    if generated:
         print(f"writing {args.rows:,} rows of generated data to {_shown(directory)}", flush=True)
         generate(directory)
         missing = [name for name in needs if not _present(directory / name)]
@@ -129,8 +147,15 @@ def data_directory(
             f"{_shown(where)} {what}. Pass --data DIR with {' and '.join(needs)} "
             f"({how_to_get}), or --synthetic to train on generated data"
         )
-    if announce:
-        kind = "generated" if args.synthetic else "your"
+    if announce and args.synthetic and not generated:
+        print(
+            f"training on the data already in {_shown(directory)} (--synthetic writes data "
+            "only where there is none, so --rows does not apply: remove the directory, or "
+            "pass another --data, to generate it again)",
+            flush=True,
+        )
+    elif announce:
+        kind = "generated" if generated else "your"
         print(f"training on {kind} data in {_shown(directory)}", flush=True)
     return directory
 

@@ -127,6 +127,36 @@ def test_inspect_fails_when_no_column_can_be_loaded(tmp_path, capsys):
     assert "error: with the suggested columns: no column can be loaded: none is numeric" in out
 
 
+def test_inspect_fails_on_negative_ids_no_embedding_table_has(tmp_path, capsys):
+    """The loader delivers negative ids as they are (they are valid int64): the embedding
+    lookup of the training step is what fails, so inspect says so and fails."""
+    table = pa.table(
+        {"user": np.arange(100) - 1, "item": np.arange(100) % 5, "label": np.zeros(100)}
+    )
+    path = write(tmp_path / "negative.parquet", table)
+    assert main(["inspect", path, "--cats", "user,item", "--labels", "label"]) == 1
+    out = capsys.readouterr().out
+    assert "error: column 'user' holds negative ids (as low as -1" in out
+    assert "an embedding lookup fails" in out
+    assert "item 0..4" in out and "ok: nothing here" not in out
+
+
+def test_inspect_and_bench_say_what_is_wrong_with_a_flag_or_a_text_file(tmp_path, capsys):
+    """A malformed --filter is the user's mistake, said as such (it was reported as a
+    failure without a message of its own); bench on a CSV points to convert, as inspect
+    does (it called the file a truncated parquet file)."""
+    path = write(tmp_path / "d.parquet", pa.table({"day": [1, 2], "label": [0.0, 1.0]}))
+    assert main(["inspect", path, "--filter", "day"]) == 2
+    err = capsys.readouterr().err
+    assert "--filter: a filter is COLUMN OP VALUE" in err and "please report" not in err
+    src = tmp_path / "clicks.csv"
+    src.write_text("user,label\n1,1\n")
+    assert main(["bench", str(src), "--cats", "user", "--labels", "label"]) == 2
+    err = capsys.readouterr().err
+    assert f"{src} is a CSV file; the loader reads parquet" in err
+    assert "then tabloader bench DEST" in err
+
+
 def test_inspect_reports_rows_and_batches_per_rank(dataset_dir, capsys):
     (path,) = dataset_dir([[1000]])
     assert main(["inspect", path, "--ranks", "3", "--batch-size", "100"]) == 0
@@ -242,6 +272,21 @@ def test_bench_stored_order_reaches_the_loader(dataset_dir, framework):
         )
         _, loader = _batches(args, _loader_options(args))
         assert loader.shuffle_within_batch is within
+
+
+@pytest.mark.jax
+def test_bench_times_list_columns_on_every_framework_and_counts_them_apart(tmp_path, capsys):
+    """``--sparse`` alone runs with JaxLoader too (which always pads: --sparse-as-dense
+    was passed as False and refused), and the report counts list columns apart from the
+    cats."""
+    lists = pa.array([[1, 2], [3], [], [4, 5, 6]] * 25, pa.list_(pa.int64()))
+    table = pa.table({"u": np.arange(100), "genres": lists, "label": np.zeros(100)})
+    path = write(tmp_path / "lists.parquet", table)
+    argv = ["bench", path, "--cats", "u", "--sparse", "genres", "--labels", "label"]
+    argv += ["--sparse-max", "genres=3", "--batch-size", "32", "--epochs", "1"]
+    for framework in ("none", "jax"):
+        assert main([*argv, "--framework", framework]) == 0, framework
+        assert "; 1 cat, 1 label, 1 list column; " in capsys.readouterr().out
 
 
 @pytest.mark.jax

@@ -111,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     parser.add_argument("--save", type=Path, help="write the trained model here")
     parser.add_argument("--evaluate", type=Path, help="score this saved model on --data")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.rows or {}) - set(args.cats))
+    if unknown:
+        parser.error(f"--rows names {', '.join(unknown)}, which --cats does not")
     torch.manual_seed(args.seed)
     if not args.data.is_dir():
         parser.error(f"{args.data} does not exist: tabloader convert writes it")

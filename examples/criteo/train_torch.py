@@ -63,9 +63,9 @@ class ClickModel(nn.Module):
 
 def table_sizes(files: Sequence[str], buckets: int, dim: int) -> list[tuple[int, int]]:
     """Each categorical column's embedding table: its ids' count from the parquet footers
-    (``Dataset.embedding_sizes``), at most ``buckets`` rows, ``dim`` wide."""
-    sizes = tabloader.Dataset(list(files)).embedding_sizes(CATS)
-    return [(min(rows, buckets), dim) for rows, _ in (sizes[name] for name in CATS)]
+    (``Dataset.cardinalities``), at most ``buckets`` rows, ``dim`` wide."""
+    rows = tabloader.Dataset(list(files)).cardinalities(CATS)
+    return [(min(rows[name], buckets), dim) for name in CATS]
 
 
 def find_data(

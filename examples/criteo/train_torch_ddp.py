@@ -130,9 +130,10 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         batch_size=args.batch_size,
         shuffle=True,
         seed_fn=lambda: broadcast_seed(device),
-        **common.loader_placement(device),
+        # worker processes read on the host (CUDA does not work in them)
+        **({"device": "cpu"} if args.workers else common.loader_placement(device)),
     )
-    loader = DLDataLoader(train, batch_size=None, collate_fn=lambda x: x)
+    loader = DLDataLoader(train, batch_size=None, collate_fn=lambda x: x, num_workers=args.workers)
     if rank == 0:
         print(
             f"{world} ranks, {len(loader)} batches of {args.batch_size} rows per rank per "
@@ -167,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         rows = len(train.loader.dataset) // world
         progress = common.epoch_progress(rows, epoch) if rank == 0 else None
         for x_cat, x_cont, y in loader:
+            x_cat, x_cont, y = (t.to(device, non_blocking=True) for t in (x_cat, x_cont, y))
             loss = loss_fn(model(x_cat, x_cont), y)
             optimizer.zero_grad()
             loss.backward()

@@ -216,11 +216,12 @@ def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> tuple[str, bo
 
 def _id_report(
     dataset: Dataset, cats: Sequence[str], vocabulary: str | None
-) -> tuple[dict[str, dict[str, Any]], list[str]]:
+) -> tuple[dict[str, dict[str, Any]], list[str], list[str]]:
     """Per id column that can be sized: its ids, how many are distinct, the embedding table
     for them (rows from ``vocabulary`` where it holds the column) and its bytes, and
-    whether the footers told or the column was read (on the CPU); and the warnings about
-    tables above the budget."""
+    whether the footers told or the column was read (on the CPU); the warnings about
+    tables above the budget; and the errors: ids no embedding table has (negative ones,
+    which the loader delivers as they are and an embedding lookup then refuses)."""
     from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
     held: dict[str, str] = {}
@@ -228,10 +229,13 @@ def _id_report(
         directory = find_vocabulary_dir(vocabulary)
         held = {n: directory for n in vocabulary_columns(directory)}
     found: dict[str, dict[str, Any]] = {}
-    advice = []
+    advice, errors = [], []
     for name in cats:
         try:
             ranges = id_ranges(dataset, [name], device="cpu")
+        except InvalidArgumentError as err:  # negative ids: nothing else checks them
+            errors.append(f"{err}. The loader delivers them as they are; an embedding lookup fails")
+            continue
         except TabloaderError:
             continue  # the loader's check reports what is wrong with it
         ids = ranges[name]
@@ -257,7 +261,7 @@ def _id_report(
         said = embedding_advice(name, rows, width, distinct=distinct, from_vocabulary=name in held)
         if said:
             advice.append(said)
-    return found, advice
+    return found, advice, errors
 
 
 def _null_counts(dataset: Dataset) -> dict[str, int | None]:
@@ -389,8 +393,9 @@ def inspect_dataset(
                     f"them. Pass --fill-null {name}=0 (fill_null={{{name!r}: 0}}), or fill "
                     "them in the data"
                 )
-    ids, advice = _id_report(dataset, requested["cats"], vocabulary)
+    ids, advice, id_errors = _id_report(dataset, requested["cats"], vocabulary)
     warns += advice
+    errors += id_errors
     per_rank_rows = dataset.num_rows // ranks
     batches = count_batches(per_rank_rows, batch_size, drop_last=False)
     lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)

@@ -20,6 +20,7 @@ from tabloader.cli.flags import (
     non_negative,
     parse_fill_null,
     positive,
+    refuse_text_files,
     split_names,
     wrap,
 )
@@ -153,6 +154,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Time ``args.epochs`` epochs of the loader the flags describe, and say where the time went."""
     args.path = dataset_paths(args.path)
+    refuse_text_files(args.path, command="bench")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the loader says the same when it is built
         dataset = Dataset(args.path)
@@ -248,7 +250,8 @@ def _loader_options(args: argparse.Namespace, dataset: Dataset | None = None) ->
         "cache_max_bytes": args.cache_max_bytes,
         "sparse_names": split_names(args.sparse) or None,
         "sparse_max": _sparse_max(args.sparse_max),
-        "sparse_as_dense": args.sparse_as_dense,
+        # (given only when asked for: JaxLoader, which always pads, refuses it)
+        **({"sparse_as_dense": True} if args.sparse_as_dense else {}),
         "drop_last": args.drop_last,
         "prefetch": args.prefetch,
         "chunk_rows": args.chunk_rows,
@@ -314,7 +317,13 @@ class _Repeatable:
 
 
 def _what_was_measured(args: argparse.Namespace, loader: Loader, rows: int) -> str:
-    kinds = {"cats": len(loader.cats), "conts": len(loader.conts), "labels": len(loader.labels)}
+    lists = set(loader.sparse_names)
+    kinds = {
+        "cats": len([c for c in loader.cats if c not in lists]),
+        "conts": len(loader.conts),
+        "labels": len(loader.labels),
+        "list columns": len(lists),
+    }
     columns = ", ".join(f"{n} {k[:-1] if n == 1 else k}" for k, n in kinds.items() if n)
     shuffle = "global" if loader.shuffle == "global" else "on" if loader.shuffle else "off"
     if loader.shuffle and not loader.shuffle_within_batch:

@@ -12,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "HelpFormatter",
     "column_flags",
     "dataset_paths",
+    "refuse_text_files",
     "fill_null_flag",
     "name_pairs",
     "non_negative",
@@ -108,6 +110,26 @@ def fill_null_flag(parser: Any) -> None:
 def dataset_paths(paths: list[str]) -> str | list[str]:
     """What ``Dataset`` is given for the paths of the command line: one path as itself."""
     return paths[0] if len(paths) == 1 else paths
+
+
+def refuse_text_files(paths: str | list[str], *, command: str) -> None:
+    """A CSV, TSV or JSON lines file is no parquet: say how to convert it, and to run
+    ``tabloader COMMAND`` on the result."""
+    from tabloader.convert.inputs import COMPRESSION, SUFFIXES
+
+    for path in [paths] if isinstance(paths, str) else paths:
+        stem, suffix = os.path.splitext(path.lower())
+        if suffix in COMPRESSION:
+            suffix = os.path.splitext(stem)[1]
+        kind = SUFFIXES.get(suffix)
+        if path.lower().endswith(".metadata.json"):
+            continue  # an Iceberg table's metadata, which the loader reads
+        if kind is not None and kind != "parquet" and os.path.isfile(path):
+            raise InvalidArgumentError(
+                f"{path} is a {kind.upper()} file; the loader reads parquet. Convert it first: "
+                f"tabloader convert {path} DEST (see tabloader convert --help), then "
+                f"tabloader {command} DEST"
+            )
 
 
 def split_names(values: Sequence[str] | None) -> list[str]:

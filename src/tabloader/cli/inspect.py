@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import warnings
 from typing import Any, TextIO
@@ -22,6 +21,7 @@ from tabloader.cli.flags import (
     non_negative,
     parse_fill_null,
     positive,
+    refuse_text_files,
     split_names,
     wrap,
 )
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    _refuse_text_files(args.path)
+    refuse_text_files(args.path, command="inspect")
     filters = [parse_filter(t) for t in args.filter] if args.filter else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it reports layout problems itself
@@ -127,9 +127,9 @@ def parse_filter(text: str) -> tuple[str, str, Any]:
     """
     match = re.fullmatch(r"\s*([^\s<>=!]+)\s*(==|=|!=|<=|>=|<|>|\s+not\s+in\s+|\s+in\s+)(.*)", text)
     if not match:
-        raise argparse.ArgumentTypeError(
-            f"a filter is COLUMN OP VALUE with OP one of = != < <= > >= in, not in (values "
-            f"comma separated), for example 'day<23'; got {text!r}"
+        raise InvalidArgumentError(
+            "--filter: a filter is COLUMN OP VALUE with OP one of = != < <= > >= in, not in "
+            f"(values comma separated), for example 'day<23'; got {text!r}"
         )
     column, op, value = match[1], " ".join(match[2].split()), match[3].strip()
     if op in ("in", "not in"):
@@ -144,25 +144,6 @@ def _literal(text: str) -> Any:
         except ValueError:
             pass
     return text
-
-
-def _refuse_text_files(paths: str | list[str]) -> None:
-    """A CSV, TSV or JSON lines file is no parquet: say how to convert it."""
-    from tabloader.convert.inputs import COMPRESSION, SUFFIXES
-
-    for path in [paths] if isinstance(paths, str) else paths:
-        stem, suffix = os.path.splitext(path.lower())
-        if suffix in COMPRESSION:
-            suffix = os.path.splitext(stem)[1]
-        kind = SUFFIXES.get(suffix)
-        if path.lower().endswith(".metadata.json"):
-            continue  # an Iceberg table's metadata, which inspect reads
-        if kind is not None and kind != "parquet" and os.path.isfile(path):
-            raise InvalidArgumentError(
-                f"{path} is a {kind.upper()} file; the loader reads parquet. Convert it first: "
-                f"tabloader convert {path} DEST (see tabloader convert --help), then "
-                "tabloader inspect DEST"
-            )
 
 
 def _write_report(report: dict[str, Any], out: TextIO, *, max_files: int) -> None:
