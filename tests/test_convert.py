@@ -98,7 +98,7 @@ def test_headerless_tsv_gets_names_or_numbered_columns(tmp_path):
 
 def test_names_replace_a_header_and_header_can_be_forced(tmp_path):
     src = write_csv(tmp_path / "a.csv", [["x", "y"], ["z", "w"]], ["p", "q"])
-    convert(src, tmp_path / "renamed", names=["first", "second"])
+    convert(src, tmp_path / "renamed", names=["first", "second"], header=True)
     assert read(tmp_path / "renamed").to_pydict() == {"first": ["x", "z"], "second": ["y", "w"]}
     convert(src, tmp_path / "no-header", header=False)
     assert read(tmp_path / "no-header").column("f0").to_pylist() == ["p", "x", "z"]
@@ -649,3 +649,129 @@ def test_key_value_directories_and_table_directories_are_refused_not_dropped(tmp
     deltalake.write_deltalake(str(table), pa.table({"user": np.arange(10)}), mode="overwrite")
     with pytest.raises(tabloader.InvalidArgumentError, match="a Delta Lake table"):
         convert(str(table), tmp_path / "delta_out")
+
+
+def test_ids_all_beyond_int64_are_refused_not_rounded_to_floating_point(tmp_path):
+    ids = ["18446744073709551615", "12345678901234567891", "12345678901234567892"]
+    src = tmp_path / "ids.csv"
+    src.write_text("id,click\n" + "".join(f"{i},1\n" for i in ids))
+    with pytest.raises(
+        tabloader.InvalidFileError,
+        match=r"column 'id' holds \d+ at row 1, beyond the range of int64 .* string for ids",
+    ):
+        convert(str(src), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    convert(str(src), tmp_path / "text", schema="id=string")
+    assert read(tmp_path / "text").column("id").to_pylist() == ids
+    lines = tmp_path / "ids.jsonl"
+    lines.write_text("".join(f'{{"id": {i}}}\n' for i in ids))
+    with pytest.raises(
+        tabloader.InvalidFileError,
+        match=r"column 'id' holds \d+ at row 1, beyond the range of int64 .* JSON strings",
+    ):
+        convert(str(lines), tmp_path / "json")
+
+
+def test_json_columns_read_as_text_and_values_that_do_not_fit_are_named(tmp_path, monkeypatch):
+    from tabloader.cli import main
+
+    src = tmp_path / "ids.jsonl"
+    src.write_text('{"id": 1, "click": 1}\n{"id": -22, "click": 0}\n')
+    convert(str(src), tmp_path / "text", schema="id=string")
+    assert read(tmp_path / "text").to_pydict() == {"id": ["1", "-22"], "click": [1, 0]}
+    src.write_text('{"id": 1, "click": 1}\n{"id": 99999999999999999999, "click": 0}\n')
+    with pytest.raises(
+        tabloader.InvalidFileError,
+        match=r"column 'id' holds 100000000000000000000 at row 2, .*JSON strings",
+    ):
+        convert(str(src), tmp_path / "big", schema="id=string")
+    monkeypatch.setattr(convert_inputs, "BLOCK_BYTES", 64)
+    late = tmp_path / "late.jsonl"
+    for last, wanted in (
+        ('{"x": 3.5}', r"column 'x' holds 3.5 at row 21, which is not int64.*--schema x=.*float32"),
+        ('{"x": "abc"}', r"column 'x' holds 'abc' at row 21, which is not int64.*string"),
+        ('{"x": 3, "y": 1}', r"row 21 has a field 'y' that the first rows of the files have not"),
+    ):
+        late.write_text("".join(f'{{"x": {i}}}\n' for i in range(20)) + last + "\n")
+        with pytest.raises(tabloader.InvalidFileError, match=wanted):
+            convert(str(late), tmp_path / "late")
+    late.write_text("".join(f'{{"x": {i}}}\n' for i in range(20)) + '{"x": "abc"}\n')
+    with pytest.raises(
+        tabloader.InvalidFileError,
+        match=r"column 'x' holds 'abc' at row 21 after numbers.*all as JSON strings",
+    ):
+        convert(str(late), tmp_path / "late", schema="x=string")
+    assert main(["convert", str(late), str(tmp_path / "cli"), "--schema", "x=string"]) == 2
+
+
+def test_numbers_written_with_leading_zeros_stay_text(tmp_path):
+    src = tmp_path / "log.csv"
+    src.write_text("zip,item,click\n02134,007,1\n2134,7,0\n02134,07,1\n")
+    result = convert(str(src), tmp_path / "out", categorify="item")
+    assert result.schema.field("zip").type == pa.string()
+    table = read(tmp_path / "out")
+    assert table.column("zip").to_pylist() == ["02134", "2134", "02134"]
+    assert sorted(table.column("item").to_pylist()) == [2, 3, 4]  # three ids, one each
+    vocabulary = pq.read_table(tmp_path / "out" / "_vocabulary" / "item.parquet")
+    assert sorted(vocabulary.column("value").to_pylist()) == ["007", "07", "7"]
+    src.write_text("n,click\n0,1\n10,0\n-3,1\n")
+    convert(str(src), tmp_path / "numbers")
+    assert read(tmp_path / "numbers").to_pydict() == {"n": [0, 10, -3], "click": [1, 0, 1]}
+
+
+def test_names_for_a_first_line_of_text_need_header_said(tmp_path):
+    src = tmp_path / "users.csv"
+    src.write_text("alice,fr\nbob,de\ncarol,us\n")
+    with pytest.raises(
+        tabloader.InvalidArgumentError,
+        match=r"users.csv: its first line \('alice', 'fr'\) may be a header.*--no-header",
+    ):
+        convert(str(src), tmp_path / "out", names=["user", "country"])
+    convert(str(src), tmp_path / "kept", names=["user", "country"], header=False)
+    assert read(tmp_path / "kept").to_pydict() == {
+        "user": ["alice", "bob", "carol"],
+        "country": ["fr", "de", "us"],
+    }
+    src.write_text("name,age\nalice,31\n")  # a line of numbers after it: a header
+    convert(str(src), tmp_path / "renamed", names=["user", "years"])
+    assert read(tmp_path / "renamed").to_pydict() == {"user": ["alice"], "years": [31]}
+
+
+def test_a_transform_keeps_its_rows_and_their_splits(tmp_path):
+    import pyarrow.compute as pc
+
+    src = tmp_path / "log.csv"
+    src.write_text(
+        "user,price,click\n" + "".join(f"u{i % 50},{i * 0.5},{i % 2}\n" for i in range(1000))
+    )
+    drop = lambda t: t.filter(pc.not_equal(t.column("user"), "u0"))  # noqa: E731
+    for split in (None, "valid=0.3"):
+        with pytest.raises(
+            tabloader.InvalidArgumentError,
+            match=r"transform returned [\d,]+ rows for a batch of [\d,]+ rows \(rows 1 to 1,000 of",
+        ):
+            convert(str(src), tmp_path / "dropped", transform=drop, split=split)
+        assert not (tmp_path / "dropped").exists()
+
+    def log_price(t: pa.Table) -> pa.Table:
+        return t.append_column(
+            "log_price", pa.array(np.log1p(t.column("price").to_numpy()).tolist())
+        )
+
+    with pytest.raises(
+        tabloader.InvalidArgumentError,
+        match=r"transform makes column 'log_price' double, but null for a batch without rows",
+    ):
+        convert(str(src), tmp_path / "typed", transform=log_price)
+    convert(str(src), tmp_path / "plain", split="valid=0.3", split_key="user")
+    convert(
+        str(src),
+        tmp_path / "sorted",
+        split="valid=0.3",
+        split_key="user",
+        transform=lambda t: t.sort_by([("click", "ascending")]),
+    )
+    for name in ("train", "valid"):
+        plain = read(tmp_path / "plain" / name).to_pylist()
+        ordered = read(tmp_path / "sorted" / name).to_pylist()
+        assert sorted(ordered, key=str) == sorted(plain, key=str)

@@ -531,3 +531,61 @@ def test_a_vocabulary_of_ten_million_values_needs_no_more_memory_than_one_of_a_t
     assert peaks["distinct"] < 1 * 2**30
     got = pq.read_table(tmp_path / "distinct", columns=["user"]).column("user")
     assert pc.min_max(got).as_py() == {"min": 2, "max": rows + 1}
+
+
+def test_json_times_with_an_offset_are_converted_once_and_a_mix_is_refused(tmp_path):
+    lines = tmp_path / "log.jsonl"
+    lines.write_text(
+        '{"t": "2024-03-01T12:00:00+02:00", "x": 1}\n{"t": "2024-03-01T12:00:00Z", "x": 2}\n'
+    )
+    table = tmp_path / "log.csv"
+    table.write_text("t,x\n2024-03-01T12:00:00+02:00,1\n2024-03-01T12:00:00Z,2\n")
+    wanted = {"t_epoch": [1709287200, 1709294400], "t_hour": [11, 13], "x": [1, 2]}
+    for src in (lines, table):
+        convert(
+            str(src),
+            tmp_path / f"out-{src.suffix}",
+            time_parts="t=epoch,hour",
+            time_zone="Europe/Paris",
+        )
+        assert read_split_plain(tmp_path / f"out-{src.suffix}") == wanted
+    convert(str(lines), tmp_path / "kept")
+    assert read_split_plain(tmp_path / "kept")["t"] == [
+        dt.datetime(2024, 3, 1, 10, tzinfo=dt.timezone.utc),
+        dt.datetime(2024, 3, 1, 12, tzinfo=dt.timezone.utc),
+    ]
+    lines.write_text('{"t": "2024-03-01 12:00:00", "x": 1}\n{"t": "2024-03-01T12:00:00+02:00"}\n')
+    with pytest.raises(tabloader.InvalidFileError, match="mixes times with and without an offset"):
+        convert(str(lines), tmp_path / "mixed", time_parts="t=hour")
+
+
+def test_a_hashed_value_gets_one_id_whatever_type_a_days_files_are_read_as(tmp_path):
+    days = {"day1": "item,click\n123,1\n456,0\n", "day2": "item,click\n123,1\nA17,0\n"}
+    ids = {}
+    for day, text in days.items():
+        (tmp_path / f"{day}.csv").write_text(text)
+        convert(str(tmp_path / f"{day}.csv"), tmp_path / day, hash_buckets="item=1000")
+        ids[day] = read_split_plain(tmp_path / day)["item"]
+    text_hash = column_hashes(pa.array(["123", "456", "A17"]))
+    expected = [int(h % np.uint64(999)) + 1 for h in text_hash]
+    assert ids == {"day1": expected[:2], "day2": [expected[0], expected[2]]}
+
+
+def test_hash_buckets_beyond_int64_ids_are_refused_before_converting(tmp_path):
+    src = str(click_log(tmp_path / "clicks.csv", rows=50))
+    for buckets in (2**63 + 10, 10**20):
+        with pytest.raises(tabloader.InvalidArgumentError, match=r"at most 2\*\*63"):
+            convert(src, tmp_path / "out", hash_buckets={"item_id": buckets})
+        assert main(["convert", src, str(tmp_path / "cli"), "--hash", f"item_id={buckets}"]) == 2
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cli").exists()
+
+
+def test_text_times_after_2262_with_fractions_of_a_second_are_read(tmp_path):
+    src = tmp_path / "t.csv"
+    src.write_text("t,y\n9999-12-31T00:00:00.5,1\n2024-03-01 12:00:00.25,2\n")
+    convert(str(src), tmp_path / "out", schema="t=string", time_parts="t=year,epoch")
+    assert read_split_plain(tmp_path / "out") == {
+        "t_year": [9999, 2024],
+        "t_epoch": [253402214400, 1709294400],
+        "y": [1, 2],
+    }

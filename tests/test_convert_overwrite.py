@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,35 @@ def test_only_files_a_conversion_wrote_are_replaced(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_signal_waits_for_the_swap_whichever_thread_the_system_gives_it_to():
+    """While the files are swapped, SIGINT waits: also when the system delivers it to
+    another thread of the process (pyarrow's, the loader's), whose handler Python runs in
+    the main thread all the same. Blocking it in the main thread alone let it through,
+    and an interrupted swap left the previous files in a hidden directory."""
+    from tabloader.convert.output import _signals_held
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # a thread that takes signals
+    other.start()
+    finished: list[str] = []
+
+    def swap() -> None:
+        with _signals_held():
+            assert other.ident is not None
+            signal.pthread_kill(other.ident, signal.SIGINT)  # the system's choice
+            time.sleep(0.2)  # where a handler run now would interrupt the swap
+            finished.append("swapped")
+        time.sleep(0.2)  # where it runs: after the swap
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            swap()
+    finally:
+        stop.set()
+        other.join()
+    assert finished == ["swapped"]
+
+
 def test_sigint_at_any_moment_leaves_the_old_set_or_the_new_one_whole(tmp_path):
     old = write_rows(tmp_path / "old.csv", 5_000, version=1)
     new = write_rows(tmp_path / "new.csv", 400_000, version=2)
@@ -149,3 +179,20 @@ def test_sigterm_leaves_nothing_behind_and_a_failure_no_directory_it_made(tmp_pa
     with pytest.raises(tabloader.InvalidFileError):
         convert(str(bad), tmp_path / "nested" / "a" / "b", time_parts={"t": ["hour"]})
     assert not (tmp_path / "nested").exists()
+
+
+def test_a_destination_inside_a_source_directory_is_not_read_again(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_rows(logs / "day1.csv", 100, 1)
+    first = convert(str(logs), str(logs / "parquet"))
+    again = convert(str(logs), str(logs / "parquet"), overwrite=True)
+    assert first.inputs == again.inputs == [str(logs / "day1.csv")]
+    assert again.rows_out == {"": 100}
+    table = pq.read_table(str(logs / "parquet"))
+    assert sorted(table.column("row").to_pylist()) == list(range(100))
+    # named itself, a file of the destination is read
+    rebuilt = convert(
+        str(logs / "parquet" / "part-00000.parquet"), str(logs / "parquet"), overwrite=True
+    )
+    assert rebuilt.rows_out == {"": 100}

@@ -36,7 +36,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="whether CSV/TSV files start with a header line (default: detected: a first "
-        "line holding no number is a header)",
+        "line holding no number is a header; with --names, one followed by a line holding "
+        "no number either must be said)",
     )
     p.add_argument(
         "--names",

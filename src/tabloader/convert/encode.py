@@ -6,7 +6,9 @@ applies it to every batch of rows:
 - ``categorify``: each value's id in its column's vocabulary (`tabloader.vocabulary`:
   0 for a value it does not hold, 1 for a null, 2 for the most frequent value, ...);
 - ``hash_buckets``: id 0 for a null and ``1 + hash % (buckets - 1)`` for a value, by
-  the value's 64-bit hash (`column_hashes`), the same on every machine;
+  the 64-bit hash (`column_hashes`) of the value's text (``123`` as ``"123"``, whether
+  a day's files are read as numbers or as text; a timestamp by its instant), the same
+  on every machine;
 - ``time_parts``: a timestamp column replaced by one int64 column per part
   (``event_time_hour``, ...). Text is read as ISO 8601 (``2024-03-01 12:34:56``, with
   or without ``T``, fractions of a second and an offset), integers as seconds since
@@ -229,6 +231,14 @@ class Encoder:
 
 
 def _hashed(column: Any, buckets: int) -> Any:
+    """Hashed ids of ``column``'s values by their text, so that a value's id does not
+    depend on the type its files were read as (``123`` a number one day, text the next);
+    a timestamp's by its instant, whatever its unit."""
+    kind = column.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and not (
+        pa.types.is_timestamp(kind) or pa.types.is_binary(kind)
+    ):
+        column = column.cast(pa.string())
     ids = (column_hashes(column) % np.uint64(buckets - 1)).astype(np.int64) + 1
     if column.null_count:
         ids[np.asarray(pc.is_null(column))] = 0
@@ -263,8 +273,13 @@ def _timestamps(name: str, column: Any, zone: str, where: str, first_row: int) -
     return column.cast(pa.timestamp(cast(Any, kind).unit, tz=zone))
 
 
+_TEXT_TIME_TYPES = [pa.timestamp(unit, tz=zone) for unit in ("ns", "us") for zone in (None, "UTC")]
+"""The types text times are parsed as: to the nanosecond, or to the microsecond for
+dates beyond the nanosecond's range (before 1677, after 2262)."""
+
+
 def _parse_times(name: str, column: Any, where: str, first_row: int) -> Any:
-    for target in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
+    for target in _TEXT_TIME_TYPES:
         try:
             return column.cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -272,8 +287,7 @@ def _parse_times(name: str, column: Any, where: str, first_row: int) -> Any:
     for i, value in enumerate(column.to_pylist()):
         if value is None:
             continue
-        parsed = [_parses(value, t) for t in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC"))]
-        if not any(parsed):
+        if not any(_parses(value, t) for t in _TEXT_TIME_TYPES):
             raise _InvalidFileError(
                 f"{where}: time column {name!r} holds {value!r} at row {first_row + i + 1:,}, "
                 "which is not an ISO 8601 time (2024-03-01 12:34:56, 2024-03-01T12:34:56Z, "

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import csv as csvlib
 import glob as globlib
+import io
+import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -72,6 +74,9 @@ BLOCK_BYTES = 16 * 2**20
 """Bytes of text parsed at once; column types are inferred from the first block."""
 _PARQUET_BATCH_ROWS = 65_536
 _INT64_LIMIT = 2.0**63
+_ID_LIMIT = 1e20
+"""Whole numbers up to this magnitude (20 digits, as many as a 64-bit id has) may be ids:
+a column of them is never rounded to floating point silently."""
 _EXACT_WHOLE_LIMIT = 2.0**53
 """Above it, float64 cannot tell every whole number from its neighbours."""
 _FLOAT32_EXACT = 2**24
@@ -94,8 +99,11 @@ class Input:
     """Per floating point column: whether the first block held whole numbers only."""
 
 
-def expand(sources: Sequence[str]) -> list[str]:
-    """The input files ``sources`` name (files, directories, globs), in order."""
+def expand(sources: Sequence[str], *, dest: str | None = None) -> list[str]:
+    """The input files ``sources`` name (files, directories, globs), in order. A directory
+    or glob above ``dest`` (the output directory) leaves out the files in it: what a
+    conversion wrote there is not an input of the next; a file of ``dest`` named itself,
+    or a directory or glob inside it, is read."""
     files: list[str] = []
     for spec in sources:
         path = os.path.expanduser(spec)
@@ -119,13 +127,16 @@ def expand(sources: Sequence[str]) -> list[str]:
                 )
         else:
             raise SourceNotFoundError(f"{spec!r} does not exist")
+        root = path if os.path.isdir(path) else glob_root(path) or "."
+        if dest is not None and not _inside(root, dest):
+            found = [f for f in found if not _inside(f, dest)]
         kept = [f for f in found if not os.path.basename(f).startswith((".", "_"))]
         if not kept:
             raise SourceNotFoundError(
                 f"{spec!r} names only files whose names start with '_' or '.' (a writer's "
-                "own files, skipped): name such a file itself to convert it"
+                "own files, skipped), or files of the destination: name such a file itself "
+                "to convert it"
             )
-        root = path if os.path.isdir(path) else glob_root(path) or "."
         _refuse_keys_in_directories(spec, root, kept)
         files.extend(kept)
     refuse_table_files(", ".join(sources), files)
@@ -135,6 +146,12 @@ def expand(sources: Sequence[str]) -> list[str]:
     for f in files:
         first.setdefault(os.path.realpath(f), f)
     return list(first.values())
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (links followed)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def _refuse_keys_in_directories(spec: str, root: str, files: Sequence[str]) -> None:
@@ -222,11 +239,27 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _first_fields(item: Input) -> list[str]:
+def _first_fields(item: Input, line: int = 0) -> list[str]:
+    """The fields of line ``line`` (from 0) of ``item``; none past its first 64 KiB."""
     lines = _head(item).splitlines()
-    if not lines:
+    if len(lines) <= line:
         return []
-    return next(csvlib.reader([lines[0]], delimiter=item.delimiter), [])
+    return next(csvlib.reader([lines[line]], delimiter=item.delimiter), [])
+
+
+def _is_header(item: Input, fields: list[str], names: Sequence[str] | None) -> bool:
+    """Whether the first line of ``item`` (its ``fields``) is a header: one holding no
+    number. With ``names``, such a line followed by another holding no number either may
+    be a row of text as well as a header, and which it is would be lost: refused."""
+    if not fields or any(_is_number(f) for f in fields):
+        return False
+    if names is not None and not any(_is_number(f) for f in _first_fields(item, 1)):
+        raise InvalidArgumentError(
+            f"{item.path}: its first line ({shorten(fields)}) may be a header or a row of "
+            "text, and names= (--names) is given: pass header=True (--header) to replace that "
+            "line with the names, or header=False (--no-header) to keep it as a row"
+        )
+    return True
 
 
 def _csv_options(item: Input, column_types: Mapping[str, pa.DataType] | None) -> dict[str, Any]:
@@ -281,14 +314,11 @@ def probe(
             raise InvalidFileError(f"{item.path} is not JSON lines ({err})") from err
         finally:
             raw.close()
+        _json_times_as_csv_reads_them(item)
     else:
         item.delimiter = delimiter or ("\t" if item.format == "tsv" else ",")
         fields = _first_fields(item)
-        item.header = (
-            header
-            if header is not None
-            else bool(fields) and not any(_is_number(f) for f in fields)
-        )
+        item.header = header if header is not None else _is_header(item, fields, names)
         if names is not None:
             if fields and len(names) != len(fields):
                 raise InvalidArgumentError(
@@ -312,10 +342,71 @@ def probe(
         finally:
             raw.close()
         _refuse_undecoded_text(item, first)
+        _read_leading_zeros_as_text(item)
     if first is not None and item.format != "parquet":  # a parquet file's types are its own
         for f in item.schema:
             if pa.types.is_floating(f.type):
                 item.whole[f.name] = _all_whole(first.column(f.name))
+
+
+def _read_leading_zeros_as_text(item: Input) -> None:
+    """Read as text the integer columns of a CSV file whose first block holds a number
+    written with a leading zero: ``007`` and ``7`` are two ids, ``02134`` a zip code."""
+    integers = [f.name for f in item.schema if pa.types.is_integer(f.type)]
+    if not integers:
+        return
+    options = _csv_options(item, dict.fromkeys(integers, pa.string()))
+    options["convert_options"].include_columns = integers
+    raw, stream = _open_stream(item)
+    try:
+        first = _first_batch(pacsv.open_csv(stream, **options))
+    finally:
+        raw.close()
+    if first is None:
+        return
+    for name in integers:
+        zeros = pc.match_substring_regex(first.column(name), r"^[+-]?0[0-9]")
+        if pc.any(zeros).as_py():
+            index = item.schema.get_field_index(name)
+            item.schema = item.schema.set(index, pa.field(name, pa.string()))
+
+
+def _json_times_as_csv_reads_them(item: Input) -> None:
+    """The JSON reader gives a column of times with and without offsets one type,
+    converting those with an offset to UTC and dropping it: read such columns as text,
+    typed as the CSV reader types them (with an offset: in UTC; without: as written; a mix:
+    text, which time parts refuse)."""
+    times = [f.name for f in item.schema if pa.types.is_timestamp(f.type)]
+    if not times:
+        return
+    from pyarrow import json as pajson
+
+    raw, stream = _open_stream(item)
+    try:
+        explicit = pa.schema([(name, pa.string()) for name in times])
+        reader = pajson.open_json(
+            stream,
+            read_options=pajson.ReadOptions(block_size=BLOCK_BYTES),
+            parse_options=pajson.ParseOptions(explicit_schema=explicit),
+        )
+        first = _first_batch(reader)
+    finally:
+        raw.close()
+    if first is None:
+        return
+    for name in times:
+        index = item.schema.get_field_index(name)
+        item.schema = item.schema.set(index, pa.field(name, _time_type(first.column(name))))
+
+
+def _time_type(text: Any) -> pa.DataType:
+    for target in (pa.timestamp("s"), pa.timestamp("s", tz="UTC")):
+        try:
+            text.cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        return target
+    return pa.string()
 
 
 def _first_batch(reader: Any) -> pa.RecordBatch | None:
@@ -367,9 +458,9 @@ def _utf8(value: bytes) -> bool:
 
 
 def _all_whole(column: Any) -> bool:
-    """Whether every value of a floating point column is a whole number (and some are
-    within int64: a column of 1e30s is a measurement, a column of ids with one beyond
-    int64 holds ids)."""
+    """Whether every value of a floating point column is a whole number (and some have at
+    most 20 digits: a column of 1e30s is a measurement, a column of 20-digit ids, even all
+    beyond int64, holds ids)."""
     values = column.drop_null().to_numpy(zero_copy_only=False).astype(np.float64)
     if not len(values):
         return False
@@ -377,7 +468,7 @@ def _all_whole(column: Any) -> bool:
         return bool(
             np.isfinite(values).all()
             and (values == np.trunc(values)).all()
-            and (np.abs(values) < _INT64_LIMIT).any()
+            and (np.abs(values) <= _ID_LIMIT).any()
         )
 
 
@@ -531,24 +622,25 @@ def read(item: Input, schema: pa.Schema) -> Iterator[tuple[pa.Table, int, int]]:
         return
     raw, stream = _open_stream(item)
     try:
-        if item.format == "json":
-            from pyarrow import json as pajson
+        reader: Any
+        try:  # the reader converts its first block as it opens
+            if item.format == "json":
+                from pyarrow import json as pajson
 
-            reader: Any
-            reader = pajson.open_json(
-                stream,
-                read_options=pajson.ReadOptions(block_size=BLOCK_BYTES),
-                parse_options=pajson.ParseOptions(
-                    explicit_schema=schema, unexpected_field_behavior="error"
-                ),
-            )
-        else:
-            try:  # the reader converts its first block as it opens
+                reader = pajson.open_json(
+                    stream,
+                    read_options=pajson.ReadOptions(block_size=BLOCK_BYTES),
+                    parse_options=pajson.ParseOptions(
+                        explicit_schema=_json_schema(item, schema),
+                        unexpected_field_behavior="error",
+                    ),
+                )
+            else:
                 reader = pacsv.open_csv(stream, **_csv_options(item, _types(schema)))
-            except pa.ArrowInvalid as err:
-                raise _value_error(item, schema, err, done) from None
-            except OSError as err:
-                raise _damaged(item, err, done) from None
+        except pa.ArrowInvalid as err:
+            raise _value_error(item, schema, err, done) from None
+        except OSError as err:
+            raise _damaged(item, err, done) from None
         while True:
             try:
                 batch = reader.read_next_batch()
@@ -569,6 +661,24 @@ def _types(schema: pa.Schema) -> dict[str, pa.DataType]:
     return {f.name: f.type for f in schema}
 
 
+def _json_schema(item: Input, schema: pa.Schema) -> pa.Schema:
+    """The types the JSON reader reads ``schema``'s columns with: times as text (its own
+    parsing drops their offsets) and numbers as numbers, even for a column read as text
+    (it reads no number as text); `cast_table` makes them ``schema``'s."""
+    fields: list[Any] = []
+    for f in schema:
+        found = item.schema.field(f.name).type if f.name in item.schema.names else f.type
+        if pa.types.is_timestamp(f.type):
+            fields.append(pa.field(f.name, pa.string()))
+        elif pa.types.is_string(f.type) and pa.types.is_integer(found):
+            fields.append(pa.field(f.name, pa.int64()))
+        elif pa.types.is_string(f.type) and pa.types.is_floating(found):
+            fields.append(pa.field(f.name, pa.float64()))
+        else:
+            fields.append(f)
+    return pa.schema(fields)
+
+
 def _value_error(
     item: Input, schema: pa.Schema, err: pa.ArrowInvalid, rows: int
 ) -> InvalidFileError:
@@ -576,6 +686,8 @@ def _value_error(
     index = re.search(r"column #(\d+)", message)
     value = re.search(r"invalid value '([^']*)'", message)
     after = f" (after row {rows:,})" if rows else ""
+    if item.format == "json":
+        return _json_value_error(item, schema, message, after)
     if index is None:
         return InvalidFileError(f"{item.path} could not be read{after}: {message}")
     name = item.schema.names[int(index.group(1))]
@@ -589,16 +701,101 @@ def _value_error(
             "the file as UTF-8 (for example `iconv -f latin1 -t utf-8`), or correct that row"
         )
     shown = f"holds {value.group(1)!r}" if value else "holds a value"
+    text = value is not None and not _is_number(value.group(1))
+    return _not_of_type(item, name, f"{shown}{after}", target, text=text)
+
+
+def _not_of_type(
+    item: Input, name: str, holds: str, target: pa.DataType, *, text: bool
+) -> InvalidFileError:
+    """A value (``holds``: ``"holds 'x' at row 3"``) of ``text`` or not, that is not of
+    its column's type ``target``, with the ``--schema`` that holds it."""
     numeric = pa.types.is_integer(target) or pa.types.is_floating(target)
-    if numeric and value is not None and not _is_number(value.group(1)):
+    if numeric and text:
         wider = "string (text: give it ids with --categorify or --hash)"
     else:
         wider = "float32" if numeric else "string"
     return InvalidFileError(
-        f"{item.path}: column {name!r} {shown}{after}, which is not {target}: the type comes "
+        f"{item.path}: column {name!r} {holds}, which is not {target}: the type comes "
         f"from the first rows of the files (or from schema=). Pass --schema {name}=TYPE "
         f"(schema={{{name!r}: ...}}) with a type that holds every value, e.g. {wider}"
     )
+
+
+def _json_value_error(item: Input, schema: pa.Schema, message: str, after: str) -> InvalidFileError:
+    """Why the JSON reader could not read ``item`` as ``schema``: its messages name
+    neither the column nor the row, so the file is read again, line by line, up to the
+    first value that does not fit."""
+    types = _json_schema(item, schema)
+    found = _json_misfit(item, types)
+    if found is None:
+        return InvalidFileError(f"{item.path} could not be read{after}: {message}")
+    row, name, value = found
+    if name not in types.names:
+        return InvalidFileError(
+            f"{item.path}: row {row:,} has a field {name!r} that the first rows of the files "
+            f"have not ({shorten(types.names)}): the columns come from the first rows. Give "
+            f"the first rows every field (null where there is no value), or convert the "
+            "files separately"
+        )
+    target = schema.field(name).type
+    read_as = types.field(name).type
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    if pa.types.is_string(target) and isinstance(value, str) != pa.types.is_string(read_as):
+        return InvalidFileError(
+            f"{item.path}: column {name!r} holds {shown} at row {row:,} after numbers, or a "
+            "number after strings: the JSON reader reads a column's values one way, so a "
+            "column of text must be written all as JSON strings "
+            f'("{name}": "123") in the file'
+        )
+    if pa.types.is_integer(target) and isinstance(value, int) and not isinstance(value, bool):
+        info = np.iinfo(target.to_pandas_dtype())
+        return InvalidFileError(
+            f"{item.path}: column {name!r} holds {value} at row {row:,}, beyond the range of "
+            f"{target} ({info.min:,} to {info.max:,}). Pass --schema {name}=TYPE "
+            f"(schema={{{name!r}: ...}}): float64, or {_text_for_ids(item, name)}"
+        )
+    holds = f"holds {shown} at row {row:,}"
+    return _not_of_type(item, name, holds, target, text=isinstance(value, str))
+
+
+def _json_misfit(item: Input, types: pa.Schema) -> tuple[int, str, Any] | None:
+    """``(row, column, value)`` of the first value of ``item`` that is not of its column's
+    type in ``types`` (or of a field ``types`` has not); None if there is none."""
+    raw, stream = _open_stream(item)
+    try:
+        lines = io.TextIOWrapper(cast(Any, stream), encoding="utf-8", errors="replace")
+        row = 0
+        for line in lines:
+            if not line.strip():
+                continue
+            row += 1
+            record = json.loads(line)
+            for name, value in record.items() if isinstance(record, dict) else ():
+                if name not in types.names or not _json_fits(value, types.field(name).type):
+                    return row, name, value
+    except (ValueError, OSError, pa.ArrowException):
+        return None
+    finally:
+        raw.close()
+    return None
+
+
+def _json_fits(value: Any, kind: pa.DataType) -> bool:
+    """Whether the JSON reader reads ``value`` (as Python's json gives it) as ``kind``."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value is None:
+        return True
+    if pa.types.is_integer(kind):
+        info = np.iinfo(kind.to_pandas_dtype())
+        return number and isinstance(value, int) and info.min <= value <= info.max
+    if pa.types.is_floating(kind):
+        return number
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return isinstance(value, str)
+    if pa.types.is_boolean(kind):
+        return isinstance(value, bool)
+    return not pa.types.is_null(kind)
 
 
 def _row_holding(item: Input, name: str, value: str, rows: int) -> int | None:
@@ -647,6 +844,8 @@ def _misfit(
 ) -> InvalidFileError | None:
     """Why ``column`` (numbers) cannot be written as ``target`` without changing a value,
     naming the first value that would change and its row; None when all fit."""
+    if pa.types.is_floating(column.type) and pa.types.is_string(target):
+        return _digits_lost(item, name, column, first_row)
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         return None
     if not (pa.types.is_integer(target) or pa.types.is_floating(target)):
@@ -682,7 +881,7 @@ def _misfit(
             info = np.iinfo(target.to_pandas_dtype())
             why = (
                 f"beyond the range of {target} ({info.min:,} to {info.max:,}). {fix}: "
-                "float64, or string for ids"
+                f"float64, or {_text_for_ids(item, name)}"
             )
         return InvalidFileError(
             f"{item.path}: column {name!r} holds {_shown(values[i].item())} at row "
@@ -714,6 +913,33 @@ def _misfit(
     )
 
 
+def _digits_lost(item: Input, name: str, column: Any, first_row: int) -> InvalidFileError | None:
+    """Numbers read as floating point (a JSON file's) and written as text: a whole number
+    beyond 2**53 would not be written with the digits of the file."""
+    values, valid = _numbers(column)
+    with np.errstate(invalid="ignore"):
+        inexact = valid & (values == np.trunc(values)) & (np.abs(values) > _EXACT_WHOLE_LIMIT)
+    if not inexact.any():
+        return None
+    i = int(np.flatnonzero(inexact)[0])
+    return InvalidFileError(
+        f"{item.path}: column {name!r} holds {_shown(values[i].item())} at row "
+        f"{first_row + i + 1:,}, a number read as floating point, which holds whole numbers "
+        f"exactly only up to 2**53 ({int(_EXACT_WHOLE_LIMIT):,}): its digits may differ from "
+        f"the file's. Write it as text: {_text_for_ids(item, name)}"
+    )
+
+
+def _text_for_ids(item: Input, name: str) -> str:
+    """How to keep ids as text: ``--schema NAME=string``, but JSON lines' numbers are read
+    as numbers (an id beyond int64 as floating point): ids must be strings in the file."""
+    if item.format == "json":
+        return (
+            f'for ids, JSON strings in the file ("{name}": "123") kept with --schema {name}=string'
+        )
+    return "string for ids"
+
+
 def _integer_misfits(
     values: np.ndarray[Any, Any], valid: np.ndarray[Any, Any], target: np.dtype[Any]
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -743,7 +969,7 @@ def _inexact_wholes(
                 valid
                 & np.isfinite(values)
                 & (values == np.trunc(values))
-                & (np.abs(values) < _INT64_LIMIT)
+                & (np.abs(values) <= _ID_LIMIT)
             )
         changed: np.ndarray[Any, Any] = whole & (back != values.astype(np.float64))
         return changed

@@ -26,6 +26,7 @@ from tabloader.errors import InvalidArgumentError
 
 __all__ = [
     "FORMATS",
+    "MAX_HASH_BUCKETS",
     "TIME_PARTS",
     "TYPE_NAMES",
     "Format",
@@ -59,6 +60,8 @@ TYPE_NAMES: dict[str, pa.DataType] = {
     "str": pa.string(),
 }
 """Type names ``schema=``/``--schema`` accept."""
+MAX_HASH_BUCKETS = 2**63
+"""The most buckets a hashed column may have: its ids, up to ``buckets - 1``, are int64."""
 
 
 def parse_split(text: str | Mapping[str, float] | None) -> dict[str, float]:
@@ -223,7 +226,8 @@ def parse_hash_buckets(
     text: str | Sequence[str] | Mapping[str, int] | None,
 ) -> dict[str, int]:
     """``{column: buckets}`` from ``"item_id=1000,ad_id=5000"`` (or a mapping). A column's
-    ids are then 0 for a null and 1 to ``buckets - 1`` for its values, by their hash.
+    ids are then 0 for a null and 1 to ``buckets - 1`` for its values, by their hash: at
+    most 2**63 buckets, so that every id is an int64.
 
     Examples:
         >>> parse_hash_buckets({"item_id": 1 << 20})
@@ -245,6 +249,11 @@ def parse_hash_buckets(
             raise InvalidArgumentError(
                 f"the buckets of hashed column {name!r} must be an integer of at least 2 "
                 f"(id 0 is for nulls), got {value!r}"
+            )
+        if buckets > MAX_HASH_BUCKETS:
+            raise InvalidArgumentError(
+                f"the buckets of hashed column {name!r} must be at most 2**63 "
+                f"({MAX_HASH_BUCKETS:,}: ids are int64), got {value!r}"
             )
         found[name] = buckets
     return found

@@ -251,13 +251,24 @@ def _move(source: str, target: str) -> None:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (in the main thread) until the block is done."""
+    """SIGINT and SIGTERM held back until the block is done, then delivered.
+
+    Their handlers are set aside rather than the signals blocked: a signal blocked in the
+    main thread is delivered to another thread of the process (pyarrow's, the loader's),
+    and Python then runs its handler in the main thread all the same, inside the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+
+    def defer(signum: int, frame: Any) -> None:
+        caught.append(signum)
+
+    previous = {s: signal.signal(s, defer) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if caught:
+            signal.raise_signal(caught[0])

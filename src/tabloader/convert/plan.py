@@ -18,6 +18,7 @@ import pyarrow as pa
 from tabloader.convert.encode import Encoder, Encodings
 from tabloader.convert.hashing import TRAIN, row_hashes, split_rows
 from tabloader.convert.inputs import Input, cast_table, read, written_type
+from tabloader.errors import InvalidArgumentError
 
 __all__ = ["ConvertPlan", "count_file"]
 
@@ -34,7 +35,8 @@ class ConvertPlan:
         seed: The seed of the split's hash.
         split_key: Columns the split hashes; empty: the whole row as read.
         encodings: Categorify, hash, time parts.
-        transform: The caller's function, applied after the encodings.
+        transform: The caller's function, applied after the encodings to each split's
+            rows of a batch.
         out_schema: The schema of the files written.
     """
 
@@ -84,17 +86,54 @@ class ConvertPlan:
     def batches(
         self, item: Input, encoder: Encoder
     ) -> Iterator[tuple[dict[str, pa.Table], int, int]]:
-        """``({split: rows to write}, input bytes read, rows read)`` per batch of ``item``."""
+        """``({split: rows to write}, input bytes read, rows read)`` per batch of ``item``.
+
+        The transform is called on each split's rows of a batch, after the split is
+        drawn: whatever order it gives them, they stay in their split.
+        """
         for raw, table, position, first_row in self.rows(item):
             encoded = encoder.encode(table, item.path, first_row)
-            if self.transform is not None:
-                encoded = self.transform(encoded)
-            encoded = cast_table(item, encoded, self.out_schema, first_row)
+            where = f"rows {first_row + 1:,} to {first_row + raw.num_rows:,} of {item.path}"
             parts = {
-                name: encoded if rows is None else encoded.take(rows)
+                name: self._written(
+                    encoded if rows is None else encoded.take(rows),
+                    item,
+                    first_row,
+                    f"{where}, split {name!r}" if name else where,
+                )
                 for name, rows in self.split_of(raw).items()
             }
             yield parts, position, raw.num_rows
+
+    def _written(self, rows: pa.Table, item: Input, first_row: int, where: str) -> pa.Table:
+        """``rows`` (``where`` tells which) transformed and cast as written, the transform
+        checked: the same number of rows, and the columns and types `output_schema` found."""
+        if self.transform is None:
+            return cast_table(item, rows, self.out_schema, first_row)
+        result = self.transform(rows)
+        if not isinstance(result, pa.Table) or result.num_rows != rows.num_rows:
+            got = f"{result.num_rows:,} rows" if isinstance(result, pa.Table) else repr(result)
+            raise InvalidArgumentError(
+                f"transform returned {got} for a batch of {rows.num_rows:,} rows "
+                f"({where}): a transform changes what is written, never which "
+                "rows. Leave rows out before converting, or mark them in a column"
+            )
+        if result.column_names != self.out_schema.names:
+            raise InvalidArgumentError(
+                f"transform returned the columns {result.column_names} for {where}, but "
+                f"{self.out_schema.names} for a batch without rows: give it the same columns "
+                "whatever the rows"
+            )
+        for f in self.out_schema:
+            made = result.schema.field(f.name).type
+            if pa.types.is_null(f.type) and not pa.types.is_null(made):
+                raise InvalidArgumentError(
+                    f"transform makes column {f.name!r} {made}, but null for a batch without "
+                    "rows, and the files' types are those of a batch without rows: give the "
+                    f"column its type whatever the rows (pa.array(values, type={made!s}) as a "
+                    "pyarrow type, e.g. pa.float64())"
+                )
+        return cast_table(item, result, self.out_schema, first_row)
 
 
 def count_file(item: Input, plan: ConvertPlan, add: Callable[[str, Any], None]) -> Iterator[int]:

@@ -139,7 +139,8 @@ def convert(
 
     Args:
         sources: Files, directories or globs, read in the order given (files of a
-            directory or glob in sorted order).
+            directory or glob in sorted order; a directory or glob holding ``dest``
+            leaves its files out).
         dest: The output directory: ``part-00000.parquet``, ... in it, or with
             ``split`` one subdirectory per split (``train/``, ``valid/``). It must be
             empty or absent, or hold only what a previous conversion wrote (with
@@ -149,7 +150,9 @@ def convert(
             ``.parquet``, also compressed as ``.gz``, ``.bz2``, ``.zst``), else from its
             first bytes.
         header: Whether CSV/TSV files start with a header line; default: detected (a
-            first line holding no number is a header).
+            first line holding no number is a header). With ``names``, a first line
+            holding no number followed by another holding none either could be a row of
+            text: it must be said.
         names: Column names for CSV/TSV files: those of a file without a header, or new
             names replacing a header. Without a header or names, columns are named
             ``f0``, ``f1``, ...
@@ -178,8 +181,9 @@ def convert(
             ids from instead of counting them: new values get id 0, and the ids of a
             model in production stay the same. Without ``categorify``, every column it
             has a vocabulary for is categorified.
-        hash_buckets: ``{column: buckets}`` (or ``"item_id=100000"``): ids by the value's
-            hash, 0 for a null and 1 to ``buckets - 1`` for values, without a vocabulary.
+        hash_buckets: ``{column: buckets}`` (or ``"item_id=100000"``): ids by the hash of
+            the value's text, 0 for a null and 1 to ``buckets - 1`` (at most 2**63) for
+            values, without a vocabulary.
         time_parts: ``{column: [part, ...]}`` (or ``"event_time=hour,dow,day"``): the
             column replaced by one int64 column per part, ``COLUMN_PART``: ``epoch``
             (seconds since 1970), ``year``, ``month``, ``day``, ``dow`` (Monday 0),
@@ -191,8 +195,10 @@ def convert(
             (131,072 for most).
         rows_per_file: Rows per file; default 16 row groups.
         transform: Called on every batch of rows (a ``pyarrow.Table``, encoded as
-            above) before it is written; the types written are its result's, made int64
-            and float32 by the same rules.
+            above; with ``split``, on each split's rows of it) before it is written; it
+            must return as many rows (in any order) and the columns and types it returns
+            for a batch without rows, which are those written, made int64 and float32 by
+            the same rules.
         overwrite: Replace the files a previous conversion wrote in ``dest``: the new
             set is written beside them and takes their place only when it is complete.
         cluster: A Dask ``distributed.Client``, or the address of a scheduler
@@ -219,7 +225,7 @@ def convert(
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    paths = expand([os.fspath(s) for s in sources])
+    paths = expand([os.fspath(s) for s in sources], dest=os.fspath(dest))
     if format is not None and format not in FORMATS:
         raise InvalidArgumentError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if names is not None:
