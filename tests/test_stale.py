@@ -284,7 +284,7 @@ def test_a_state_of_another_in_memory_table_of_the_same_shape_is_refused(kind):
         tabloader.Loader(other, **options).load_state_dict(state)
 
 
-def _table(ids: np.ndarray) -> pa.Table:
+def _ids_table(ids: np.ndarray) -> pa.Table:
     return pa.table({"id": ids.astype(np.int64), "x": ids.astype(np.float64) / 1000})
 
 
@@ -321,7 +321,7 @@ def test_a_dask_frame_read_from_files_resumes_in_a_restarted_process(tmp_path):
     directory = tmp_path / "data"
     directory.mkdir()
     for i in range(2):
-        pq.write_table(_table(np.arange(500 * i, 500 * (i + 1))), directory / f"p{i}.parquet")
+        pq.write_table(_ids_table(np.arange(500 * i, 500 * (i + 1))), directory / f"p{i}.parquet")
     state = tmp_path / "state.json"
     script = tmp_path / "resume.py"
     script.write_text(_DASK_RESUME)
@@ -336,7 +336,7 @@ def test_a_dask_frame_read_from_files_resumes_in_a_restarted_process(tmp_path):
     resumed = run("load")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout) == json.loads(saved.stdout)  # the rest, exactly
-    pq.write_table(_table(np.arange(500, 1000)[::-1].copy()), directory / "p1.parquet")
+    pq.write_table(_ids_table(np.arange(500, 1000)[::-1].copy()), directory / "p1.parquet")
     refused = run("load")
     assert refused.returncode != 0 and "cannot resume from this state" in refused.stderr
 

@@ -33,7 +33,6 @@ from tabloader.options import int_at_least
 from tabloader.state import STATE_FORMAT_KEY, Cursor, Position, merge_worker_states
 
 if TYPE_CHECKING:
-    from tabloader.iterator import EpochProgress
     from tabloader.loader import Loader
 
 __all__ = [
@@ -115,11 +114,6 @@ class EpochRun:
     def over(self) -> bool:
         """Whether the epoch is over: ended, or its last batch handed out."""
         return self._batches.over
-
-    @property
-    def progress(self) -> EpochProgress:
-        """How far this epoch got (kept by its `Epochs` once the epoch is dropped)."""
-        return self._batches.progress
 
     @property
     def seed(self) -> int:
@@ -245,9 +239,7 @@ class Epochs:
         self.cursor = Cursor(loader.epoch, loader.seed)
         """The epoch the next `start` delivers, and the seed of epochs without ``seed_fn``
         (a saved state's, once adopted)."""
-        self.live: EpochProgress | None = None
-        """How far the epoch start() last started here got: its progress, not the epoch
-        (whose threads stop once the consumer drops it, a ``break`` out of a loop)."""
+        self.live: EpochRun | None = None  # the epoch start() last started here
         self.resume: Position | None = None  # where the next start() begins
         self.handed: HandedEpoch | None = None  # the epoch worker processes run (training process)
         self.epoch_seed: int | None = None
@@ -326,11 +318,10 @@ class Epochs:
             )
         start = self._start_of(worker, num_workers)
         self.resume = self.handed = None
-        run = EpochRun(self, start, receive=receive)
-        self.live = run.progress
+        self.live = EpochRun(self, start, receive=receive)
         self.cursor = replace(self.cursor, epoch=start.epoch)
         self.advance()
-        return run
+        return self.live
 
     def batches_next(self) -> int:
         """Batches the next `start` delivers to this rank (all worker shares together):
@@ -353,7 +344,7 @@ class Epochs:
         """``run`` now continues ``saved`` (`EpochRun.load_state_dict`): the epoch after
         it comes next."""
         self.cursor = replace(self.cursor, epoch=saved.epoch + 1)
-        self.live = run.progress
+        self.live = run
 
     def hand_to_workers(
         self,
@@ -576,9 +567,9 @@ class IterableEpochs:
         self._epochs.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the epochs in progress and give back the memory the loader holds for them
-        (see [`Loader.close`][tabloader.Loader.close]); the next ``iter()`` starts again.
-        Dropping an epoch's iterator (a ``break`` out of a loop) stops its threads too."""
+        """Stop the epochs in progress (an epoch left with a ``break`` keeps reading ahead
+        until the next ``iter()``) and give back the memory the loader holds for them (see
+        [`Loader.close`][tabloader.Loader.close]); the next ``iter()`` starts again."""
         self._loader.close()
 
     def __getstate__(self) -> dict[str, Any]:

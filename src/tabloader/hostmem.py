@@ -190,11 +190,14 @@ class BufferPool:
         allocate: Callable[[int, int], Any] = _map_memory,
         *,
         min_bytes: int | None = None,
+        max_buffers: int | None = None,
     ) -> None:
         self._allocate = allocate
         """Makes a buffer: ``allocate(size, used)`` (`_map_memory`, or `pinned_buffer`)."""
         if min_bytes is not None:
             self.min_bytes = min_bytes
+        if max_buffers is not None:
+            self.max_buffers = max_buffers
         self._lock = threading.Lock()
         self._buffers: list[Any] = []
         self._leases: list[weakref.ref[memoryview] | None] = []
@@ -368,4 +371,8 @@ class PinnedNumpy(PooledNumpy):
     reused while it lives and unlocked once it and the arrays lent from it are gone."""
 
     def __init__(self, cupy: Any) -> None:
-        super().__init__(BufferPool(functools.partial(pinned_buffer, cupy), min_bytes=0))
+        # Every array pinned, however small; and more buffers kept than for pageable
+        # memory (a window holds one per block): page-locking memory, and unlocking it
+        # (which waits for the device), cost far more than mapping it in.
+        pool = BufferPool(functools.partial(pinned_buffer, cupy), min_bytes=0, max_buffers=256)
+        super().__init__(pool)

@@ -395,7 +395,10 @@ def inspect_dataset(
                 )
     ids, advice, id_errors = _id_report(dataset, requested["cats"], vocabulary)
     warns += advice
-    errors += id_errors
+    if which == "the requested columns":
+        errors += id_errors
+    else:  # a signed integer suggested as ids may be a measurement
+        warns += [f"{e}; or, not ids, list it under --conts" for e in id_errors]
     per_rank_rows = dataset.num_rows // ranks
     batches = count_batches(per_rank_rows, batch_size, drop_last=False)
     lo, hi = rank_rows(dataset.num_rows, global_rank=0, global_size=ranks)

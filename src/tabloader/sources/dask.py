@@ -74,17 +74,29 @@ def _is_expression(value: Any) -> bool:
 
 def _expression_token(expression: Any) -> str:
     """A token of a dask expression tree the same in every process (see
-    `DaskSource.content_digest`): each node's type and operands, a parquet read's by
-    its checksum of the files rather than the dataset object it keeps."""
+    `DaskSource.content_digest`): dask's own for a part that reads no parquet file; above
+    a parquet read, each node's type and operands, the read's by its checksum of the
+    files rather than the dataset object it keeps."""
     from itertools import zip_longest
 
     from dask.base import tokenize
 
     tokens: dict[int, str] = {}
+    reading: dict[int, bool] = {}
+
+    def reads(node: Any) -> bool:
+        key = id(node)
+        if key not in reading:
+            here = any(name in node._parameters for name in _KEPT_DATASET)
+            reading[key] = here or any(reads(o) for o in _expressions(node.operands))
+        return reading[key]
 
     def token(node: Any) -> str:
         key = id(node)
         if key not in tokens:
+            if not reads(node):
+                tokens[key] = str(tokenize(node))
+                return tokens[key]
             read = any(name in node._parameters for name in _KEPT_DATASET)
             parts: list[Any] = [type(node).__module__, type(node).__qualname__]
             if read:
@@ -104,6 +116,17 @@ def _expression_token(expression: Any) -> str:
         return operand
 
     return token(expression)
+
+
+def _expressions(operands: Any) -> list[Any]:
+    """The expressions among ``operands`` (in lists and tuples too)."""
+    found = []
+    for operand in operands:
+        if _is_expression(operand):
+            found.append(operand)
+        elif isinstance(operand, list | tuple):
+            found += _expressions(operand)
+    return found
 
 
 class DaskSource(Source):
