@@ -530,7 +530,7 @@ def test_the_gpu_host_script_runs_every_step_on_the_emulated_device(tmp_path):
     assert re.search(r"^tests .* 1 passed", summary, re.M)
     assert re.search(r"^selftest .* 0 failed, \d+ passed", summary, re.M)
     assert re.search(r"^race .* 2 of 2 cases passed", summary, re.M)
-    assert re.search(r"^memory .* 2 of 2 passed", summary, re.M)
+    assert re.search(r"^memory .* 3 of 3 passed", summary, re.M)
     assert "no framework test files match" in summary
     assert "NOT GPU figures" in summary and "**GPU goals**" in summary
     report = json.loads((out / "gpu.json").read_text())

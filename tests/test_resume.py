@@ -248,6 +248,23 @@ def test_an_epoch_whose_every_batch_was_taken_is_over_before_its_end_is_asked(pa
     assert (itr.state_dict()["epoch"], itr.state_dict()["batches"]) == (1, 0)
 
 
+def test_an_epoch_with_no_batch_for_this_rank_is_not_over_before_it_is_asked_for_one():
+    """With ``drop_last`` a rank may get no batch: started and saved before it was asked
+    for one, its epoch is not over (on fewer ranks its rows are some rank's batches)."""
+    import pyarrow as pa
+
+    table = pa.table({"id": np.arange(30, dtype=np.int64)})
+    options = {"cats": ["id"], "batch_size": 8, "drop_last": True, "seed": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the rank gets fewer rows than a batch
+        loader = tabloader.Loader(table, **options, global_rank=0, global_size=4)
+    epoch = iter(loader)
+    assert len(loader) == 0
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (0, 0)
+    assert list(epoch) == [] and loader.state_dict()["epoch"] == 1  # asked: over
+
+
 def test_an_epoch_that_failed_or_was_closed_is_not_finished_however_often_it_is_asked(
     tmp_path,
 ):

@@ -48,8 +48,10 @@ class EpochProgress:
     @property
     def over(self) -> bool:
         """Whether the epoch is over: ended, or every batch of it handed out (a loop
-        counting ``len()`` steps never asks past the last one)."""
-        return self.finished or self.served >= self.batches
+        counting ``len()`` steps never asks past the last one). An epoch with no batch
+        for this share is not over before it is asked for one: on another number of
+        ranks, its rows may be some rank's."""
+        return self.finished or 0 < self.batches <= self.served
 
 
 class BatchIterator:
