@@ -546,3 +546,43 @@ def test_cudf_temporaries_go_back_to_the_default_stream_after_the_layout_read_th
     for _ in range(2):
         xs = np.concatenate([batch["x"].get() for batch in loader])
         assert sorted(xs.tolist()) == expected
+
+
+@gpu
+def test_a_loader_generator_finalised_in_another_thread_leaves_its_stream_alone():
+    """A loader's generator may be finalised by a garbage collection in any thread. Each
+    of its steps runs in the loader's scope (device, stream, allocator) and leaves it
+    before yielding: closing it elsewhere leaves that thread's current stream its own.
+    Held across a ``yield``, cupy's stream context was exited by the finalising thread and
+    popped that thread's stack (``cupy/cuda/stream.pyx``), so another loader's reader went
+    on on the legacy default stream, whose frees then raced with its own stream's copies."""
+    import cupy
+
+    from tabloader.backends.gpu_memory import scoped
+    from tabloader.stages import each_step_in
+
+    theirs, mine = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    inside = []
+
+    def steps() -> Iterator[int]:
+        for i in range(3):
+            inside.append(cupy.cuda.get_current_stream().ptr)
+            yield i
+
+    def scope() -> Any:
+        return scoped(cupy, 0, theirs, cupy.cuda.get_allocator())
+
+    suspended = each_step_in(scope, steps())
+    assert next(suspended) == 0 and inside == [theirs.ptr]
+    assert cupy.cuda.get_current_stream().ptr == 0  # left before the yield
+    seen = {}
+
+    def elsewhere() -> None:
+        with mine:
+            suspended.close()  # as a collection in this thread would
+            seen["stream"] = cupy.cuda.get_current_stream().ptr
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen == {"stream": mine.ptr}

@@ -86,6 +86,7 @@ __all__ = [
     "chunks_ahead",
     "decode_ahead",
     "drawn_ahead",
+    "each_step_in",
     "map_on_threads",
     "read_in_stages",
     "run_ahead",
@@ -431,6 +432,32 @@ def drawn_ahead(plan: EpochPlan, draw: Callable[[int], T]) -> Prefetcher[T]:
     )
 
 
+def each_step_in(
+    scope: Callable[[], AbstractContextManager[Any]], items: Iterator[T]
+) -> Iterator[T]:
+    """``items``, each advanced inside a ``scope()`` of its own (a GPU loader's device,
+    stream and allocator), left before the item is handed on.
+
+    A generator suspended with the scope entered would leave it in whichever thread
+    finalises it: cupy's contexts restore the state of the thread that exits them (a
+    stream's pops that thread's stack), which put another loader's reader on the legacy
+    stream. Each step enters and leaves the scope in the thread that runs it.
+    """
+    try:
+        while True:
+            with scope():
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            with scope():
+                close()
+
+
 def run_ahead(tasks: Iterator[Callable[[], list[Part]]], threads: int) -> Iterator[list[Part]]:
     """Gather threads (an epoch served from a decoded cache): the tasks' results in
     order, computed by ``threads`` threads ahead of the consumer.
@@ -627,9 +654,9 @@ def batch_stream(
         layout=layout,
         xp=backend.xp,
     )
-    # The backend's device, stream and allocator in this thread: a batch's gathers, the
-    # epoch's last (detached) batch and the tensors a transform makes land on its device.
-    with backend.scope():
+
+    def made() -> Iterator[tuple[int, Any]]:
+        nonlocal delivered
         try:
             while True:
                 started, waited = time.perf_counter(), upstream_wait
@@ -648,6 +675,11 @@ def batch_stream(
                 delivered += 1
         finally:
             chunks.close()
+
+    # The backend's device, stream and allocator in this thread for each batch: its
+    # gathers, the epoch's last (detached) batch and the tensors a transform makes land on
+    # its device.
+    yield from each_step_in(backend.scope, made())
     if delivered != plan.num_batches and not stop.is_set():
         raise TabloaderError(
             f"internal error: planned {plan.num_batches} batches but cut {delivered}; "

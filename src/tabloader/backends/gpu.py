@@ -91,7 +91,7 @@ from tabloader.decode.gpu import DeviceReader, delivery_rows, reader_setting
 from tabloader.decode.gpu_columns import assemble_frames
 from tabloader.errors import GPUMemoryError, GPUUnavailableError, is_out_of_memory
 from tabloader.memory import chunk_rows_for_device, chunk_rows_for_fraction, free_device_memory
-from tabloader.stages import Reading, read_in_stages
+from tabloader.stages import Reading, each_step_in, read_in_stages
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -378,12 +378,16 @@ class GPUBackend:
     ) -> Iterator[list[Part]]:
         assert chunk_plans is not None
         plan = request.plan
-        with self.xp.reading():
+
+        def chunks() -> Iterator[list[Part]]:
             for chunk, chunk_plan in zip(range(plan.num_chunks), chunk_plans, strict=True):
                 # the shuffled order, drawn on the device (the host's draw, exactly)
                 with _out_of_memory_as_error(self.device, f"drawing chunk {chunk}'s order"):
                     order = plan.batch_order(chunk, xp=self._cupy)
                 yield self.load_chunk(request, plan.pieces(chunk), chunk_plan, order)
+
+        # each chunk on the reader's stream (see `each_step_in`)
+        yield from each_step_in(self.xp.reading, chunks())
 
     def load_chunk(
         self,

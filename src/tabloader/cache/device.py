@@ -54,7 +54,7 @@ from tabloader.cache.serve import CacheBackend, CacheHandle, gather_list
 from tabloader.errors import CacheWarning, GPUMemoryError, InvalidArgumentError, warn_caller
 from tabloader.hostmem import BufferPool, PinnedNumpy, PooledNumpy, pinned_empty
 from tabloader.plan import DEFAULT_CHUNK_BYTES, EpochPlan
-from tabloader.stages import Reading, read_in_stages
+from tabloader.stages import Reading, each_step_in, read_in_stages
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -273,25 +273,28 @@ class DeviceCacheBackend(CacheBackend):
         self._copies = _Copies(self.xp, cache.rows.layout.blocks)
 
     def read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
-        with self.xp.reading():
-            if self.write:
-                host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
-                for parts in host.read_chunks(request):
-                    yield [self._copies.part(part) for part in parts]
-                if self.cache.complete:
-                    self._placed()
-                return
-            placed, plan = self._placed(), request.plan
-            window = window_rows(self.cache, plan.batch_size)
-            on_host = not placed.on_device and not self._stages_chunks(placed, plan, window)
-            reading = Reading(
-                partial(self._serve, placed, plan, window),
-                # rows gathered on the host: their order drawn a chunk ahead
-                order=partial(self.cache.rows.delivery_rows, plan) if on_host else None,
-                helpers=request.threads.device_gather,
-                helper_name="tabloader-gather",
-            )
-            yield from read_in_stages(plan, reading)
+        # (each step on the reader's stream: see `each_step_in`)
+        return each_step_in(self.xp.reading, self._read_chunks(request))
+
+    def _read_chunks(self, request: ReadRequest) -> Iterator[list[Part]]:
+        if self.write:
+            host = CacheBackend(self.cache, _HostSide(self.backend), write=True)
+            for parts in host.read_chunks(request):
+                yield [self._copies.part(part) for part in parts]
+            if self.cache.complete:
+                self._placed()
+            return
+        placed, plan = self._placed(), request.plan
+        window = window_rows(self.cache, plan.batch_size)
+        on_host = not placed.on_device and not self._stages_chunks(placed, plan, window)
+        reading = Reading(
+            partial(self._serve, placed, plan, window),
+            # rows gathered on the host: their order drawn a chunk ahead
+            order=partial(self.cache.rows.delivery_rows, plan) if on_host else None,
+            helpers=request.threads.device_gather,
+            helper_name="tabloader-gather",
+        )
+        yield from read_in_stages(plan, reading)
 
     def _serve(
         self,
