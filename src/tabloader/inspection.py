@@ -335,8 +335,9 @@ def inspect_dataset(
     ]
     keys = dataset.partition_keys
     requested = {"cats": list(cats), "conts": list(conts), "labels": list(labels)}
-    which = "the requested columns" if any(requested.values()) else "the suggested columns"
-    if not any(requested.values()):
+    given = any(requested.values())
+    which = "the requested columns" if given else "the suggested columns"
+    if not given:
         requested = suggested
     failure = _loader_failure(
         dataset, requested, batch_size=batch_size, ranks=ranks, fill_null=fill_null
@@ -395,7 +396,7 @@ def inspect_dataset(
                 )
     ids, advice, id_errors = _id_report(dataset, requested["cats"], vocabulary)
     warns += advice
-    if which == "the requested columns":
+    if given:
         errors += id_errors
     else:  # a signed integer suggested as ids may be a measurement
         warns += [f"{e}; or, not ids, list it under --conts" for e in id_errors]

@@ -671,14 +671,17 @@ class Loader(_Standing):
         ``iter()`` calls it; call it before to know the next epoch's ``len()`` (on every
         rank: under torch.distributed, rank 0's listing is broadcast).
         """
-        running = [
-            it.cursor.epoch
-            for it in self._epochs_running
-            if not it.over and it.cursor.epoch != epoch
-        ]
-        before = (running[0], self.fingerprint()) if running and self.dataset.refreshes else None
+        before = None
+        if self.dataset.refreshes and self._listing_before is None:
+            # an epoch still running when the listing may change for another: its own
+            running = [
+                it.cursor.epoch
+                for it in self._epochs_running
+                if not it.over and it.cursor.epoch != epoch
+            ]
+            before = (running[0], self.fingerprint()) if running else None
         if self.dataset.refresh(epoch=epoch):
-            if before is not None and self._listing_before is None:
+            if before is not None:
                 self._listing_before = before
             checks = check_dataset(self.config, self.dataset, stacklevel=2)
             if checks.widths != dict(self.config.widths):
