@@ -31,6 +31,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table import StaticTable
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
@@ -165,6 +166,10 @@ def test_bad_arguments_are_clear_errors(history, catalog):
         tabloader.Dataset.from_iceberg(table, snapshot_id=12345)
     with pytest.raises(tabloader.InvalidArgumentError, match="pass one of them"):
         tabloader.Dataset.from_iceberg(table, snapshot_id=snapshots[0], refresh=True)
+    static = StaticTable.from_metadata(table.metadata_location)
+    with pytest.raises(tabloader.InvalidArgumentError, match="is a StaticTable"):
+        tabloader.Dataset.from_iceberg(static, refresh=True)  # it never sees a new snapshot
+    assert len(tabloader.Dataset.from_iceberg(static)) == len(truth(table))
     with pytest.raises(tabloader.SourceNotFoundError, match=r"has no table 'db\.nope'"):
         tabloader.Dataset.from_iceberg((catalog, "db.nope"))
     with pytest.raises(tabloader.InvalidArgumentError, match="takes a pyiceberg Table"):
@@ -235,6 +240,42 @@ def test_an_added_column_is_null_in_older_files_and_fill_null_decides(evolved, d
     ids = np.concatenate([host(b["id"]) for b in batches])
     extra = np.concatenate([host(b["extra"]) for b in batches])
     np.testing.assert_array_equal(extra, np.where(ids < 90, -1, ids * 10))
+
+
+def test_a_decoded_cache_is_never_served_under_another_schema(catalog, tmp_path):
+    """A schema change makes no snapshot, and a pinned snapshot is read under the schema
+    it was written with: the same files and version read other values, so they are other
+    caches. (A column dropped and added again under its name is another field, null in
+    the old files, where the cache had kept the dropped field's values.)"""
+    table = catalog.create_table(
+        "db.s", schema=pa.schema([("id", pa.int64()), ("score", pa.float64())])
+    )
+    table.append(pa.table({"id": np.arange(6), "score": np.arange(6) * 1.5}))
+    first = int(table.current_snapshot().snapshot_id)
+    cache_dir = tmp_path / "cache"
+
+    def scores(**pinned: Any) -> list[float]:
+        ds = tabloader.Dataset.from_iceberg((catalog, "db.s"), **pinned)
+        load = tabloader.Loader(
+            ds, cats=["id"], conts=["score"], batch_size=6, fill_null={"score": -1.0},
+            cache="disk", cache_dir=cache_dir,
+        )  # fmt: skip
+        scored = [float(s) for b in load for s in b["score"]]
+        assert load.cache is not None
+        load.cache.wait()
+        return scored
+
+    assert scores() == [0.0, 1.5, 3.0, 4.5, 6.0, 7.5]  # fills a cache
+    with table.update_schema() as update:
+        update.delete_column("score")
+    with table.update_schema() as update:
+        update.add_column("score", DoubleType())
+    table = catalog.load_table("db.s")
+    assert table.scan().to_arrow()["score"].null_count == 6
+    assert int(table.current_snapshot().snapshot_id) == first
+    assert scores() == [-1.0] * 6  # not the dropped field's, from the cache
+    assert scores(snapshot_id=first) == [0.0, 1.5, 3.0, 4.5, 6.0, 7.5]
+    assert scores() == [-1.0] * 6
 
 
 def test_a_dataset_travels_to_another_process_without_its_catalog(evolved):
@@ -487,6 +528,45 @@ def test_a_column_partitioned_by_a_transform_is_not_a_filterable_key(catalog):
     assert ds.partition_keys == {}
     with pytest.raises(tabloader.InvalidArgumentError, match="not a partition key"):
         tabloader.Dataset.from_iceberg(table, filters=[("id", "=", 3)])
+
+
+@pytest.mark.parametrize("top_level_day", [True, False])
+def test_a_partition_of_a_nested_field_is_no_partition_key(catalog, top_level_day):
+    """``identity(info.day)`` partitions by a field inside a struct: its values are not a
+    top-level column's. Taken by the leaf's name, they were the values of another column
+    ``day`` (filters on it picked files by ``info.day``), or a pyarrow KeyError."""
+    from pyiceberg.types import StructType
+
+    info = StructType(
+        NestedField(4, "day", IntegerType(), required=False),
+        NestedField(5, "w", DoubleType(), required=False),
+    )
+    fields = [NestedField(1, "id", LongType(), required=False)]
+    if top_level_day:
+        fields.append(NestedField(2, "day", IntegerType(), required=False))
+    schema = Schema(*fields, NestedField(3, "info", info, required=False))
+    spec = PartitionSpec(PartitionField(4, 1000, IdentityTransform(), "info_day"))
+    table = catalog.create_table("db.nested", schema=schema, partition_spec=spec)
+    data = {"id": pa.array([1, 2, 3, 4], pa.int64())}
+    if top_level_day:
+        data["day"] = pa.array([10, 20, 30, 40], pa.int32())
+    struct = pa.struct([("day", pa.int32()), ("w", pa.float64())])
+    days = [{"day": d, "w": float(i)} for i, d in enumerate([1, 1, 2, 2])]
+    table.append(pa.table({**data, "info": pa.array(days, struct)}))
+    ds = tabloader.Dataset.from_iceberg(table)
+    assert ds.partition_keys == {}
+    assert sorted(epoch(loader(ds, "cpu"))) == [1, 2, 3, 4]
+    if top_level_day:
+        with pytest.raises(tabloader.InvalidArgumentError, match="not a partition key"):
+            tabloader.Dataset.from_iceberg(table, filters=[("day", "=", 1)])
+        loaded = tabloader.Loader(ds, cats=["id", "day"], batch_size=4, shuffle=False)
+        batch = next(iter(loaded))
+        assert dict(zip(batch["id"].tolist(), batch["day"].tolist(), strict=True)) == {
+            1: 10,
+            2: 20,
+            3: 30,
+            4: 40,
+        }
 
 
 # -- delete files: refused -----------------------------------------------------------------

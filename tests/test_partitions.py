@@ -7,6 +7,8 @@ Tests taking ``device`` run on the CPU backend and, marked ``gpu``, on the GPU b
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 import tabloader
 from tabloader.sources.partitions import (
     FileColumns,
+    check_filters,
     hive_values,
     infer_key_types,
     keep_file,
@@ -262,6 +265,54 @@ def test_keep_file_agrees_with_pyarrow_on_every_value(filters, values):
     kept = table.filter(pq.filters_to_expression(filters)).column("k").to_pylist()
     ours = [v for v in values if keep_file(normalize_filters(filters), {"k": v})]
     assert ours == kept
+
+
+decimal_term = st.tuples(
+    st.sampled_from(OPS),
+    st.sampled_from([0.1, 0.3, 1.1, 2.5, 1.105, 7.0]),
+    st.lists(st.sampled_from([0.1, 1.1, 2.5, 3.0]), min_size=1, max_size=3),
+).map(lambda t: ("k", t[0], t[2] if t[0] in ("in", "not in") else t[1]))
+
+
+@given(
+    filters=st.lists(st.lists(decimal_term, min_size=1, max_size=2), min_size=1, max_size=2),
+    values=st.lists(
+        st.one_of(st.none(), st.sampled_from(["0.10", "0.30", "1.10", "2.50", "1.11", "7.00"])),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_a_decimal_key_compares_with_floats_as_pyarrow_does(filters, values):
+    """Decimal("1.10") == 1.1 is False in Python; pyarrow compares them as floats, and
+    a file of rate=1.10 was skipped by ("rate", "in", [1.1])."""
+    decimals = [None if v is None else decimal.Decimal(v) for v in values]
+    table = pa.table({"k": pa.array(decimals, pa.decimal128(10, 2))})
+    kept = table.filter(pq.filters_to_expression(filters)).column("k").to_pylist()
+    check_filters(normalize_filters(filters), {"k": pa.decimal128(10, 2)}, what="data/")
+    ours = [v for v in decimals if keep_file(normalize_filters(filters), {"k": v})]
+    assert ours == kept
+
+
+@pytest.mark.parametrize(
+    ("key_type", "good", "bad"),
+    [
+        (pa.binary(), b"a", "a"),
+        (pa.time64("us"), datetime.time(1, 30), "01:30"),
+        (pa.decimal128(10, 2), decimal.Decimal("1.10"), "1.10"),
+    ],
+)
+def test_a_filter_value_of_another_type_is_refused_for_every_key_type(key_type, good, bad):
+    """A binary or time key took any value: compared later, a str was a TypeError from
+    inside the comparison, or matched nothing."""
+    keys = {"k": key_type}
+    for op in ("=", "<", "in"):
+        value = [good] if op == "in" else good
+        check_filters(normalize_filters([("k", op, value)]), keys, what="data/")
+        refused = normalize_filters([("k", op, [bad] if op == "in" else bad)])
+        with pytest.raises(tabloader.InvalidArgumentError, match="give a value of the key's type"):
+            check_filters(refused, keys, what="data/")
+    with pytest.raises(tabloader.InvalidArgumentError, match="which filters cannot compare"):
+        check_filters(normalize_filters([("k", "=", 1)]), {"k": pa.list_(pa.int8())}, what="d")
 
 
 def test_hive_values_and_key_types():

@@ -299,6 +299,12 @@ class Dataset(Partitioned):
         log = IcebergLog(table, snapshot_id=snapshot_id)
         pinned = None if snapshot_id is None else f"snapshot_id={snapshot_id} loads one snapshot"
         _refuse_pinned_and_refresh(refresh, pinned, follows="current one")
+        if refresh and log.static:
+            raise InvalidArgumentError(
+                f"refresh=True follows new snapshots, and the Iceberg table {log.name} is a "
+                "StaticTable (one metadata file, which never names a newer snapshot): open "
+                "it from its catalog, (catalog, identifier), or leave refresh out"
+            )
         return cls(
             log, filters=filters, refresh=refresh, verify_checksums=verify_checksums,
             max_concurrent_reads=max_concurrent_reads, retry_seconds=retry_seconds,

@@ -44,10 +44,16 @@ def file_identities(dataset: Dataset) -> list[dict[str, Any]]:
     """Each file of ``dataset`` as it was listed (see
     [`Dataset.file_identities`][tabloader.Dataset.file_identities]): a file rewritten in
     place, even with its size and modification time kept, has another identity, and so the
-    cache another key. A Delta or Iceberg table is keyed by its version too."""
+    cache another key. A Delta or Iceberg table is keyed by its version too, and by how
+    its files are read at that version (an Iceberg schema change makes no new version)."""
     identities = dataset.file_identities()
     if dataset.version is not None:
-        return [{"path": f"{dataset.table_format} table", "version": dataset.version}, *identities]
+        table = {
+            "path": f"{dataset.table_format} table",
+            "version": dataset.version,
+            "reading": dataset.source.table_reading,
+        }
+        return [table, *identities]
     return identities
 
 

@@ -104,6 +104,9 @@ class Source(Protocol):
     """The table version loaded (Delta and Iceberg sources)."""
     table_format: str | None = None
     """``"delta"`` or ``"iceberg"`` for a table's source."""
+    table_reading: dict[str, Any] | None = None
+    """How a table's files are read at the version loaded (see
+    `tabloader.sources.partitions.TableSnapshot.reading`); None for other sources."""
     filesystem: Any = None
     """This process's fsspec filesystem (object storage only)."""
 

@@ -155,7 +155,7 @@ class IcebergLog(TableLog):
 
     def __init__(self, table: Any, *, snapshot_id: int | None) -> None:
         import_pyiceberg()
-        from pyiceberg.table import Table
+        from pyiceberg.table import StaticTable, Table
 
         if isinstance(table, tuple) and len(table) == 2:
             catalog, identifier = table
@@ -179,6 +179,8 @@ class IcebergLog(TableLog):
                 f"(catalog, identifier) pair, got {type(table).__name__}"
             )
         self._table: Any = table
+        self.static = isinstance(table, StaticTable)
+        """A metadata file's table alone: it never learns of a newer snapshot."""
         self.name = ".".join(table.name())
         self.pinned = None if snapshot_id is None else int_at_least(snapshot_id, 0, "snapshot_id")
         if self.pinned is not None and table.snapshot_by_id(self.pinned) is None:
@@ -257,6 +259,9 @@ class IcebergLog(TableLog):
         iceberg_schema = scan.projection() if self.pinned is not None else table.schema()
         schema = schema_to_pyarrow(iceberg_schema, include_field_ids=False)
         specs = table.specs()
+        # A partition of a nested field (identity of info.day) is no column of the
+        # table's: only a top-level field's values are a partition key.
+        top_level = {f.field_id for f in iceberg_schema.fields}
         files: list[TableFile] = []
         key_sets: list[set[str]] = []
         for task in tasks:
@@ -272,10 +277,9 @@ class IcebergLog(TableLog):
             for i, part in enumerate(specs[data.spec_id].fields):
                 if not isinstance(part.transform, IdentityTransform):
                     continue
-                try:
-                    source = iceberg_schema.find_field(part.source_id)
-                except ValueError:
-                    continue  # a partition source column since dropped
+                if part.source_id not in top_level:
+                    continue  # a nested field's, or a partition source column since dropped
+                source = iceberg_schema.find_field(part.source_id)
                 arrow_type = schema.field(source.name).type
                 values[source.name] = _python_value(data.partition[i], arrow_type)
             key_sets.append(set(values))
@@ -286,7 +290,7 @@ class IcebergLog(TableLog):
             common = {
                 iceberg_schema.find_field(p.source_id).name
                 for p in table.spec().fields
-                if isinstance(p.transform, IdentityTransform)
+                if isinstance(p.transform, IdentityTransform) and p.source_id in top_level
             }
         keys = {f.name: f.type for f in schema if f.name in common}
         field_ids = {f.name: f.field_id for f in iceberg_schema.fields}

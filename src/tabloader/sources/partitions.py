@@ -151,6 +151,10 @@ def _kind(t: pa.DataType) -> str:
         return "date"
     if pa.types.is_timestamp(t):
         return "datetime"
+    if pa.types.is_time(t):
+        return "time"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "bytes"
     return "other"
 
 
@@ -172,7 +176,11 @@ def _fits(value: Any, kind: str) -> bool:
         return isinstance(value, datetime.date) and not isinstance(value, datetime.datetime)
     if kind == "datetime":
         return isinstance(value, datetime.datetime)
-    return True
+    if kind == "time":
+        return isinstance(value, datetime.time)
+    if kind == "bytes":
+        return isinstance(value, bytes)
+    return False
 
 
 def check_filters(
@@ -208,6 +216,12 @@ def check_filters(
                     f"data partitioned by {column!r}"
                 )
             kind = _kind(keys[column])
+            if kind == "other":
+                raise InvalidArgumentError(
+                    f"filters: {(column, op, value)!r} is on the partition key {column!r} of "
+                    f"type {keys[column]}, which filters cannot compare; filter on another "
+                    "key, or select the files yourself"
+                )
             for v in value if op in ("in", "not in") else (value,):
                 if not _fits(v, kind):
                     raise InvalidArgumentError(
@@ -250,6 +264,12 @@ def keep_file(filters: Filters | None, values: Mapping[str, Any]) -> bool:
 def _holds(actual: Any, op: str, value: Any) -> bool:
     if actual is None:
         return op == "not in"  # pyarrow: ~is_in(null) holds, is_in skipping nulls
+    if op in ("in", "not in"):
+        return any(_holds(actual, "=", v) for v in value) == (op == "in")
+    if isinstance(actual, decimal.Decimal) and isinstance(value, (float, np.floating)):
+        # pyarrow compares a decimal with a float as floats: 1.10 (decimal) equals 1.1,
+        # which as a Decimal it does not (Decimal(1.1) is 1.100000000000000088...)
+        actual = float(actual)
     if op == "=":
         return bool(actual == value)
     if op == "!=":
@@ -260,11 +280,7 @@ def _holds(actual: Any, op: str, value: Any) -> bool:
         return bool(actual <= value)
     if op == ">":
         return bool(actual > value)
-    if op == ">=":
-        return bool(actual >= value)
-    if op == "in":
-        return actual in value
-    return actual not in value
+    return bool(actual >= value)
 
 
 def describe_filters(filters: Filters | None) -> list[str]:
@@ -603,6 +619,28 @@ class TableSnapshot:
     stored_keys: bool = False
     name_ids: Mapping[str, int] | None = None
     defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def reading(self) -> dict[str, Any]:
+        """What decides the values read from this version's files besides the files
+        themselves, JSON-ready: the schema they are read under, how a file's columns are
+        matched to it (field ids, the name mapping), the columns' defaults and the
+        partition keys. An Iceberg schema change makes no snapshot, and a snapshot pinned
+        is read under the schema it was written with, so one version's files can read as
+        other values.
+
+        Examples:
+            >>> snapshot = TableSnapshot("iceberg", "db.t", 1, (), pa.schema([("x", pa.int64())]),
+            ...                          {}, field_ids={"x": 3})
+            >>> snapshot.reading()["field_ids"]
+            {'x': 3}
+        """
+        return {
+            "schema": [[f.name, str(f.type)] for f in self.schema],
+            "keys": {k: str(t) for k, t in sorted(self.keys.items())},
+            "field_ids": self.field_ids,
+            "name_ids": None if self.name_ids is None else dict(sorted(self.name_ids.items())),
+            "defaults": {k: repr(v) for k, v in sorted(self.defaults.items())},
+        }
 
     def column_names(self, file_schema: pa.Schema) -> dict[str, str]:
         """Table column -> name in a file of this ``file_schema``, for the columns it stores.

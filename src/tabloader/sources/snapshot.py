@@ -78,6 +78,11 @@ class SnapshotSource(ParquetSource):
         """The table version these partitions are built from."""
         return None if self.snapshot is None else self.snapshot.version
 
+    @property
+    def table_reading(self) -> dict[str, Any] | None:  # type: ignore[override]
+        """How this version's files are read (its schema, field ids, defaults)."""
+        return None if self.snapshot is None else self.snapshot.reading()
+
     def list_files(self) -> list[str]:
         version = (
             self.log.pinned if self.log.pinned is not None else self._from_log(self.log.latest)
