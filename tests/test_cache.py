@@ -444,6 +444,49 @@ def test_a_changed_file_rebuilds_the_cache(tmp_path):
     assert renewed.stats().from_cache
 
 
+def test_a_list_columns_values_count_against_the_cache_limit(tmp_path):
+    """A list column was counted as its spans alone (16 bytes a row), so a cache of long
+    lists 16 times cache_max_bytes was written and served."""
+    lists = pa.array([list(range(i % 200)) for i in range(2000)], pa.list_(pa.int64()))
+    pq.write_table(pa.table({"id": np.arange(2000), "h": lists}), tmp_path / "l.parquet")
+    values = sum(i % 200 for i in range(2000)) * 8  # 1.6 MB of values, 32 kB of spans
+    options = dict(cats=["id", "h"], sparse_names=["h"], batch_size=100, cache="memory")
+    loader = tabloader.Loader(str(tmp_path / "l.parquet"), **options, cache_max_bytes=values // 2)
+    with pytest.warns(tabloader.CacheWarning, match="more than cache_max_bytes"):
+        run(loader)
+    run(loader)
+    assert not loader.stats().from_cache
+    roomy = tabloader.Loader(str(tmp_path / "l.parquet"), **options, cache_max_bytes=4 * values)
+    run(roomy)
+    run(roomy)
+    assert roomy.stats().from_cache and values <= roomy.stats().cache_bytes <= 4 * values
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+def test_rows_left_out_that_cannot_be_read_end_the_epoch_without_a_cache(tmp_path, mode):
+    """With drop_last the cache reads the rows the epoch left out after its last batch:
+    a file of those rows alone, deleted during the epoch, raised ReadError after the
+    last batch, where the same loader without a cache finished the epoch."""
+    for i, n in enumerate([1000, 1000, 50]):  # 2,050 rows in batches of 100: 50 left out
+        pq.write_table(pa.table({"id": np.arange(n) + 10_000 * i}), tmp_path / f"p{i}.parquet")
+    loader = tabloader.Loader(
+        str(tmp_path / "p*.parquet"), cats=["id"], batch_size=100, drop_last=True,
+        shuffle=False, cache=mode, cache_dir=tmp_path / "c",
+    )  # fmt: skip
+    batches = []
+
+    def epoch() -> None:
+        for batch in loader:
+            batches.append(batch["id"])
+            if len(batches) == 1:
+                os.remove(tmp_path / "p2.parquet")
+
+    with pytest.warns(tabloader.CacheWarning, match="the rows it left out"):
+        epoch()
+    assert np.array_equal(np.concatenate(batches), np.r_[np.arange(1000), np.arange(1000) + 10_000])
+    assert loader.cache is not None and not loader.cache.complete
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -466,6 +509,36 @@ def test_other_columns_dtypes_fills_layouts_or_shares_get_their_own_cache(files,
         k: v.dtype for k, v in next(iter(tabloader.Loader(files, **{**base, **change}))).items()
     }
     assert len(published(tmp_path / "c")) == 2
+
+
+def test_a_fill_value_keys_its_cache_exactly(tmp_path):
+    """A NaN fill's key never equalled itself (NaN != NaN), so its cache was called
+    damaged and rebuilt by every run; integer fills beyond 2**53 were keyed as one float,
+    so another fill was served the first one's rows."""
+    path = tmp_path / "nulls.parquet"
+    ids = pa.array([None if i % 5 == 0 else i for i in range(200)], pa.int64())
+    xs = pa.array([None if i % 3 == 0 else float(i) for i in range(200)], pa.float32())
+    pq.write_table(pa.table({"id": ids, "x": xs}), path)
+    base = dict(cats=["id"], conts=["x"], batch_size=50, cache="disk", cache_dir=tmp_path / "c")
+
+    def filled(fill_null: dict) -> tuple[list, list, bool]:
+        loader = tabloader.Loader([str(path)], fill_null=fill_null, **base)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", tabloader.CacheWarning)  # nothing called damaged
+            batches = run(loader)
+        ids = [v for b in batches for v in b["id"].tolist() if v > 199]
+        nans = [v for b in batches for v in b["x"].tolist() if v != v]
+        return ids, nans, loader.stats().from_cache
+
+    nan = {"id": 0, "x": float("nan")}
+    ids, nans, from_cache = filled(nan)
+    assert (ids, len(nans), from_cache) == ([], 67, False)
+    ids, nans, from_cache = filled(nan)
+    assert (ids, len(nans), from_cache) == ([], 67, True)  # the NaN fill's cache, served
+    big = 2**53
+    assert filled({"id": big, "x": 0.0}) == ([big] * 40, [], False)
+    assert filled({"id": big + 1, "x": 0.0}) == ([big + 1] * 40, [], False)  # not big's rows
+    assert filled({"id": big + 1, "x": 0.0}) == ([big + 1] * 40, [], True)
 
 
 def test_loaders_differing_in_batching_share_the_cache(files, tmp_path):

@@ -422,6 +422,19 @@ def test_persistent_workers_reshuffle_like_fresh_ones(paths):
         iter(kept)
 
 
+def test_a_memory_cache_in_workers_started_each_epoch_is_said_to_be_thrown_away(paths):
+    """Each worker process keeps its own memory cache, and workers that are not
+    persistent are started anew each epoch: every epoch decoded the files, silently."""
+    with pytest.warns(tabloader.CacheWarning, match="persistent_workers=True"):
+        DLDataLoader(make(paths, cache="memory"), collate_fn=identity, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tabloader.CacheWarning)
+        itr = make(paths, cache="memory")
+        DLDataLoader(itr, collate_fn=identity, num_workers=2, persistent_workers=True)
+        DLDataLoader(make(paths, cache="memory"), collate_fn=identity)  # this process's
+        DLDataLoader(make(paths, cache="disk", cache_dir=paths[0] + ".c"), num_workers=2)
+
+
 def test_a_state_loaded_after_persistent_workers_started_is_refused_not_ignored(paths):
     # (rolling back to a checkpoint in the same process, after a NaN loss, say)
     saver = make(paths, shuffle=True, seed=2)

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tabloader.elastic import round_robin
-from tabloader.errors import InvalidArgumentError, TabloaderError
+from tabloader.errors import CacheWarning, InvalidArgumentError, TabloaderError
 from tabloader.options import int_at_least
 from tabloader.state import STATE_FORMAT_KEY, Cursor, Position, merge_worker_states
 
@@ -396,6 +396,15 @@ class Epochs:
                 "inside each worker process. Pass seed= instead, or persistent_workers=False"
             )
         self.loader.dataset.check_worker_processes(start_method)
+        if not persistent and self.loader.config.cache_mode == "memory":
+            warnings.warn(
+                'cache="memory" is kept by each worker process, and a DataLoader without '
+                "persistent_workers=True starts them anew every epoch: every epoch decodes "
+                "the files and fills caches that are then thrown away. Pass "
+                'persistent_workers=True, or cache="disk" (the workers share its files)',
+                CacheWarning,
+                stacklevel=4,
+            )
         if persistent and self.loader.dataset.refreshes:
             raise InvalidArgumentError(
                 "Dataset(refresh=True) cannot be used with persistent_workers=True: the "

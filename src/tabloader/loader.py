@@ -489,6 +489,7 @@ class Loader(_Standing):
         `tabloader.checks.DatasetChecks.read_checks`)."""
         # vectors' k and lists' values a row, from the data: what a default chunk holds
         config = self.config = config.with_widths(checks.widths, checks.list_values)
+        self._list_values = checks.list_values
         self.layout_plan = self._layout(config.layout == "stacked")
         self._next = Cursor(0, config.seed)  # the next iter()'s epoch and seed
         self._resume: Cursor | None = None  # where the next iter() starts, once loaded
@@ -534,6 +535,7 @@ class Loader(_Standing):
             cache_dir=config.cache_dir,
             max_bytes=config.cache_max_bytes,
             placement=config.cache_placement,
+            list_values=self._list_values,
         )
 
     def plan(

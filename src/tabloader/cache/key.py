@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tabloader.batches import Block
     from tabloader.dataset import Dataset
 
-__all__ = ["FORMAT", "cache_key", "digest", "file_identities", "lineage"]
+__all__ = ["FORMAT", "cache_key", "digest", "file_identities", "fill_text", "lineage"]
 
 FORMAT = 3
 """Version of the on-disk layout; part of the key, so a new layout never reads an old one.
@@ -66,16 +66,31 @@ def cache_key(
     global_rank: int,
     global_size: int,
 ) -> dict[str, Any]:
-    """Everything that shapes the rows a cache stores, as JSON-ready values."""
+    """Everything that shapes the rows a cache stores, as JSON-ready values (fill values
+    as `fill_text` gives them)."""
     columns = {c for b in blocks for c in b.columns}
     return {
         "format": FORMAT,
         "files": [dict(f) for f in files],
         "partition_rows": [int(n) for n in partition_rows],
         "blocks": [[b.name, list(b.columns), str(b.dtype), b.ragged] for b in blocks],
-        "fill_null": {c: float(v) for c, v in sorted(fill_null.items()) if c in columns},
+        "fill_null": {c: fill_text(v) for c, v in sorted(fill_null.items()) if c in columns},
         "share": [global_rank, global_size],
     }
+
+
+def fill_text(value: Any) -> str:
+    """A fill value exactly, as text a key compares: an integer's digits (a float would
+    round those beyond 2**53 together), a float's hexadecimal form (NaN equal to itself,
+    which as a float it is not).
+
+    Examples:
+        >>> fill_text(2**53 + 1), fill_text(np.int64(-1)), fill_text(0.1), fill_text(float("nan"))
+        ('9007199254740993', '-1', '0x1.999999999999ap-4', 'nan')
+    """
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    return float(value).hex()
 
 
 def digest(value: object) -> str:

@@ -115,6 +115,7 @@ class DecodedCache:
         cache_dir: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
         placement: CachePlacement = "auto",
+        list_values: Mapping[str, float] | None = None,
     ) -> None:
         self.mode = mode
         self.placement: CachePlacement = placement
@@ -155,9 +156,19 @@ class DecodedCache:
         self.num_rows = self.rows.num_rows
         self.stored = StoredBlocks(self.blocks, self.num_rows)
         """The blocks as the cache's files."""
-        # List columns' values are counted once read; their spans are known now.
-        self.nbytes = sum(
-            self.num_rows * (16 if b.ragged else b.width * b.dtype.itemsize) for b in self.blocks
+        # A list column's spans are known now, its values from the footers' counts where
+        # they tell (``list_values``: values a row on average); all counted once read.
+        values = list_values or {}
+        self.nbytes = int(
+            sum(
+                self.num_rows
+                * (
+                    16 + values.get(b.columns[0], 0.0) * b.dtype.itemsize
+                    if b.ragged
+                    else b.width * b.dtype.itemsize
+                )
+                for b in self.blocks
+            )
         )
         self.arrays: dict[str, Any] | None = None
         """Block name -> read-only ``[rows, k]`` array (a list column: a

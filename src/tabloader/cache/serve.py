@@ -16,6 +16,7 @@ epoch asks of the cache itself is `CacheHandle`: the policy's decisions stay the
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -27,6 +28,7 @@ import numpy as np
 from tabloader.batches import Ragged, empty_segment, host_int, segment_rows
 from tabloader.cache.fill import CachedList, FillFailed
 from tabloader.decode.host import decode_pieces
+from tabloader.errors import CacheWarning, ReadError, SourceNotFoundError
 from tabloader.stages import Reading, SplitWork, read_in_stages
 
 if TYPE_CHECKING:
@@ -408,8 +410,20 @@ class CacheBackend:
 
         def finish(work: SplitWork) -> None:
             missing = rows.missing(pieces)
-            for (p, a, _), piece in zip(missing, decode(missing), strict=True):
-                fill.write(int(rows.base[p]) + a, piece, work)
+            try:
+                for (p, a, _), piece in zip(missing, decode(missing), strict=True):
+                    fill.write(int(rows.base[p]) + a, piece, work)
+            except (ReadError, SourceNotFoundError) as err:
+                # rows this epoch did not deliver (drop_last, another worker's share): the
+                # epoch is whole without them, only the cache is not
+                warnings.warn(
+                    "not keeping the decoded rows of this epoch: the rows it left out, "
+                    f"which the cache holds too, could not be read ({err}). The next epoch "
+                    "reads the files again",
+                    CacheWarning,
+                    stacklevel=1,
+                )
+                return
             complete = fill.complete(request.dataset)
             if complete is not None:
                 cache.adopt(complete)
