@@ -504,3 +504,8 @@ def test_bad_list_widths_and_dtypes_numpy_cannot_hold_are_clear_errors(dataset_d
         make(paths, sparse_names=["id"], sparse_max=4)
     with pytest.raises(tabloader.InvalidArgumentError, match="not one of numpy's own number"):
         make(paths, cont_dtype=jnp.bfloat16)
+    # a non-integer id dtype: JAX's 32-bit mode read ids as int64 to narrow them, which
+    # skipped the core's check, and the first batch raised numpy's "Invalid integer data type"
+    for dtype in ("float32", "bool"):
+        with pytest.raises(tabloader.InvalidArgumentError, match="cat_dtype must be an integer"):
+            make(paths, cat_dtype=dtype)

@@ -725,17 +725,24 @@ def test_a_growing_dataset_gives_each_epoch_and_each_fit_its_own_listing(tmp_pat
     counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
     for k in range(2):
         steps.clear()
-        model.fit(train, epochs=1, verbose=0, callbacks=[counter])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # one fit an epoch: nothing is cut
+            model.fit(train, epochs=1, verbose=0, callbacks=[counter])
         assert len(steps) == (4 + k) * 1_000 // 250
         add(4 + k)
+    # One fit of several epochs counts the steps once: the later, longer epochs are cut
+    # (their first batches trained again, the rest never), which is said.
+    grow = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: add(6 + epoch))
+    with pytest.warns(UserWarning, match=r"counted an epoch's batches when it started"):
+        model.fit(train, epochs=3, verbose=0, callbacks=[grow])
 
 
 @pytest.mark.parametrize("batches", [1, 2, 3])
 def test_fit_trains_the_loaders_epochs_in_order_however_few_its_batches(tmp_path, batches):
     """Keras looks at the first batch before training (JAX and PyTorch build the model
     from it in a pass of their own): that look is not an epoch, and ``fit``'s first
-    epoch trains the loader's epoch 0, its second epoch 1. A single batch is the one
-    exception docs/keras.md tells of: the look served the whole epoch 0."""
+    epoch trains the loader's epoch 0, its second epoch 1, however few its batches (a
+    single batch was wholly served by the look, and fit's first epoch trained epoch 1)."""
     import keras
 
     table = pa.table({"x": np.arange(30, dtype=np.float32), "y": np.zeros(30, np.float32)})
@@ -754,5 +761,45 @@ def test_fit_trains_the_loaders_epochs_in_order_however_few_its_batches(tmp_path
     model = keras.Model({"x": x}, keras.layers.Dense(1)(keras.ops.expand_dims(x, -1)))
     model.compile("sgd", "mse")
     model.fit(loader, epochs=2, verbose=0, callbacks=[Served()])
-    first = 1 if batches == 1 and backend() != "tensorflow" else 0
-    assert served == [first] * batches + [first + 1] * batches
+    assert served == [0] * batches + [1] * batches
+
+
+def test_a_state_saved_in_a_callback_counts_the_batches_trained_not_the_look(tmp_path):
+    """On JAX and PyTorch, ``fit`` builds the model from a batch it asks for first and
+    asks for again, as any index, at a random step of the epoch (``shuffle=True``): a
+    state saved after 6 steps said 7 batches, and the resumed run never trained one."""
+    import keras
+
+    ids = np.arange(1000, dtype=np.int64)
+    table = pa.table({"id": ids, "x": ids.astype(np.float32), "y": (ids % 2).astype(np.float32)})
+    pq.write_table(table, tmp_path / "p.parquet", row_group_size=100)
+
+    def loader() -> Any:
+        return make_loader(
+            str(tmp_path / "p.parquet"), cat_names=["id"], cont_names=["x"],
+            label_names=["y"], batch_size=64, seed=3,
+        )  # fmt: skip
+
+    class Saving(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 5:  # 6 steps trained
+                self.state = train.state_dict()
+                self.model.stop_training = True
+
+    inputs = {
+        "id": keras.Input(shape=(), name="id", dtype=np.dtype(id_dtype()).name),
+        "x": keras.Input(shape=(), name="x"),
+    }
+    ids_too = keras.ops.cast(keras.ops.expand_dims(inputs["id"], -1), "float32")
+    features = keras.layers.Concatenate()([ids_too, keras.ops.expand_dims(inputs["x"], -1)])
+    model = keras.Model(inputs, keras.layers.Dense(1)(features))
+    model.compile("sgd", "mse")
+    train = loader()
+    saving = Saving()
+    model.fit(train, epochs=1, verbose=0, callbacks=[saving])
+    assert saving.state["batches"] == 6
+    resumed = loader()
+    resumed.load_state_dict(saving.state)
+    rest = np.concatenate([host(resumed[i][0]["id"]) for i in range(len(resumed))])
+    whole = np.concatenate([host(b[0]["id"]) for b in loader()])
+    np.testing.assert_array_equal(rest, whole[6 * 64 :])  # the run's own batches, after 6

@@ -499,7 +499,8 @@ class Ragged:
             raise InvalidArgumentError(
                 f"list column {name!r} has a row of {longest} values, longer than "
                 f"sparse_max[{name!r}]={width}. Raise sparse_max for it (tabloader never "
-                "truncates lists), or leave sparse_as_dense off to get the values ragged"
+                "truncates lists); the core Loader, PyTorch and Keras on TensorFlow also "
+                "take the values ragged (sparse_as_dense off), JAX padded only"
             )
         out = xp.full((len(ragged), width), pad, dtype=ragged.values.dtype)
         rows = value_rows(ragged.offsets, len(ragged.values))

@@ -78,6 +78,7 @@ class IndexedEpochs:
         self._head: list[Any] = []  # the epoch's first HEAD_BATCHES batches, kept
         self._iterator: BatchIterator | None = None
         self._consumed = 0  # batches taken from _iterator
+        self._looked: tuple[int, Any] | None = None  # a batch looked at beyond the head
 
     def __len__(self) -> int:
         """Batches of the epoch being served (after a resume: those still to come). The
@@ -97,21 +98,31 @@ class IndexedEpochs:
             yield self[i]
         self.on_epoch_end()
 
-    def batch(self, index: int, *, stacklevel: int = 1) -> Any:
+    def batch(self, index: int, *, stacklevel: int = 1, look: bool = False) -> Any:
         """The batch served for ``index`` in the current epoch (see the class).
 
+        ``look``: the framework looks at a batch, to learn its structure, and will ask for
+        it again, as a batch to train on, in any turn: the look is served the batch the
+        next new index gets (kept for it), and no index or batch counts as served.
         ``stacklevel`` counts the caller's frames above this one, for warnings.
         """
         i = self._check_index(index)
         with self._lock:
             if len(self._given) == self._num_batches and not self._is_replay(i):
                 self._advance()
+            if look:
+                at = self._next_free_position()
+                looked = self._batch_at(at, stacklevel + 2)
+                if at >= len(self._head):
+                    self._looked = (at, looked)
+                return looked
             position = self._since.get(i)
             if position is None:
                 position = self._given.get(i)
                 if position is not None and position >= len(self._head):
                     # An index of an earlier, unfinished go at this epoch: the epoch is
                     # being served again from its start. Keep what this go already got.
+                    self._warn_if_cut(stacklevel + 2)
                     self._given = dict(self._since)
                     self._used = set(self._since.values())
                     self._next = 0
@@ -223,6 +234,7 @@ class IndexedEpochs:
         self._head = []
         self._iterator = None
         self._consumed = 0
+        self._looked = None
 
     def _advance(self) -> None:
         self._close_iterator()
@@ -253,6 +265,24 @@ class IndexedEpochs:
         """
         position = self._given.get(i)
         return i not in self._since and position is not None and position < len(self._head)
+
+    def _warn_if_cut(self, stacklevel: int) -> None:
+        """Say so when an epoch of a dataset listed again at each epoch is served again
+        from its start after a go of fewer indices than it has: Keras counts an epoch's
+        steps when ``fit`` starts, so a dataset that grew since has its later epochs cut
+        to that count, their first batches trained again and the rest never."""
+        asked, batches = len(self._given), self._num_batches
+        if self.loader.dataset.refreshes and asked < batches:
+            warnings.warn(
+                f"epoch {self._epoch} has {batches} batches (its files were listed again), "
+                f"and the framework asked for {asked} before it asked for them again from "
+                f"the first: it counted an epoch's batches when it started (Keras' fit does, "
+                f"once), so epoch {self._epoch}'s first batches are served again and the rest "
+                "never. Run one fit(epochs=1) per epoch (each counts the epoch it trains), "
+                "or pass steps_per_epoch and let the loader's epochs run across fit's",
+                UserWarning,
+                stacklevel=stacklevel,
+            )
 
     def _check_index(self, index: object) -> int:
         if isinstance(index, bool) or not isinstance(index, Integral):
@@ -287,6 +317,9 @@ class IndexedEpochs:
         """Batch ``position`` of the current epoch's stream."""
         if position < len(self._head):
             return self._head[position]
+        if self._looked is not None and self._looked[0] == position:
+            batch, self._looked = self._looked[1], None
+            return batch
         if self._iterator is None or self._consumed > position:
             if position > len(self._head):
                 warnings.warn(

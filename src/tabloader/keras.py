@@ -17,6 +17,7 @@ applies TensorFlow's GPU memory setting (`apply_memory_allocation`) and sets
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ from tabloader.tensors import (
 )
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from typing_extensions import Unpack
 
 # TensorFlow's C++ informational logs (CPU instruction sets, ...) tell a user of this
@@ -235,8 +238,28 @@ class KerasSequenceLoader(IndexedEpochs, keras.utils.PyDataset):  # type: ignore
     def batch_size(self) -> int:
         return self.loader.batch_size
 
+    def __getitem__(self, index: int) -> Any:
+        return self.batch(index, stacklevel=2, look=_keras_looks())
+
     def __repr__(self) -> str:
         return f"KerasSequenceLoader({self.loader!r}, backend={BACKEND!r}, epoch={self.epoch})"
+
+
+_LOOKS = ("_symbolic_build", "_maybe_symbolic_build")
+"""Keras' methods that take a batch to build the model (on JAX and PyTorch, the first
+``fit`` or ``evaluate`` of an unbuilt model) before they ask for it again to train."""
+
+
+def _keras_looks() -> bool:
+    """Whether this request comes from Keras building the model (`_LOOKS`): the batch
+    is looked at, not trained on, and asked for again in the epoch, in any turn."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _LOOKS and f"keras{os.sep}" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class KerasSequenceValidater(keras.callbacks.Callback):  # type: ignore[misc]

@@ -477,7 +477,9 @@ def core_dtypes(tensors: Tensors, delivered: Mapping[str, np.dtype[Any]]) -> dic
     ids the framework gets narrower than int64 because it holds no int64 are read as
     int64 and narrowed, checked, by `BatchConverter`."""
     out: dict[str, Any] = {DTYPE_KEYWORDS[k]: d for k, d in delivered.items()}
-    if delivered["cat"] != np.dtype("int64") and not tensors.holds(np.dtype("int64")):
+    cat = delivered["cat"]
+    # (an id dtype that is no integer stays, for the core to refuse in its own words)
+    if cat.kind in "iu" and cat != np.dtype("int64") and not tensors.holds(np.dtype("int64")):
         out["cat_dtype"] = np.dtype("int64")
     return out
 
