@@ -81,7 +81,7 @@ def test_inspect_reports_every_problem_and_fails(mixed, capsys):
     assert "user is double (not int64): conflict" in out
     assert "  unsupported  string         name" in out
     assert "  list         list<element: int64> tags" in out
-    assert "nulls (from the footers): x 6, " in out
+    assert "nulls (from the footers): x 6; not recorded for tags" in out  # [] is no null
     assert "warning: columns that cannot be loaded: name (string)" in out
     assert "suggested columns: --cats user --conts x --labels click" in out
     assert "with the suggested columns: column 'user' is double" in out
@@ -101,6 +101,28 @@ def test_inspect_checks_the_requested_columns(mixed, capsys):
     assert "ok: nothing here" in capsys.readouterr().out
     assert main(["inspect", *files, "--cats", "nope"]) == 1
     assert "column 'nope' is not in" in capsys.readouterr().out
+
+
+def test_inspect_counts_an_ids_fill_value_as_an_id(tmp_path, capsys):
+    """The loader delivers a cat column's fill value for its nulls as an id: inspect sized
+    the table for the stored ids only (4 rows for a fill of 1000: an IndexError in the
+    embedding lookup) and said "ok" for a negative fill."""
+    ids = pa.array([0, 1, None, 3], pa.int64())
+    pq.write_table(pa.table({"user": ids, "label": [0.0, 1.0, 0.0, 1.0]}), tmp_path / "p.parquet")
+    data = str(tmp_path / "p.parquet")
+    flags = ["--cats", "user", "--labels", "label", "--json"]
+    assert main(["inspect", data, *flags, "--fill-null", "user=1000"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ids"]["user"]["max"] == 1000 and report["ids"]["user"]["rows"] == 1001
+    assert main(["inspect", data, *flags, "--fill-null", "user=2"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"]["user"]["rows"] == 4  # within the ids
+    assert main(["inspect", data, *flags, "--fill-null", "user=-1"]) == 1
+    errors = json.loads(capsys.readouterr().out)["errors"]
+    assert any("filled with -1, a negative id" in e for e in errors)
+    full = str(tmp_path / "full.parquet")  # no nulls: the fill is never delivered
+    pq.write_table(pa.table({"user": [0, 1], "label": [0.0, 1.0]}), full)
+    assert main(["inspect", full, *flags, "--fill-null", "user=1000"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"]["user"]["rows"] == 2
 
 
 def test_schemas_that_disagree_only_outside_the_loaded_columns_are_a_warning(mixed, capsys):
@@ -622,7 +644,7 @@ def test_inspect_reports_ids_and_embedding_sizes(user_data, tmp_path, capsys):
     # without statistics the footers cannot tell the nulls either: they are counted
     assert main(["inspect", str(bare), "--cats", "user,item", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert any("null value(s) (counted: the footers do not" in e for e in report["errors"])
+    assert any("null value(s) (counted in the data" in e for e in report["errors"])
     ids = report["ids"]
     assert ids["user"] == {
         "min": 0,
@@ -825,3 +847,25 @@ def test_inspect_counts_the_nulls_footers_without_statistics_do_not_record(tmp_p
     assert any("column 'user' has 2 null value(s) (counted" in e for e in report["errors"])
     assert {c["name"]: c["nulls"] for c in report["columns"]}["user"] == 2
     assert main(["inspect", path, "--fill-null", "user=0"]) == 0
+
+
+def test_inspect_counts_the_nulls_the_loader_refuses_in_vectors_and_lists(tmp_path, capsys):
+    """A list's footer counts its empty and null lists among its nulls: a vector with a
+    null inside was "ok" (the footers recorded it, so it was taken for refused when the
+    loader was built, which only refuses it reading), and a list of empty lists was
+    reported with nulls it does not have."""
+    vectors = pa.array([[1, 2], [3, None], [4, 5], [6, 7]], pa.list_(pa.int64(), 2))
+    lists = pa.array([[1, 2], [], None, [3]], pa.list_(pa.int64()))
+    labels = [0.0, 1.0, 0.0, 1.0]
+    pq.write_table(pa.table({"v": vectors, "tags": lists, "label": labels}), tmp_path / "p.parquet")
+    data = str(tmp_path / "p.parquet")
+    assert main(["inspect", data, "--cats", "v", "--labels", "label", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("column 'v' has 1 null value(s) (counted" in e for e in report["errors"])
+    assert main(["inspect", data, "--cats", "v", "--labels", "label", "--fill-null", "v=0"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", data, "--labels", "label", "--json"]) in (0, 1)
+    nulls = {c["name"]: c["nulls"] for c in json.loads(capsys.readouterr().out)["columns"]}
+    assert nulls["tags"] is None and nulls["v"] is None  # not told by the footers
+    with pytest.raises(tabloader.NullValuesError, match="'v'"):
+        list(tabloader.Loader(data, cats=["v"], labels=["label"], batch_size=2))

@@ -246,6 +246,20 @@ def test_an_epoch_whose_every_batch_was_taken_is_over_before_its_end_is_asked(pa
     for _ in range(len(itr)):
         next(steps)
     assert (itr.state_dict()["epoch"], itr.state_dict()["batches"]) == (1, 0)
+    # the same with worker processes, which hand the epoch's batches over in turn (or as
+    # they come): the state said epoch 0 with every batch taken (a resume ran an empty
+    # epoch first), or, taken as they come, refused to be saved "mid-epoch"
+    from tabloader.torch import DLDataLoader
+
+    for in_order in (True, False):
+        itr = TorchAsyncItr(paths, **options)
+        workers = DLDataLoader(itr, collate_fn=lambda b: b, num_workers=2, in_order=in_order)
+        steps = iter(workers)
+        for _ in range(len(workers)):
+            next(steps)
+        state = itr.state_dict()
+        assert (itr.epoch, state["epoch"], state["batches"]) == (1, 1, 0)
+        del steps
 
 
 def test_an_epoch_with_no_batch_for_this_rank_is_not_over_before_it_is_asked_for_one():

@@ -36,6 +36,20 @@ def test_sibling_splits_are_refused_with_their_names_and_how_to_pick_one(tmp_pat
     assert len(tabloader.Dataset(str(data / "*" / "*.parquet"))) == 12  # a glob is explicit
 
 
+def test_a_directory_named_from_home_is_listed_as_any_other(tmp_path, monkeypatch):
+    """``~/data`` was listed relative to the unexpanded "~/data": every file seemed to lie
+    outside it, so sibling splits were mixed into one dataset, and a writer's ``_temporary``
+    directory was read as data."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path / "data" / "train" / "a.parquet")
+    write(tmp_path / "data" / "valid" / "b.parquet")
+    with pytest.raises(tabloader.InvalidArgumentError, match="look like splits"):
+        tabloader.Dataset("~/data")
+    write(tmp_path / "one" / "a.parquet")
+    write(tmp_path / "one" / "_temporary" / "0" / "part-0.parquet")  # a writer's, not done
+    assert tabloader.Dataset("~/one").files == [str(tmp_path / "one" / "a.parquet")]
+
+
 def test_splits_deeper_down_are_found_and_named(tmp_path):
     write(tmp_path / "criteo" / "Train" / "a.parquet")
     write(tmp_path / "criteo" / "test" / "b.parquet")

@@ -363,7 +363,9 @@ class Dataset(Partitioned):
         none is read, on ``device`` (as a [`Loader`][tabloader.Loader] picks it: None is
         ``$TABLOADER_DEVICE``, else the GPU when usable). List columns count the ids
         inside their lists. ``tabloader inspect`` shows the same figures, and which
-        columns had to be read.
+        columns had to be read. A loader's ``fill_null`` value for a column with nulls is
+        delivered as an id too, and is not counted here (``tabloader inspect
+        --fill-null`` counts it).
 
         Raises:
             ColumnNotFoundError: a column is missing (the message suggests the closest).

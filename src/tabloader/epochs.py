@@ -173,6 +173,13 @@ class HandedEpoch:
         self.served = 0
         self.finished = False
 
+    def over(self, loader: Loader) -> bool:
+        """Whether the epoch is over: ended, or its last batch handed out (a loop of
+        ``len()`` steps never asks past it). An epoch with no batch is not over before
+        it is asked for one (as `tabloader.iterator.EpochProgress.over`)."""
+        total = sum(loader.cursor_plan(start).num_batches for start in self.starts)
+        return self.finished or 0 < total <= self.served
+
     def position(self, loader: Loader) -> Position:
         """Where the job stands: taken from the workers in turn, each worker share has
         handed out its share of the batches served (see
@@ -425,7 +432,7 @@ class Epochs:
             position = replace(self.resume, seed=seed)
         elif live is not None and not live.over:
             position = live.cursor.position(global_size=self.global_size)
-        elif handed is not None and not handed.finished:
+        elif handed is not None and not handed.over(self.loader):
             position = handed.position(self.loader)
         else:
             at = replace(self.cursor, worker=worker, num_workers=num_workers)

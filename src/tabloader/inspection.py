@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tabloader.checks import encoding_hint
 from tabloader.columns import type_difference
@@ -215,13 +217,18 @@ def _schema_difference(schema: pa.Schema, reference: pa.Schema) -> tuple[str, bo
 
 
 def _id_report(
-    dataset: Dataset, cats: Sequence[str], vocabulary: str | None
+    dataset: Dataset,
+    cats: Sequence[str],
+    vocabulary: str | None,
+    fills: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], list[str], list[str]]:
     """Per id column that can be sized: its ids, how many are distinct, the embedding table
     for them (rows from ``vocabulary`` where it holds the column) and its bytes, and
     whether the footers told or the column was read (on the CPU); the warnings about
     tables above the budget; and the errors: ids no embedding table has (negative ones,
-    which the loader delivers as they are and an embedding lookup then refuses)."""
+    which the loader delivers as they are and an embedding lookup then refuses).
+    ``fills``: the value the loader delivers for the nulls of a column that has some, an
+    id like the others (counted in the table's rows; a negative one is an error)."""
     from tabloader.vocabulary import find_vocabulary_dir, vocabulary_columns, vocabulary_rows
 
     held: dict[str, str] = {}
@@ -239,6 +246,17 @@ def _id_report(
         except TabloaderError:
             continue  # the loader's check reports what is wrong with it
         ids = ranges[name]
+        fill = (fills or {}).get(name)
+        if fill is not None:
+            if fill < 0:
+                errors.append(
+                    f"column {name!r}: its nulls are filled with {fill}, a negative id, which "
+                    "no embedding table has. The loader delivers it as it is; an embedding "
+                    "lookup fails. Fill them with an id the table holds"
+                )
+                continue
+            low = fill if ids.min is None else min(ids.min, fill)
+            ids = replace(ids, min=low, max=fill if ids.max is None else max(ids.max, fill))
         rows = vocabulary_rows(held[name], name) if name in held else ids.cardinality
         width = embedding_dim(rows)
         distinct = distinct_ids(dataset, name)
@@ -264,6 +282,13 @@ def _id_report(
     return found, advice, errors
 
 
+def _fill_of(fill_null: float | Mapping[str, float] | None, name: str) -> float | None:
+    """The fill value ``fill_null`` gives column ``name`` (None: none)."""
+    if isinstance(fill_null, Mapping):
+        return fill_null.get(name)
+    return fill_null
+
+
 def _null_counts(dataset: Dataset) -> dict[str, int | None]:
     """Nulls per column summed from the parquet footers (None where a footer does not say)."""
     counts: dict[str, int | None] = {}
@@ -274,19 +299,30 @@ def _null_counts(dataset: Dataset) -> dict[str, int | None]:
             continue
         stats = [s for s in found if s is not None]  # files that do not store it: no nulls
         nulls = [s.nulls for s in stats]
-        counts[name] = None if None in nulls else sum(n for n in nulls if n is not None)
+        # a list's footer counts its values' nulls with its empty and null lists, which
+        # are no null the loader meets: not known from the footers
+        nested = any(s.nested for s in stats)
+        counts[name] = None if None in nulls or nested else sum(n for n in nulls if n is not None)
     return counts
 
 
 def _count_nulls(dataset: Dataset, name: str) -> int:
-    """Nulls of column ``name``, read from the row groups whose footers do not say."""
+    """Nulls of column ``name`` the loader refuses, read from the row groups whose footers
+    do not say: a list's values' (a null list is an empty one), a vector's rows' and
+    values'."""
     found = dataset.source.footer_statistics(name) or [None] * dataset.num_partitions
     total = 0
     for partition, stats in enumerate(found):
         if stats is not None and stats.nulls is not None and not stats.nested:
             total += stats.nulls
+            continue
+        column = dataset.read_partition(partition, [name]).column(0)
+        if pa.types.is_fixed_size_list(column.type):
+            total += column.null_count + pc.list_flatten(column).null_count
+        elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            total += pc.list_flatten(column).null_count
         else:
-            total += dataset.read_partition(partition, [name]).column(0).null_count
+            total += column.null_count
     return total
 
 
@@ -382,19 +418,27 @@ def inspect_dataset(
         filled = set(fill_null) if isinstance(fill_null, Mapping) else set()
         for name in [c for names in requested.values() for c in names]:
             if every or name in filled or nulls.get(name) is not None:
-                continue
+                continue  # none, or the loader's own check said (footers record them)
             null_count = _count_nulls(dataset, name)
             for column in columns:
                 if column["name"] == name:
                     column["nulls"] = null_count
             if null_count:
                 errors.append(
-                    f"with {which}: column {name!r} has {null_count:,} null value(s) (counted: "
-                    "the footers do not record them), which the loader refuses as it reads "
+                    f"with {which}: column {name!r} has {null_count:,} null value(s) (counted in "
+                    "the data: the footers do not tell them), which the loader refuses as it reads "
                     f"them. Pass --fill-null {name}=0 (fill_null={{{name!r}: 0}}), or fill "
                     "them in the data"
                 )
-    ids, advice, id_errors = _id_report(dataset, requested["cats"], vocabulary)
+    # a fill is an id the loader delivers, for a column with nulls (or not known without)
+    fills = {
+        c["name"]: int(fill)
+        for c in columns
+        if c["name"] in requested["cats"] and c["nulls"] != 0
+        for fill in [_fill_of(fill_null, c["name"])]
+        if fill is not None and float(fill).is_integer()
+    }
+    ids, advice, id_errors = _id_report(dataset, requested["cats"], vocabulary, fills)
     warns += advice
     if given:
         errors += id_errors

@@ -58,7 +58,7 @@ def expand(spec: str, remote: RemoteStore | None, roots: dict[str, str]) -> list
         if os.path.isdir(path):
             _refuse_table_directory(spec, _table_markers(path))
             roots[spec] = path.rstrip("/") + "/"
-            found = _from_directory(spec, _walk_local(path))
+            found = _from_directory(spec, _walk_local(path), root=path)
             refuse_table_files(spec, found)
             return found
         if os.path.isfile(path):
