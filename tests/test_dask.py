@@ -172,3 +172,52 @@ def test_spawned_torch_workers_read_every_row_once(cluster, marked):
     assert len(batches) == len(loader)
     ids = np.concatenate([b[0][:, 0].numpy() for b in batches])
     np.testing.assert_array_equal(np.sort(ids), np.arange(ROWS))
+
+
+def test_a_partition_that_is_not_what_the_dataset_counted_is_refused(tmp_path):
+    """A partition is computed again each epoch: a file the frame reads rewritten since the
+    Dataset was built (or random rows) gave other rows than counted (uninitialised memory
+    delivered, rows twice, or an "internal error"), and a partition whose types the
+    frame's meta does not say was cast with loss (fractions cut, ids wrapped)."""
+    import dask.dataframe as dd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for i in range(2):
+        pq.write_table(pa.table({"id": np.arange(100) + 100 * i}), tmp_path / f"p{i}.parquet")
+    ds = tabloader.Dataset(dd.read_parquet(str(tmp_path / "p*.parquet")))
+    loader = tabloader.Loader(ds, cats=["id"], batch_size=50, shuffle=True, seed=0)
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(200))
+    pq.write_table(pa.table({"id": np.arange(40) + 100}), tmp_path / "p1.parquet")
+    with pytest.raises(tabloader.ReadError, match="computed to 40 rows, and to 100 when"):
+        list(loader)
+
+    other = tmp_path / "types"
+    other.mkdir()
+    pq.write_table(pa.table({"x": pa.array([0, 1], pa.int64())}), other / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.25, 2**40 + 0.5])}), other / "b.parquet")
+    frame = dd.read_parquet(str(other / "*.parquet"))
+    assert str(frame._meta.dtypes["x"]) == "int64"  # the first file's, whatever the next
+    loader = tabloader.Loader(tabloader.Dataset(frame), cats=["x"], batch_size=4)
+    with pytest.raises(tabloader.SchemaMismatchError, match="computes column 'x' as double"):
+        list(loader)
+    widened = pd.DataFrame({"x": np.arange(4, dtype=np.int32)})
+    frame = dd.from_pandas(widened, npartitions=2).map_partitions(
+        lambda part: part.astype("int16"),
+        meta=widened,  # narrower than meta: no loss
+    )
+    assert [b["x"].tolist() for b in tabloader.Loader(frame, cats=["x"], batch_size=4)] == [
+        [0, 1, 2, 3]
+    ]
+
+
+def test_a_frame_with_column_labels_that_are_no_strings_loads(tmp_path):
+    """dask.dataframe.read_csv(header=None) names its columns 0, 1, ...: the schema names
+    them "0", "1", and the partitions were selected by those names, a KeyError mid-epoch
+    said to be a corrupt file."""
+    import dask.dataframe as dd
+
+    frame = dd.from_pandas(pd.DataFrame({0: np.arange(6), 1: np.arange(6) * 2.0}), npartitions=2)
+    loader = tabloader.Loader(frame, cats=["0"], conts=["1"], batch_size=6)
+    (batch,) = list(loader)
+    assert batch["0"].tolist() == list(range(6)) and batch["1"].tolist() == list(range(0, 12, 2))

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from tabloader.errors import InvalidArgumentError, ReadError
+from tabloader.errors import InvalidArgumentError, ReadError, SchemaMismatchError
 from tabloader.sources.base import Source
 from tabloader.sources.formats import Format, RowGroups
 from tabloader.sources.partitions import Filters
@@ -179,7 +179,7 @@ class Partitioned:
         """
         try:
             return self._source.read(index, list(columns))
-        except ReadError:
+        except (ReadError, SchemaMismatchError):
             raise
         except Exception as err:
             raise self.read_failure(index, err) from err

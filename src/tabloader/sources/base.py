@@ -173,7 +173,7 @@ class Source(Protocol):
             partition, first, stop = piece
             try:
                 table = self.read(partition, columns)
-            except ReadError as err:
+            except (ReadError, SchemaMismatchError) as err:  # said in tabloader's words
                 yield piece, err
                 continue
             except Exception as err:

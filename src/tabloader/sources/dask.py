@@ -21,9 +21,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabloader.errors import InvalidArgumentError, ReadError, TabloaderError
+from tabloader.errors import (
+    InvalidArgumentError,
+    ReadError,
+    SchemaMismatchError,
+    TabloaderError,
+)
 from tabloader.sources.base import Piece, Source
 from tabloader.sources.formats import ComputedPartitions
+from tabloader.sources.partitions import widens
 
 __all__ = ["DaskSource", "forked_dask_message", "is_dask_frame"]
 
@@ -151,6 +157,9 @@ class DaskSource(Source):
         if hasattr(meta, "to_pandas"):  # dask-cudf
             meta = meta.to_pandas()
         self.schemas = [pa.Schema.from_pandas(meta, preserve_index=False).remove_metadata()]
+        # the frame's own labels (dask.dataframe.read_csv(header=None) names them 0, 1, ...)
+        # by the names the schema gives them
+        self._labels = {str(label): label for label in frame.columns}
         self.files = []
 
     def content_digest(self) -> str | None:
@@ -203,9 +212,46 @@ class DaskSource(Source):
             # The client's connection lives in a thread of the parent process, which a
             # forked child does not have: compute() would wait forever.
             raise TabloaderError(forked_dask_message())
-        partition = self.frame[columns].get_partition(int(self.part_index[index]))
+        labels = [self._labels.get(c, c) for c in columns]
+        partition = self.frame[labels].get_partition(int(self.part_index[index]))
         with _quiet_dask():
-            return partition.compute(**(scheduler or {}))
+            computed = partition.compute(**(scheduler or {}))
+        if labels != list(columns):
+            computed.columns = list(columns)
+        self._check_computed(index, computed)
+        return computed
+
+    def _check_computed(self, index: int, computed: Any) -> None:
+        """Refuse a computed partition that is not what the dataset was built from: other
+        rows than counted then (a file the frame reads rewritten since, a random
+        computation), or a column of a type that does not read as the frame's ``meta``
+        says without loss (files of other types; a ``map_partitions`` whose ``meta``
+        is wrong), which would be cast, truncated or wrapped."""
+        rows, counted = len(computed), int(self.rows[index])
+        if rows != counted:
+            raise ReadError(
+                f"{self.describe(index)} computed to {rows:,} rows, and to {counted:,} when "
+                "the Dataset was built: the frame's data changed since (a file it reads was "
+                "rewritten, or it draws random rows). Build the Dataset again, or persist() "
+                "the frame first so that every epoch reads the same rows"
+            )
+        empty = computed.head(0)
+        if hasattr(empty, "to_pandas"):  # cudf
+            empty = empty.to_pandas()
+        actual = pa.Schema.from_pandas(empty, preserve_index=False)
+        wanted = self.schemas[0]
+        for field in actual:
+            if wanted.get_field_index(field.name) < 0:
+                continue
+            meant = wanted.field(field.name).type
+            if field.type != meant and not widens(field.type, meant):
+                raise SchemaMismatchError(
+                    f"{self.describe(index)} computes column {field.name!r} as {field.type}, "
+                    f"and the frame's meta says {meant}: it would be cast with loss "
+                    "(fractions cut, large ids wrapped). Give the frame a meta its "
+                    "partitions match, or cast the column in the frame "
+                    f"(frame.astype({{{field.name!r}: ...}}))"
+                )
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
         frame = self.compute_partition(index, columns)
@@ -235,7 +281,9 @@ class DaskSource(Source):
                 computed = self.compute_partition(partition, list(columns), scheduler)
                 frames.append(computed.iloc[first:last])
             except Exception as err:
-                if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+                if isinstance(err, (MemoryError, ReadError, SchemaMismatchError)):
+                    raise
+                if "out of memory" in str(err).lower():
                     raise
                 raise ReadError(
                     f"could not compute {self.describe(partition)}: {type(err).__name__}: {err}"
