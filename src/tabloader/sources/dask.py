@@ -74,6 +74,21 @@ _KEPT_DATASET = ("_dataset_info_cache", "_pq_length_stats")
 dataset object, row counts): told by the read's checksum instead."""
 
 
+def _arrow_types(frame: Any) -> dict[str, pa.DataType]:
+    """The Arrow type of each column of a computed partition: a pandas frame's as pyarrow
+    reads it, a cudf frame's from its dtypes (numbers; nothing copied to the host)."""
+    if not hasattr(frame, "to_pandas"):  # pandas
+        schema = pa.Schema.from_pandas(frame.head(0), preserve_index=False)
+        return {f.name: f.type for f in schema}
+    types = {}
+    for name, dtype in frame.dtypes.items():
+        try:
+            types[str(name)] = pa.from_numpy_dtype(dtype)
+        except (TypeError, NotImplementedError, pa.ArrowException):
+            continue  # not a number: its own checks are the reader's
+    return types
+
+
 def _is_expression(value: Any) -> bool:
     return hasattr(value, "operands") and hasattr(value, "_parameters")
 
@@ -235,22 +250,18 @@ class DaskSource(Source):
                 "rewritten, or it draws random rows). Build the Dataset again, or persist() "
                 "the frame first so that every epoch reads the same rows"
             )
-        empty = computed.head(0)
-        if hasattr(empty, "to_pandas"):  # cudf
-            empty = empty.to_pandas()
-        actual = pa.Schema.from_pandas(empty, preserve_index=False)
         wanted = self.schemas[0]
-        for field in actual:
-            if wanted.get_field_index(field.name) < 0:
+        for name, computed_type in _arrow_types(computed).items():
+            if wanted.get_field_index(name) < 0:
                 continue
-            meant = wanted.field(field.name).type
-            if field.type != meant and not widens(field.type, meant):
+            meant = wanted.field(name).type
+            if computed_type != meant and not widens(computed_type, meant):
                 raise SchemaMismatchError(
-                    f"{self.describe(index)} computes column {field.name!r} as {field.type}, "
+                    f"{self.describe(index)} computes column {name!r} as {computed_type}, "
                     f"and the frame's meta says {meant}: it would be cast with loss "
                     "(fractions cut, large ids wrapped). Give the frame a meta its "
                     "partitions match, or cast the column in the frame "
-                    f"(frame.astype({{{field.name!r}: ...}}))"
+                    f"(frame.astype({{{name!r}: ...}}))"
                 )
 
     def read(self, index: int, columns: list[str]) -> pa.Table:
