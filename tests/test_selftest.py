@@ -42,3 +42,24 @@ def test_selftest_passes_with_an_odd_number_of_rows():
     for rows in (1, 2_001):
         out = io.StringIO()
         assert run_selftest("cpu", rows=rows, out=out, frameworks=[]) == 0, out.getvalue()
+
+
+def test_selftest_fails_a_loader_that_alters_values(monkeypatch):
+    """The rows check compared the ids and dtypes only: a loader that shifted, zeroed or
+    flipped every other column passed, and the adapter checks compare with it."""
+    import numpy as np
+
+    import tabloader
+    from tabloader import selftest
+
+    class Altering(tabloader.Loader):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for batch in super().__iter__():
+                yield {**batch, "x": np.where(np.isnan(batch["x"]), 0.0, batch["x"]).astype("f4")}
+
+    monkeypatch.setattr(selftest.tabloader, "Loader", Altering)
+    out = io.StringIO()
+    assert run_selftest("cpu", rows=2_000, out=out, frameworks=[]) == 1
+    assert re.search(
+        r"^FAIL  every row exactly once: row \d+: x is 0\.0, written as nan", out.getvalue(), re.M
+    ), out.getvalue()

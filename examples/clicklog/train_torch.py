@@ -133,10 +133,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
     history = []
+    train = batches(args.data / "train", args, shuffle=True)  # one loader: each epoch reshuffled
     for epoch in range(1, args.epochs + 1):
         model.train()
         total, rows = 0.0, 0
-        for x_cat, x_cont, y in batches(args.data / "train", args, shuffle=True):
+        for x_cat, x_cont, y in train:
             optimizer.zero_grad()
             loss = loss_fn(model(x_cat, x_cont), y.reshape(-1))
             loss.backward()

@@ -68,11 +68,11 @@ def build_ddp_parser() -> argparse.ArgumentParser:
         "it exists, on any number of ranks",
     )
     parser.add_argument(
-        "--checkpoint-every", type=int, default=100, help="steps between checkpoints"
+        "--checkpoint-every", type=common.at_least(1), default=100, help="steps between checkpoints"
     )
     parser.add_argument(
         "--stop-after",
-        type=int,
+        type=common.at_least(1),
         default=None,
         help="leave after this many steps of this run, checkpoint written, as if pre-empted",
     )

@@ -75,15 +75,11 @@ def _write_data(directory: Path, rows: int) -> list[str]:
     for f in range(2):
         ids = np.arange(bounds[f], bounds[f + 1], dtype=np.int64)
         per_file = len(ids)
-        x = (ids / 8.0).astype(np.float64)
-        x[ids % 97 == 3] = np.nan
-        x[ids % 89 == 5] = np.inf
-        x[ids % 83 == 7] = -np.inf
         table = pa.table(
             {
                 "id": ids,
                 "item": pa.array(ids % 1000, mask=ids % 13 == 0),  # nulls in an int column
-                "x": pa.array(x, mask=ids % 11 == 0),  # nulls beside NaN and infinities
+                "x": pa.array(_stored_x(ids), mask=ids % 11 == 0),  # nulls beside NaN, inf
                 "y": (ids % 7).astype(np.float32),
                 "label": (ids % 2).astype(np.int8),
             }
@@ -92,6 +88,28 @@ def _write_data(directory: Path, rows: int) -> list[str]:
         pq.write_table(table, path, row_group_size=max(per_file // 4, 1))
         paths.append(str(path))
     return paths
+
+
+def _stored_x(ids: np.ndarray) -> np.ndarray:
+    """Column ``x`` as written for ``ids`` (its nulls apart): NaN and infinities among
+    the numbers."""
+    x = (ids / 8.0).astype(np.float64)
+    x[ids % 97 == 3] = np.nan
+    x[ids % 89 == 5] = np.inf
+    x[ids % 83 == 7] = -np.inf
+    return x
+
+
+def _delivered(ids: np.ndarray) -> dict[str, np.ndarray]:
+    """What the loader must deliver for the rows ``ids`` of `_write_data`'s files with
+    `_options`' fills, bit for bit."""
+    return {
+        "id": ids,
+        "item": np.where(ids % 13 == 0, 0, ids % 1000),
+        "x": np.where(ids % 11 == 0, -1.0, _stored_x(ids)).astype(np.float32),
+        "y": (ids % 7).astype(np.float32),
+        "label": (ids % 2).astype(np.float32),
+    }
 
 
 def _host(array: Any) -> np.ndarray:
@@ -143,17 +161,25 @@ def _same_batches(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]
 def _check_rows(paths: list[str], device: Device, rows: int) -> _Result:
     loader = tabloader.Loader(paths, device=str(device), shuffle=True, **_options())
     batches = _epoch(loader)
-    ids = np.sort(np.concatenate([b["id"] for b in batches]))
+    delivered = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+    by_id = np.argsort(delivered["id"], kind="stable")
+    ids = delivered["id"][by_id]
     if not np.array_equal(ids, np.arange(rows)):
         return "FAIL", f"{len(ids)} ids delivered of {rows}"
-    dtypes = {k: str(v.dtype) for k, v in batches[0].items()}
-    expected = {"id": "int64", "item": "int64", "x": "float32", "y": "float32"}
-    expected["label"] = "float32"
-    if dtypes != expected:
+    expected = _delivered(ids)
+    dtypes = {k: str(v.dtype) for k, v in delivered.items()}
+    if dtypes != {k: str(v.dtype) for k, v in expected.items()}:
         return "FAIL", f"dtypes {dtypes}"
-    x = np.concatenate([b["x"] for b in batches])
+    for name, values in expected.items():
+        got = delivered[name][by_id]
+        bits = np.dtype(f"u{values.itemsize}")  # bit for bit: NaN, infinities, fills
+        differ = np.flatnonzero(got.view(bits) != values.view(bits))
+        if len(differ):
+            i = int(differ[0])
+            return "FAIL", f"row {int(ids[i])}: {name} is {got[i]}, written as {values[i]}"
+    x = expected["x"]
     kept = f"{int(np.isnan(x).sum())} NaN and {int(np.isinf(x).sum())} infinities kept"
-    return "PASS", f"{rows:,} rows on {device}, {kept}"
+    return "PASS", f"{rows:,} rows on {device}, every value as written, {kept}"
 
 
 def _check_parity(paths: list[str], device: Device) -> _Result:
