@@ -42,8 +42,17 @@ def write_file(directory: Path, index: int) -> None:
     os.replace(temporary, directory / f"part-{index:05d}.parquet")  # appears complete
 
 
-def writer(directory: Path, interval: float, keep: int, stop: multiprocessing.Event) -> None:
-    index = 1
+def next_index(directory: Path) -> int:
+    """The index after the highest file's in ``directory`` (a run on an earlier run's
+    directory numbers on: its new files sort last, and the oldest are evicted)."""
+    found = [p.name[len("part-") :].split(".")[0] for p in directory.glob("part-*.parquet")]
+    return max((int(i) for i in found if i.isdigit()), default=-1) + 1
+
+
+def writer(
+    directory: Path, first: int, interval: float, keep: int, stop: multiprocessing.Event
+) -> None:
+    index = first
     while not stop.wait(interval):
         write_file(directory, index)
         index += 1
@@ -63,11 +72,12 @@ def main() -> None:
 
     directory = args.data or Path(tempfile.mkdtemp(prefix="tabloader-growing-"))
     directory.mkdir(parents=True, exist_ok=True)
-    write_file(directory, 0)  # something to train on from the start
+    first = next_index(directory)
+    write_file(directory, first)  # something to train on from the start
 
     stop = multiprocessing.Event()
     sampler = multiprocessing.Process(
-        target=writer, args=(directory, args.interval, args.keep, stop), daemon=True
+        target=writer, args=(directory, first + 1, args.interval, args.keep, stop), daemon=True
     )
     sampler.start()
     try:
