@@ -167,22 +167,24 @@ class HandedEpoch:
     worker share starts, and how many batches of theirs were handed out (written by its
     `CountedBatches` only)."""
 
-    def __init__(self, starts: Sequence[Cursor], *, in_order: bool) -> None:
+    def __init__(self, starts: Sequence[Cursor], batches: Sequence[int], *, in_order: bool) -> None:
         self.starts = list(starts)
+        self.batches = list(batches)
+        """The batches each worker share delivers from its start."""
         self.in_order = in_order
         self.served = 0
         self.finished = False
 
-    def over(self, loader: Loader) -> bool:
+    @property
+    def over(self) -> bool:
         """Whether the epoch is over: ended, or its last batch handed out (a loop of
         ``len()`` steps never asks past it). An epoch with no batch is not over before
         it is asked for one (as `tabloader.iterator.EpochProgress.over`)."""
-        total = sum(loader.cursor_plan(start).num_batches for start in self.starts)
-        return self.finished or 0 < total <= self.served
+        return self.finished or 0 < sum(self.batches) <= self.served
 
-    def position(self, loader: Loader) -> Position:
-        """Where the job stands: taken from the workers in turn, each worker share has
-        handed out its share of the batches served (see
+    def position(self, global_size: int) -> Position:
+        """Where the job of ``global_size`` ranks stands: taken from the workers in turn,
+        each worker share has handed out its share of the batches served (see
         [`round_robin`][tabloader.elastic.round_robin])."""
         first = self.starts[0]
         if not self.in_order and self.served:
@@ -191,11 +193,12 @@ class HandedEpoch:
                 "(in_order=False), so which worker delivered which batch is not known "
                 "mid-epoch: save at the end of an epoch, or use in_order=True"
             )
-        left = [loader.cursor_plan(start).num_batches for start in self.starts]
+        left = self.batches
         taken = round_robin(left, min(self.served, sum(left)))
         done = [start.batches + n for start, n in zip(self.starts, taken, strict=True)]
-        size = loader.config.global_size
-        return Position(first.epoch, first.seed, size, len(self.starts), tuple(done), first.legs)
+        return Position(
+            first.epoch, first.seed, global_size, len(self.starts), tuple(done), first.legs
+        )
 
 
 class CountedBatches(Generic[T]):
@@ -387,7 +390,8 @@ class Epochs:
         self.managed = True
         workers = start_workers()
         self.resume = None  # the worker processes took it with their copies
-        self.handed = HandedEpoch(starts, in_order=in_order)
+        batches = [self.loader.cursor_plan(start).num_batches for start in starts]
+        self.handed = HandedEpoch(starts, batches, in_order=in_order)
         self.live = None
         self.advance()
         self.worker_epoch = self.epoch
@@ -432,8 +436,8 @@ class Epochs:
             position = replace(self.resume, seed=seed)
         elif live is not None and not live.over:
             position = live.cursor.position(global_size=self.global_size)
-        elif handed is not None and not handed.over(self.loader):
-            position = handed.position(self.loader)
+        elif handed is not None and not handed.over:
+            position = handed.position(self.global_size)
         else:
             at = replace(self.cursor, worker=worker, num_workers=num_workers)
             position = at.position(global_size=self.global_size)
